@@ -1,0 +1,45 @@
+#!/bin/bash
+# Runs inside the test VM, as root in the host's root filesystem (overlaid, so
+# writable). Brings up soft-RoCE on a dummy netdev, loads the rdmax module when
+# one has been built for this kernel, then runs the job the host wrote and
+# leaves its exit status in the results share.
+set -u
+results=/run/rdmax-vm
+# shellcheck source=/dev/null
+. "$results/env"
+
+step() { "$@" >"$results/setup.log" 2>&1 || { echo "rdmax-vm: setup failed: $*"; cat "$results/setup.log"; echo 125 >"$results/status"; exit 125; }; }
+
+ip link set lo up
+step modprobe dummy numdummies=0
+step ip link add "$RDMAX_VM_NETDEV" type dummy
+step ip addr add "$RDMAX_TEST_ADDR/24" dev "$RDMAX_VM_NETDEV"
+step ip link set "$RDMAX_VM_NETDEV" up
+step modprobe rdma_rxe
+step modprobe ib_uverbs
+step modprobe rdma_ucm
+step rdma link add "$RDMAX_TEST_DEVICE" type rxe netdev "$RDMAX_VM_NETDEV"
+
+# The port goes ACTIVE once the netdev is up; wait for it, with a deadline.
+state_file=/sys/class/infiniband/$RDMAX_TEST_DEVICE/ports/1/state
+for _ in $(seq 50); do
+    grep -q ACTIVE "$state_file" 2>/dev/null && break
+    sleep 0.1
+done
+grep -q ACTIVE "$state_file" || { echo "rdmax-vm: $RDMAX_TEST_DEVICE port never became ACTIVE"; echo 125 >"$results/status"; exit 125; }
+
+if [ -f "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko" ]; then
+    if [ "$(modinfo -F vermagic "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko" | cut -d' ' -f1)" = "$(uname -r)" ]; then
+        step insmod "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko"
+        echo "rdmax-vm: loaded the rdmax module"
+    else
+        echo "rdmax-vm: build/kmod/rdmax.ko was built for another kernel; not loaded"
+    fi
+fi
+
+cd "$RDMAX_VM_PROJECT" || exit 125
+echo "@@RDMAX-VM-BEGIN"
+bash "$results/job.sh"
+status=$?
+echo "$status" >"$results/status"
+exit "$status"

@@ -39,7 +39,9 @@ fi
 
 cd "$RDMAX_VM_PROJECT" || exit 125
 echo "@@RDMAX-VM-BEGIN"
-bash "$results/job.sh"
-status=$?
+# Through a pipe, not the console's tty: the job's output is a plain stream
+# (no colours, no progress bars), as it would be in CI.
+bash "$results/job.sh" 2>&1 | cat
+status=${PIPESTATUS[0]}
 echo "$status" >"$results/status"
 exit "$status"

@@ -1,0 +1,70 @@
+#pragma once
+// A registered memory region whose access rights are part of its type.
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include <fmt/format.h>
+#include <infiniband/verbs.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/mem/access.hpp>
+#include <rdmax/verbs/protection_domain.hpp>
+
+namespace rdmax {
+
+/// Move-only owner of an ibv_mr registered with rights `Rights`.
+template <access Rights>
+class memory_region {
+    static_assert(valid(Rights), "remote write and remote atomic access need local_write too");
+
+public:
+    static constexpr access rights = Rights;
+
+    /// Registers [addr, addr + length). Registration pins the pages and is
+    /// slow (tens of microseconds to milliseconds): do it at set-up, or go
+    /// through the registration cache.
+    memory_region(const verbs::protection_domain& pd, void* addr, std::size_t length)
+        : mr_(checked_reg(pd, addr, length)) {}
+    memory_region(const verbs::protection_domain& pd, std::span<std::byte> bytes)
+        : memory_region(pd, bytes.data(), bytes.size()) {}
+
+    memory_region(memory_region&& other) noexcept : mr_(std::exchange(other.mr_, nullptr)) {}
+    memory_region& operator=(memory_region&& other) noexcept {
+        if (this != &other) {
+            reset();
+            mr_ = std::exchange(other.mr_, nullptr);
+        }
+        return *this;
+    }
+    memory_region(const memory_region&) = delete;
+    memory_region& operator=(const memory_region&) = delete;
+    ~memory_region() { reset(); }
+
+    [[nodiscard]] ibv_mr* get() const noexcept { return mr_; }
+    [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(mr_->addr); }
+    [[nodiscard]] std::size_t size() const noexcept { return mr_->length; }
+    [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_->lkey; }
+    [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_->rkey; }
+
+private:
+    static ibv_mr* checked_reg(const verbs::protection_domain& pd, void* addr, std::size_t length) {
+        if (length == 0 || addr == nullptr)
+            throw_error("ibv_reg_mr", EINVAL, length == 0 ? "zero length" : "null address");
+        ibv_mr* mr = ibv_reg_mr(pd.get(), addr, length, to_ibv(Rights));
+        if (mr == nullptr)
+            throw_error("ibv_reg_mr", errno, fmt::format("{} bytes at {}", length, addr));
+        return mr;
+    }
+    void reset() noexcept {
+        if (mr_ != nullptr)
+            ibv_dereg_mr(mr_); // fails only for an MR still bound to a memory window
+        mr_ = nullptr;
+    }
+    ibv_mr* mr_;
+};
+
+} // namespace rdmax

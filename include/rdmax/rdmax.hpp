@@ -1,0 +1,12 @@
+#pragma once
+// Everything rdmax offers, for programs that would rather not pick headers.
+
+#include <rdmax/error.hpp>
+#include <rdmax/mem/access.hpp>
+#include <rdmax/mem/memory_region.hpp>
+#include <rdmax/verbs/completion_queue.hpp>
+#include <rdmax/verbs/context.hpp>
+#include <rdmax/verbs/device_limits.hpp>
+#include <rdmax/verbs/gid.hpp>
+#include <rdmax/verbs/port.hpp>
+#include <rdmax/verbs/protection_domain.hpp>

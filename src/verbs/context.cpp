@@ -1,0 +1,219 @@
+#include <rdmax/verbs/context.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <memory>
+#include <span>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <rdmax/error.hpp>
+
+namespace rdmax::verbs {
+
+namespace {
+
+/// The device list, freed on every path out.
+struct device_list {
+    int count = 0;
+    std::unique_ptr<ibv_device*[], decltype(&ibv_free_device_list)> devices{nullptr, &ibv_free_device_list};
+
+    device_list() {
+        devices.reset(ibv_get_device_list(&count));
+        if (!devices) {
+            // ENOSYS: no kernel RDMA support at all; that is "no devices", not a failure.
+            if (errno == ENOSYS)
+                count = 0;
+            else
+                throw_error("ibv_get_device_list", errno);
+        }
+    }
+    [[nodiscard]] std::span<ibv_device*> all() const noexcept {
+        return {devices.get(), static_cast<std::size_t>(devices ? count : 0)};
+    }
+};
+
+device_limits query_limits(ibv_context* ctx) {
+    ibv_device_attr_ex attr{};
+    if (int rc = ibv_query_device_ex(ctx, nullptr, &attr); rc != 0)
+        throw_error("ibv_query_device_ex", rc, ibv_get_device_name(ctx->device));
+    const ibv_device_attr& a = attr.orig_attr;
+    device_limits l;
+    l.name = ibv_get_device_name(ctx->device);
+    l.firmware = a.fw_ver;
+    l.max_mr_size = a.max_mr_size;
+    l.page_size_cap = a.page_size_cap;
+    l.max_qp = static_cast<std::uint32_t>(a.max_qp);
+    l.max_qp_wr = static_cast<std::uint32_t>(a.max_qp_wr);
+    l.max_sge = static_cast<std::uint32_t>(a.max_sge);
+    l.max_sge_rd = static_cast<std::uint32_t>(a.max_sge_rd);
+    l.max_cq = static_cast<std::uint32_t>(a.max_cq);
+    l.max_cqe = static_cast<std::uint32_t>(a.max_cqe);
+    l.max_mr = static_cast<std::uint32_t>(a.max_mr);
+    l.max_pd = static_cast<std::uint32_t>(a.max_pd);
+    l.max_mw = static_cast<std::uint32_t>(a.max_mw);
+    l.max_srq = static_cast<std::uint32_t>(a.max_srq);
+    l.max_srq_wr = static_cast<std::uint32_t>(a.max_srq_wr);
+    l.max_qp_rd_atom = static_cast<std::uint32_t>(a.max_qp_rd_atom);
+    l.max_qp_init_rd_atom = static_cast<std::uint32_t>(a.max_qp_init_rd_atom);
+    l.phys_port_cnt = a.phys_port_cnt;
+    l.atomics = a.atomic_cap != IBV_ATOMIC_NONE;
+    l.memory_windows = (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 ||
+                       (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2A) != 0;
+    l.on_demand_paging = (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0;
+    return l;
+}
+
+gid_type from_ibv(unsigned t) noexcept {
+    switch (t) {
+    case IBV_GID_TYPE_ROCE_V1: return gid_type::roce_v1;
+    case IBV_GID_TYPE_ROCE_V2: return gid_type::roce_v2;
+    default: return gid_type::ib;
+    }
+}
+
+} // namespace
+
+std::vector<std::string> device_names() {
+    std::vector<std::string> names;
+    const device_list list; // named: a temporary would be freed before the loop runs
+    for (ibv_device* dev : list.all())
+        names.emplace_back(ibv_get_device_name(dev));
+    return names;
+}
+
+context::context(ibv_context* ctx)
+    : ctx_(ctx) {
+    try {
+        limits_ = query_limits(ctx_);
+    } catch (...) {
+        ibv_close_device(ctx_);
+        throw;
+    }
+}
+
+context context::open(std::string_view name) {
+    device_list list;
+    std::vector<std::string> present;
+    for (ibv_device* dev : list.all()) {
+        if (name == ibv_get_device_name(dev)) {
+            ibv_context* ctx = ibv_open_device(dev);
+            if (ctx == nullptr)
+                throw_error("ibv_open_device", errno, name);
+            return context(ctx);
+        }
+        present.emplace_back(ibv_get_device_name(dev));
+    }
+    throw_error("ibv_open_device", ENODEV,
+                present.empty() ? fmt::format("no device named '{}': this machine has no RDMA device", name)
+                                : fmt::format("no device named '{}'; present: {}", name, fmt::join(present, ", ")));
+}
+
+context context::open_first_active() {
+    device_list list;
+    for (ibv_device* dev : list.all()) {
+        ibv_context* raw = ibv_open_device(dev);
+        if (raw == nullptr)
+            continue;
+        context ctx(raw);
+        for (std::uint8_t p = 1; p <= ctx.limits().phys_port_cnt; ++p)
+            if (ctx.port(p).active())
+                return ctx;
+    }
+    throw_error("ibv_open_device", ENODEV,
+                list.all().empty() ? "this machine has no RDMA device" : "no RDMA device has an ACTIVE port");
+}
+
+context::context(context&& other) noexcept
+    : ctx_(std::exchange(other.ctx_, nullptr))
+    , limits_(std::move(other.limits_)) {}
+
+context& context::operator=(context&& other) noexcept {
+    if (this != &other) {
+        if (ctx_ != nullptr)
+            ibv_close_device(ctx_);
+        ctx_ = std::exchange(other.ctx_, nullptr);
+        limits_ = std::move(other.limits_);
+    }
+    return *this;
+}
+
+context::~context() {
+    if (ctx_ != nullptr)
+        ibv_close_device(ctx_);
+}
+
+port_info context::port(std::uint8_t number) const {
+    if (number == 0 || number > limits_.phys_port_cnt)
+        throw_error("ibv_query_port", EINVAL,
+                    fmt::format("{} has ports 1..{}, not {}", name(), limits_.phys_port_cnt, number));
+    ibv_port_attr attr{};
+    if (int rc = ibv_query_port(ctx_, number, &attr); rc != 0)
+        throw_error("ibv_query_port", rc, fmt::format("{} port {}", name(), number));
+    port_info p;
+    p.number = number;
+    p.state = attr.state;
+    p.layer = attr.link_layer == IBV_LINK_LAYER_ETHERNET     ? link_layer::ethernet
+              : attr.link_layer == IBV_LINK_LAYER_INFINIBAND ? link_layer::infiniband
+                                                             : link_layer::unspecified;
+    p.active_mtu = attr.active_mtu;
+    p.max_mtu = attr.max_mtu;
+    p.lid = attr.lid;
+    p.gid_table_len = static_cast<std::uint32_t>(attr.gid_tbl_len);
+    p.max_msg_size = attr.max_msg_sz;
+    return p;
+}
+
+std::vector<gid_entry> context::gids(std::uint8_t port_number) const {
+    const port_info p = port(port_number);
+    std::vector<gid_entry> out;
+    for (std::uint32_t i = 0; i < p.gid_table_len; ++i) {
+        ibv_gid_entry e{};
+        // ENODATA marks an empty slot; the table may have holes.
+        if (int rc = ibv_query_gid_ex(ctx_, port_number, i, &e, 0); rc != 0) {
+            if (rc == ENODATA || rc == EINVAL)
+                continue;
+            throw_error("ibv_query_gid_ex", rc, fmt::format("{} port {} index {}", name(), port_number, i));
+        }
+        gid_entry g{gid::from(e.gid), e.gid_index, port_number, from_ibv(e.gid_type), e.ndev_ifindex};
+        if (!g.value.is_zero())
+            out.push_back(g);
+    }
+    return out;
+}
+
+std::optional<gid_entry> context::find_gid(std::uint8_t port_number, const gid& value, gid_type type) const {
+    for (const gid_entry& e : gids(port_number))
+        if (e.value == value && e.type == type)
+            return e;
+    return std::nullopt;
+}
+
+std::optional<gid_entry> context::preferred_gid(std::uint8_t port_number) const {
+    const std::vector<gid_entry> table = gids(port_number);
+    if (table.empty())
+        return std::nullopt;
+    auto rank = [](const gid_entry& e) {
+        if (e.type == gid_type::roce_v2)
+            return e.value.is_ipv4_mapped() ? 0 : 1;
+        return e.type == gid_type::ib ? 2 : 3;
+    };
+    return *std::min_element(table.begin(), table.end(),
+                             [&](const gid_entry& a, const gid_entry& b) { return rank(a) < rank(b); });
+}
+
+std::string_view to_string(ibv_port_state s) noexcept {
+    switch (s) {
+    case IBV_PORT_NOP: return "NOP";
+    case IBV_PORT_DOWN: return "DOWN";
+    case IBV_PORT_INIT: return "INIT";
+    case IBV_PORT_ARMED: return "ARMED";
+    case IBV_PORT_ACTIVE: return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
+    }
+    return "unknown";
+}
+
+} // namespace rdmax::verbs

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Counts meson test results across the phases of tests/run.
+
+Usage: count_results.py [--ci] PHASE=testlog.json ...
+Prints one line per phase and, last, "N passed, N failed, N skipped" alone on
+a line. With --ci a skipped rxe test counts as failed: in CI the device is
+always there, so a skip there means the harness is broken.
+"""
+import json
+import sys
+
+PASS = {"OK", "EXPECTEDFAIL"}
+SKIP = {"SKIP"}
+
+
+def main(argv):
+    ci = "--ci" in argv
+    phases = [a for a in argv if a != "--ci"]
+    total = {"passed": 0, "failed": 0, "skipped": 0}
+    for phase in phases:
+        label, _, path = phase.partition("=")
+        counts = {"passed": 0, "failed": 0, "skipped": 0}
+        problems = []
+        try:
+            with open(path, encoding="utf-8") as log:
+                records = [json.loads(line) for line in log if line.strip()]
+        except (OSError, ValueError) as err:
+            records = []
+            counts["failed"] += 1
+            problems.append(f"no test log ({err.__class__.__name__}): the phase did not run its tests")
+        for rec in records:
+            name, result = rec.get("name", "?"), rec.get("result", "?")
+            suite = name.split(" / ")[0].split(":")[-1]
+            if result in PASS:
+                counts["passed"] += 1
+            elif result in SKIP and ci and suite == "rxe":
+                counts["failed"] += 1
+                problems.append(f"{name} skipped, and with CI=true an rxe skip is a failure")
+            elif result in SKIP:
+                counts["skipped"] += 1
+            else:
+                counts["failed"] += 1
+                problems.append(f"{name}: {result}")
+        for key in total:
+            total[key] += counts[key]
+        print(f"  {label:<14} {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+        for p in problems:
+            print(f"    - {p}")
+    print(f"{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+    return 1 if total["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

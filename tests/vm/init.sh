@@ -33,7 +33,6 @@ mount -t devtmpfs dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts devpts /newroot/dev/pts
 mount -t tmpfs tmpfs /newroot/dev/shm
-mount -t tmpfs tmpfs /newroot/tmp
 
 # The kernel loads modules on demand (rxe asks for crc32, say) by running
 # /proc/sys/kernel/modprobe in this initramfs' root: point it at the host's

@@ -15,8 +15,8 @@ void print_devices() {
     if (names.empty())
         throw rdmax::error("ibv_get_device_list", ENODEV, "this machine has no RDMA device");
 
-    fmt::print("{:<10} {:>4}  {:<8} {:<10} {:>5} {:>5}  {:>3}  {:<26} {}\n", "device", "port", "state",
-               "link", "mtu", "lid", "idx", "preferred gid", "type");
+    fmt::print("{:<10} {:>4}  {:<8} {:<10} {:>5} {:>5}  {:>3}  {:<26} {}\n", "device", "port",
+               "state", "link", "mtu", "lid", "idx", "preferred gid", "type");
     for (const auto& name : names) {
         context ctx = context::open(name);
         for (std::uint8_t p = 1; p <= ctx.limits().phys_port_cnt; ++p) {

@@ -1,7 +1,7 @@
-#include <rdmax/error.hpp>
-
 #include <cerrno>
 #include <string>
+
+#include <rdmax/error.hpp>
 
 namespace rdmax {
 

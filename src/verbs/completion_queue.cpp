@@ -1,11 +1,10 @@
-#include <rdmax/verbs/completion_queue.hpp>
-
 #include <cerrno>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
+#include <rdmax/verbs/completion_queue.hpp>
 
 namespace rdmax::verbs {
 
@@ -19,7 +18,8 @@ ibv_cq* create_cq(const context& ctx, std::uint32_t min_entries) {
                                 ctx.limits().max_cqe));
     ibv_cq* cq = ibv_create_cq(ctx.get(), static_cast<int>(min_entries), nullptr, nullptr, 0);
     if (cq == nullptr)
-        throw_error("ibv_create_cq", errno, fmt::format("{} entries on {}", min_entries, ctx.name()));
+        throw_error("ibv_create_cq", errno,
+                    fmt::format("{} entries on {}", min_entries, ctx.name()));
     return cq;
 }
 } // namespace

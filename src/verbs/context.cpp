@@ -1,5 +1,3 @@
-#include <rdmax/verbs/context.hpp>
-
 #include <algorithm>
 #include <cerrno>
 #include <memory>
@@ -10,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include <rdmax/error.hpp>
+#include <rdmax/verbs/context.hpp>
 
 namespace rdmax::verbs {
 
@@ -18,7 +17,8 @@ namespace {
 /// The device list, freed on every path out.
 struct device_list {
     int count = 0;
-    std::unique_ptr<ibv_device*[], decltype(&ibv_free_device_list)> devices{nullptr, &ibv_free_device_list};
+    using owner = std::unique_ptr<ibv_device*[], decltype(&ibv_free_device_list)>;
+    owner devices{nullptr, &ibv_free_device_list};
 
     device_list() {
         devices.reset(ibv_get_device_list(&count));
@@ -106,9 +106,11 @@ context context::open(std::string_view name) {
         }
         present.emplace_back(ibv_get_device_name(dev));
     }
-    throw_error("ibv_open_device", ENODEV,
-                present.empty() ? fmt::format("no device named '{}': this machine has no RDMA device", name)
-                                : fmt::format("no device named '{}'; present: {}", name, fmt::join(present, ", ")));
+    throw_error(
+        "ibv_open_device", ENODEV,
+        present.empty()
+            ? fmt::format("no device named '{}': this machine has no RDMA device", name)
+            : fmt::format("no device named '{}'; present: {}", name, fmt::join(present, ", ")));
 }
 
 context context::open_first_active() {
@@ -123,7 +125,8 @@ context context::open_first_active() {
                 return ctx;
     }
     throw_error("ibv_open_device", ENODEV,
-                list.all().empty() ? "this machine has no RDMA device" : "no RDMA device has an ACTIVE port");
+                list.all().empty() ? "this machine has no RDMA device"
+                                   : "no RDMA device has an ACTIVE port");
 }
 
 context::context(context&& other) noexcept
@@ -147,8 +150,9 @@ context::~context() {
 
 port_info context::port(std::uint8_t number) const {
     if (number == 0 || number > limits_.phys_port_cnt)
-        throw_error("ibv_query_port", EINVAL,
-                    fmt::format("{} has ports 1..{}, not {}", name(), limits_.phys_port_cnt, number));
+        throw_error(
+            "ibv_query_port", EINVAL,
+            fmt::format("{} has ports 1..{}, not {}", name(), limits_.phys_port_cnt, number));
     ibv_port_attr attr{};
     if (int rc = ibv_query_port(ctx_, number, &attr); rc != 0)
         throw_error("ibv_query_port", rc, fmt::format("{} port {}", name(), number));
@@ -175,16 +179,19 @@ std::vector<gid_entry> context::gids(std::uint8_t port_number) const {
         if (int rc = ibv_query_gid_ex(ctx_, port_number, i, &e, 0); rc != 0) {
             if (rc == ENODATA || rc == EINVAL)
                 continue;
-            throw_error("ibv_query_gid_ex", rc, fmt::format("{} port {} index {}", name(), port_number, i));
+            throw_error("ibv_query_gid_ex", rc,
+                        fmt::format("{} port {} index {}", name(), port_number, i));
         }
-        gid_entry g{gid::from(e.gid), e.gid_index, port_number, from_ibv(e.gid_type), e.ndev_ifindex};
+        gid_entry g{gid::from(e.gid), e.gid_index, port_number, from_ibv(e.gid_type),
+                    e.ndev_ifindex};
         if (!g.value.is_zero())
             out.push_back(g);
     }
     return out;
 }
 
-std::optional<gid_entry> context::find_gid(std::uint8_t port_number, const gid& value, gid_type type) const {
+std::optional<gid_entry> context::find_gid(std::uint8_t port_number, const gid& value,
+                                           gid_type type) const {
     for (const gid_entry& e : gids(port_number))
         if (e.value == value && e.type == type)
             return e;
@@ -200,8 +207,9 @@ std::optional<gid_entry> context::preferred_gid(std::uint8_t port_number) const 
             return e.value.is_ipv4_mapped() ? 0 : 1;
         return e.type == gid_type::ib ? 2 : 3;
     };
-    return *std::min_element(table.begin(), table.end(),
-                             [&](const gid_entry& a, const gid_entry& b) { return rank(a) < rank(b); });
+    return *std::min_element(
+        table.begin(), table.end(),
+        [&](const gid_entry& a, const gid_entry& b) { return rank(a) < rank(b); });
 }
 
 std::string_view to_string(ibv_port_state s) noexcept {

@@ -1,9 +1,8 @@
-#include <rdmax/verbs/gid.hpp>
-
-#include <arpa/inet.h>
-
 #include <algorithm>
+#include <arpa/inet.h>
 #include <string>
+
+#include <rdmax/verbs/gid.hpp>
 
 namespace rdmax::verbs {
 

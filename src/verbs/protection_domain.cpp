@@ -1,9 +1,8 @@
-#include <rdmax/verbs/protection_domain.hpp>
-
 #include <cerrno>
 #include <utility>
 
 #include <rdmax/error.hpp>
+#include <rdmax/verbs/protection_domain.hpp>
 
 namespace rdmax::verbs {
 

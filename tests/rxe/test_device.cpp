@@ -1,4 +1,6 @@
 // The harness's first proof: a real RDMA device is there and usable.
+#include "../support/test_device.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <string>
@@ -7,7 +9,6 @@
 #include <rdmax/rdmax.hpp>
 
 #include "../support/catch.hpp"
-#include "../support/test_device.hpp"
 
 using namespace rdmax;
 
@@ -49,12 +50,14 @@ TEST_CASE("port 1 is ACTIVE and carries the GID connections will use") {
 TEST_CASE("asking for a port the device lacks is an error that says so") {
     verbs::context ctx = test::open_test_device();
     CHECK_THROWS_WITH(ctx.port(0), Catch::Matchers::Contains("ibv_query_port"));
-    CHECK_THROWS_AS(ctx.port(static_cast<std::uint8_t>(ctx.limits().phys_port_cnt + 1)), rdmax::error);
+    CHECK_THROWS_AS(ctx.port(static_cast<std::uint8_t>(ctx.limits().phys_port_cnt + 1)),
+                    rdmax::error);
 }
 
 TEST_CASE("opening a device that does not exist names the devices that do") {
     CHECK_THROWS_WITH(verbs::context::open("no_such_dev0"),
-                      Catch::Matchers::Contains("no_such_dev0") && Catch::Matchers::Contains("ibv_open_device"));
+                      Catch::Matchers::Contains("no_such_dev0") &&
+                          Catch::Matchers::Contains("ibv_open_device"));
 }
 
 TEST_CASE("a protection domain, a completion queue and a registered buffer can be created") {
@@ -89,5 +92,6 @@ TEST_CASE("bad requests are refused with the verb's name") {
                       Catch::Matchers::Contains("at most"));
     std::byte b{};
     CHECK_THROWS_WITH((memory_region<access::local_write>(pd, &b, 0)),
-                      Catch::Matchers::Contains("ibv_reg_mr") && Catch::Matchers::Contains("zero length"));
+                      Catch::Matchers::Contains("ibv_reg_mr") &&
+                          Catch::Matchers::Contains("zero length"));
 }

@@ -17,7 +17,9 @@ std::optional<std::string> env(const char* name) {
 }
 } // namespace
 
-std::optional<std::string> test_address() { return env("RDMAX_TEST_ADDR"); }
+std::optional<std::string> test_address() {
+    return env("RDMAX_TEST_ADDR");
+}
 
 verbs::context open_test_device() {
     if (auto name = env("RDMAX_TEST_DEVICE"))
@@ -31,8 +33,9 @@ std::optional<std::string> device_unavailable() {
         (void)ctx;
         return std::nullopt;
     } catch (const rdmax::error& e) {
-        return fmt::format("no usable RDMA device: {} (run the rxe suite in the VM: tests/vm/run --suite rxe)",
-                           e.what());
+        return fmt::format(
+            "no usable RDMA device: {} (run the rxe suite in the VM: tests/vm/run --suite rxe)",
+            e.what());
     }
 }
 

@@ -24,7 +24,9 @@ enum class access : int {
 }
 
 /// The verbs flags for ibv_reg_mr.
-[[nodiscard]] constexpr int to_ibv(access a) noexcept { return static_cast<int>(a); }
+[[nodiscard]] constexpr int to_ibv(access a) noexcept {
+    return static_cast<int>(a);
+}
 
 /// Rights the verbs specification forbids alone: remote write and remote
 /// atomic need local write too (ibv_reg_mr fails with EINVAL otherwise).

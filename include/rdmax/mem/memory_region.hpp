@@ -32,7 +32,8 @@ public:
     memory_region(const verbs::protection_domain& pd, std::span<std::byte> bytes)
         : memory_region(pd, bytes.data(), bytes.size()) {}
 
-    memory_region(memory_region&& other) noexcept : mr_(std::exchange(other.mr_, nullptr)) {}
+    memory_region(memory_region&& other) noexcept
+        : mr_(std::exchange(other.mr_, nullptr)) {}
     memory_region& operator=(memory_region&& other) noexcept {
         if (this != &other) {
             reset();

@@ -24,7 +24,9 @@ public:
 
     [[nodiscard]] ibv_cq* get() const noexcept { return cq_; }
     /// Entries the device actually allocated (at least what was asked for).
-    [[nodiscard]] std::uint32_t capacity() const noexcept { return static_cast<std::uint32_t>(cq_->cqe); }
+    [[nodiscard]] std::uint32_t capacity() const noexcept {
+        return static_cast<std::uint32_t>(cq_->cqe);
+    }
 
     /// Polls up to out.size() completions without blocking; returns how many
     /// were written, or a negative value if the device reported an error.

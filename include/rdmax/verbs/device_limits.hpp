@@ -25,11 +25,11 @@ struct device_limits {
     std::uint32_t max_mw = 0;
     std::uint32_t max_srq = 0;
     std::uint32_t max_srq_wr = 0;
-    std::uint32_t max_qp_rd_atom = 0;  ///< outstanding RDMA reads/atomics as target
+    std::uint32_t max_qp_rd_atom = 0;      ///< outstanding RDMA reads/atomics as target
     std::uint32_t max_qp_init_rd_atom = 0; ///< ... as initiator
     std::uint8_t phys_port_cnt = 0;
-    bool atomics = false;         ///< compare-and-swap and fetch-and-add supported
-    bool memory_windows = false;  ///< type 2 memory windows
+    bool atomics = false;        ///< compare-and-swap and fetch-and-add supported
+    bool memory_windows = false; ///< type 2 memory windows
     bool on_demand_paging = false;
 };
 
@@ -58,7 +58,8 @@ struct fmt::formatter<rdmax::verbs::device_limits> {
         row("max_mr", l.max_mr);
         row("max_mr_size", l.max_mr_size);
         row("max_mw", l.max_mw);
-        row("max_qp_rd_atom", fmt::format("{} (initiator {})", l.max_qp_rd_atom, l.max_qp_init_rd_atom));
+        row("max_qp_rd_atom",
+            fmt::format("{} (initiator {})", l.max_qp_rd_atom, l.max_qp_init_rd_atom));
         row("page_size_cap", fmt::format("{:#x}", l.page_size_cap));
         row("atomics", l.atomics ? "yes" : "no");
         row("memory windows", l.memory_windows ? "type 2" : "no");

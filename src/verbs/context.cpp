@@ -1,3 +1,8 @@
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <memory>
@@ -84,17 +89,82 @@ std::vector<std::string> device_names() {
     return names;
 }
 
-context::context(ibv_context* ctx)
-    : ctx_(ctx) {
+context::context(ibv_context* ctx, bool owned)
+    : ctx_(ctx)
+    , owned_(owned) {
     try {
         limits_ = query_limits(ctx_);
     } catch (...) {
-        ibv_close_device(ctx_);
+        if (owned_)
+            ibv_close_device(ctx_);
         throw;
     }
 }
 
+namespace {
+/// librdmacm's device contexts, or an empty span where rdma_cm is unavailable
+/// (no rdma_ucm module, no /dev/infiniband/rdma_cm).
+struct cm_devices {
+    int count = 0;
+    ibv_context** list = rdma_get_devices(&count);
+    cm_devices() = default;
+    cm_devices(const cm_devices&) = delete;
+    cm_devices& operator=(const cm_devices&) = delete;
+    ~cm_devices() {
+        if (list != nullptr)
+            rdma_free_devices(list);
+    }
+    [[nodiscard]] std::span<ibv_context*> all() const noexcept {
+        return {list, list != nullptr ? static_cast<std::size_t>(count) : 0};
+    }
+};
+} // namespace
+
+context context::borrow(ibv_context* cm_context) { return context(cm_context, false); }
+
+context context::open_by_address(std::string_view ip, std::uint8_t* port) {
+    const std::string text(ip);
+    sockaddr_storage ss{};
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    if (inet_pton(AF_INET, text.c_str(), &v4->sin_addr) == 1)
+        v4->sin_family = AF_INET;
+    else if (inet_pton(AF_INET6, text.c_str(), &v6->sin6_addr) == 1)
+        v6->sin6_family = AF_INET6;
+    else
+        throw_error("rdma_bind_addr", EINVAL, fmt::format("'{}' is not an IP address", ip));
+    rdma_event_channel* ch = rdma_create_event_channel();
+    if (ch == nullptr)
+        throw_error("rdma_create_event_channel", errno, "rdma_cm is unavailable (rdma_ucm module?)");
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
+        const int err = errno;
+        rdma_destroy_event_channel(ch);
+        throw_error("rdma_create_id", err);
+    }
+    // Binding to a local address ties the id to the device that carries it.
+    const int rc = rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&ss));
+    const int err = errno;
+    ibv_context* verbs = rc == 0 ? id->verbs : nullptr;
+    const std::uint8_t p = rc == 0 ? id->port_num : 0;
+    rdma_destroy_id(id);
+    rdma_destroy_event_channel(ch);
+    if (rc != 0)
+        throw_error("rdma_bind_addr", err, fmt::format("{} is not an address of this machine", ip));
+    if (verbs == nullptr)
+        throw_error("rdma_bind_addr", ENODEV, fmt::format("no RDMA device carries {}", ip));
+    if (port != nullptr)
+        *port = p;
+    return context(verbs, false);
+}
+
 context context::open(std::string_view name) {
+    {
+        const cm_devices cm;
+        for (ibv_context* c : cm.all())
+            if (name == ibv_get_device_name(c->device))
+                return context(c, false);
+    }
     device_list list;
     std::vector<std::string> present;
     for (ibv_device* dev : list.all()) {
@@ -102,7 +172,7 @@ context context::open(std::string_view name) {
             ibv_context* ctx = ibv_open_device(dev);
             if (ctx == nullptr)
                 throw_error("ibv_open_device", errno, name);
-            return context(ctx);
+            return context(ctx, true);
         }
         present.emplace_back(ibv_get_device_name(dev));
     }
@@ -114,12 +184,21 @@ context context::open(std::string_view name) {
 }
 
 context context::open_first_active() {
+    {
+        const cm_devices cm;
+        for (ibv_context* c : cm.all()) {
+            context ctx(c, false);
+            for (std::uint8_t p = 1; p <= ctx.limits().phys_port_cnt; ++p)
+                if (ctx.port(p).active())
+                    return ctx;
+        }
+    }
     device_list list;
     for (ibv_device* dev : list.all()) {
         ibv_context* raw = ibv_open_device(dev);
         if (raw == nullptr)
             continue;
-        context ctx(raw);
+        context ctx(raw, true);
         for (std::uint8_t p = 1; p <= ctx.limits().phys_port_cnt; ++p)
             if (ctx.port(p).active())
                 return ctx;
@@ -131,20 +210,22 @@ context context::open_first_active() {
 
 context::context(context&& other) noexcept
     : ctx_(std::exchange(other.ctx_, nullptr))
+    , owned_(std::exchange(other.owned_, false))
     , limits_(std::move(other.limits_)) {}
 
 context& context::operator=(context&& other) noexcept {
     if (this != &other) {
-        if (ctx_ != nullptr)
+        if (ctx_ != nullptr && owned_)
             ibv_close_device(ctx_);
         ctx_ = std::exchange(other.ctx_, nullptr);
+        owned_ = std::exchange(other.owned_, false);
         limits_ = std::move(other.limits_);
     }
     return *this;
 }
 
 context::~context() {
-    if (ctx_ != nullptr)
+    if (ctx_ != nullptr && owned_)
         ibv_close_device(ctx_);
 }
 

@@ -2,6 +2,7 @@
 // A registered memory region whose access rights are part of its type.
 
 #include <cerrno>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -12,6 +13,7 @@
 
 #include <rdmax/error.hpp>
 #include <rdmax/mem/access.hpp>
+#include <rdmax/mem/buffer.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 
 namespace rdmax {
@@ -50,6 +52,23 @@ public:
     [[nodiscard]] std::size_t size() const noexcept { return mr_->length; }
     [[nodiscard]] std::uint32_t lkey() const noexcept { return mr_->lkey; }
     [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_->rkey; }
+
+    /// The whole region as a local buffer (regions over 4 GiB: take sub-ranges
+    /// with local(offset, length); one work request moves at most 2^31 bytes).
+    [[nodiscard]] local_buffer<Rights> local() const noexcept {
+        return {data(), static_cast<std::uint32_t>(std::min<std::size_t>(size(), UINT32_MAX)), lkey()};
+    }
+    /// [offset, offset + length) of the region; throws if it does not fit.
+    [[nodiscard]] local_buffer<Rights> local(std::size_t offset, std::size_t length) const {
+        if (offset > size() || length > size() - offset || length > UINT32_MAX)
+            throw_error("memory_region::local", ERANGE,
+                        fmt::format("[{}, +{}) of a {}-byte region", offset, length, size()));
+        return {data() + offset, static_cast<std::uint32_t>(length), lkey()};
+    }
+    /// The token a peer needs to address this region (see remote_buffer).
+    [[nodiscard]] remote_buffer<Rights> remote() const noexcept {
+        return {reinterpret_cast<std::uint64_t>(mr_->addr), size(), rkey()};
+    }
 
 private:
     static ibv_mr* checked_reg(const verbs::protection_domain& pd, void* addr, std::size_t length) {

@@ -20,7 +20,11 @@ namespace rdmax::verbs {
 /// Names of the RDMA devices present ("rxe0", "mlx5_0"), in the kernel's order.
 [[nodiscard]] std::vector<std::string> device_names();
 
-/// Move-only owner of an ibv_context.
+/// Move-only handle of an open device. Devices are opened through librdmacm
+/// where it is available, so that protection domains, queues and memory
+/// regions made here also serve rdma_cm connections (librdmacm keeps one
+/// context per device open for the life of the process); elsewhere the
+/// context is opened, and closed, with ibv_open_device / ibv_close_device.
 class context {
 public:
     /// Opens a device by name; throws rdmax::error naming the devices present
@@ -28,6 +32,11 @@ public:
     [[nodiscard]] static context open(std::string_view name);
     /// Opens the first device that has an ACTIVE port; throws when none has.
     [[nodiscard]] static context open_first_active();
+    /// The device and port that carry an IP address of this machine (resolved
+    /// by rdma_cm), e.g. "192.0.2.1"; throws if no RDMA device has it.
+    [[nodiscard]] static context open_by_address(std::string_view ip, std::uint8_t* port = nullptr);
+    /// A handle on a context librdmacm opened (a connection's or listener's).
+    [[nodiscard]] static context borrow(ibv_context* cm_context);
 
     context(context&& other) noexcept;
     context& operator=(context&& other) noexcept;
@@ -52,8 +61,9 @@ public:
     [[nodiscard]] std::optional<gid_entry> preferred_gid(std::uint8_t port = 1) const;
 
 private:
-    explicit context(ibv_context* ctx);
+    context(ibv_context* ctx, bool owned);
     ibv_context* ctx_ = nullptr;
+    bool owned_ = false; ///< close on destruction (not librdmacm's)
     device_limits limits_;
 };
 

@@ -1,0 +1,94 @@
+#pragma once
+// An RC connection made with rdma_cm: address and route resolution, the
+// queue pair's state transitions, and a small user payload (remote buffer
+// tokens, say) carried in the connection's private data each way.
+//
+// Every wait has a deadline. A peer that disconnects or vanishes (its process
+// dies: the kernel then tears its connection down) shows as
+// peer_disconnected() on this side, and its queue pair goes to the error
+// state, so posted work completes with an error rather than hanging.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <rdma/rdma_cma.h>
+
+#include <rdmax/verbs/queue_pair.hpp>
+
+namespace rdmax::verbs {
+
+/// Payload bytes that fit in the private data of a connect request and of an
+/// accept reply (the wire's 56 and 196, less rdmax's one-byte length prefix).
+inline constexpr std::size_t max_connect_payload = 55;
+inline constexpr std::size_t max_accept_payload = 195;
+
+using namespace std::chrono_literals;
+
+class listener;
+
+class connection {
+public:
+    /// Connects to a listener at addr:port. The route must lead out of the
+    /// device `pd` belongs to. Throws rdmax::error naming the step that failed
+    /// (address, route, rejected, unreachable) or the deadline that passed.
+    [[nodiscard]] static connection connect(const protection_domain& pd, std::string_view addr,
+                                            std::uint16_t port,
+                                            std::span<const std::byte> payload = {},
+                                            const qp_config& cfg = {},
+                                            std::chrono::milliseconds timeout = 5s);
+
+    connection(connection&& other) noexcept;
+    connection& operator=(connection&& other) noexcept;
+    connection(const connection&) = delete;
+    connection& operator=(const connection&) = delete;
+    /// Disconnects (without waiting for the peer) and frees QP, id and channel.
+    ~connection();
+
+    [[nodiscard]] queue_pair<rc>& qp() noexcept { return *qp_; }
+    /// What the peer sent in its private data.
+    [[nodiscard]] std::span<const std::byte> peer_payload() const noexcept { return peer_payload_; }
+    /// The peer's payload read as a trivially copyable T (e.g. a remote_buffer);
+    /// nullopt if the peer sent a different number of bytes.
+    template <class T>
+        requires std::is_trivially_copyable_v<T>
+    [[nodiscard]] std::optional<T> peer_payload_as() const noexcept {
+        if (peer_payload_.size() != sizeof(T))
+            return std::nullopt;
+        T out;
+        std::memcpy(&out, peer_payload_.data(), sizeof(T));
+        return out;
+    }
+
+    /// Non-blocking: true once the peer disconnected or went away.
+    [[nodiscard]] bool peer_disconnected() noexcept;
+    /// Waits up to `timeout` for the peer to disconnect; true if it did.
+    [[nodiscard]] bool wait_disconnected(std::chrono::milliseconds timeout) noexcept;
+    /// Disconnects and waits up to `timeout` for the exchange to finish.
+    /// Idempotent.
+    void disconnect(std::chrono::milliseconds timeout = 2s) noexcept;
+
+    [[nodiscard]] rdma_cm_id* id() const noexcept { return id_; }
+
+private:
+    friend class listener;
+    connection(rdma_event_channel* ch, rdma_cm_id* id) noexcept;
+    void release() noexcept;
+    /// Handles one pending connection event, if any arrives within `timeout`.
+    void pump(std::chrono::milliseconds timeout) noexcept;
+
+    rdma_event_channel* channel_ = nullptr;
+    rdma_cm_id* id_ = nullptr;
+    std::optional<queue_pair<rc>> qp_;
+    std::vector<std::byte> peer_payload_;
+    bool disconnected_ = false; ///< DISCONNECTED seen (either side's doing)
+    bool disconnect_sent_ = false;
+};
+
+} // namespace rdmax::verbs

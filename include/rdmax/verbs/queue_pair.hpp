@@ -1,0 +1,463 @@
+#pragma once
+// Queue pairs: queue_pair<rc> (reliable connected: write, read, send, atomics)
+// and queue_pair<ud> (unreliable datagram: send and receive).
+//
+// The data path is noexcept, allocates nothing and makes no system call but
+// the doorbell. Every operation is checked before anything is posted: a bad
+// request returns a status and posts nothing. Which buffers an operation
+// accepts is decided by their access rights at compile time.
+//
+// Completions: the queue pair owns its send completion queue, so that it can
+// account send-queue slots (selective signaling; see send_slots.hpp). Only
+// requests that asked for a completion, and failed ones, are reported, with
+// the caller's wr_id. A queue pair is used by one thread at a time.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <rdmax/mem/buffer.hpp>
+#include <rdmax/status.hpp>
+#include <rdmax/verbs/completion.hpp>
+#include <rdmax/verbs/completion_queue.hpp>
+#include <rdmax/verbs/gid.hpp>
+#include <rdmax/verbs/port.hpp>
+#include <rdmax/verbs/protection_domain.hpp>
+#include <rdmax/verbs/send_slots.hpp>
+#include <rdmax/verbs/shared_receive_queue.hpp>
+
+namespace rdmax::verbs {
+
+/// Transport tags.
+struct rc {};
+struct ud {};
+
+/// What a queue pair is created with. Sizes beyond the device's limits are
+/// refused with an error naming the limit; max_inline and max_rd_atomic are
+/// clamped to what the device grants.
+struct qp_config {
+    std::uint32_t send_depth = 256;
+    std::uint32_t recv_depth = 256; ///< ignored with an srq
+    std::uint32_t max_send_sge = 4;
+    std::uint32_t max_recv_sge = 4;
+    std::uint32_t max_inline = 64;     ///< bytes sent inline (no lkey, no DMA read)
+    std::uint32_t signal_interval = 0; ///< longest unsignaled run; 0: send_depth / 2
+    std::uint32_t max_batch = 32;      ///< work requests in one chain (one doorbell)
+    std::uint8_t port = 1;
+    std::uint8_t max_rd_atomic = 16; ///< outstanding reads/atomics, each direction
+    std::uint8_t ack_timeout = 14;   ///< 4.096 us * 2^14 = 67 ms per try
+    std::uint8_t retry_count = 7;
+    std::uint8_t rnr_retry = 7; ///< 7: retry for ever on "receiver not ready"
+    std::uint32_t qkey = 0x1ee7cafe; ///< UD only
+    completion_queue* recv_cq = nullptr;   ///< share one; nullptr: the QP makes its own
+    shared_receive_queue* srq = nullptr;   ///< receive from a shared queue
+};
+
+/// What a peer needs to connect an RC queue pair to this one (or to address a
+/// UD one): plain bytes, exchanged out of band or in rdma_cm private data.
+struct qp_endpoint {
+    gid address;
+    std::uint32_t qp_num = 0;
+    std::uint32_t psn = 0;
+    std::uint32_t qkey = 0;
+    std::uint16_t lid = 0;
+    std::uint8_t gid_index = 0;
+    std::uint8_t mtu = IBV_MTU_1024; ///< ibv_mtu
+};
+
+/// Per-request options. Defaults: signaled, not fenced, inline when it fits.
+struct send_flags {
+    bool signaled = true;     ///< report a completion (failures are always reported)
+    bool fence = false;       ///< wait for earlier reads/atomics before this one starts
+    bool solicited = false;   ///< wake a peer that sleeps for solicited events
+    bool force_inline = false; ///< refuse rather than fall back when data exceeds max_inline
+};
+
+/// A UD destination: an address handle plus the remote QP's number and key.
+class address_handle {
+public:
+    address_handle(const protection_domain& pd, const qp_endpoint& remote, std::uint8_t port,
+                   std::uint8_t local_gid_index);
+    address_handle(address_handle&& other) noexcept;
+    address_handle& operator=(address_handle&& other) noexcept;
+    address_handle(const address_handle&) = delete;
+    address_handle& operator=(const address_handle&) = delete;
+    ~address_handle();
+
+    [[nodiscard]] ibv_ah* get() const noexcept { return ah_; }
+    [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
+    [[nodiscard]] std::uint32_t qkey() const noexcept { return qkey_; }
+
+private:
+    ibv_ah* ah_;
+    std::uint32_t qp_num_;
+    std::uint32_t qkey_;
+};
+
+/// Bytes of room ahead of every UD receive: the global route header.
+inline constexpr std::uint32_t ud_grh_bytes = 40;
+
+class queue_pair_base;
+
+/// A chain of work requests posted with one ibv_post_send. Obtained from a
+/// queue pair's batch(); each call checks its request and stages it, or
+/// returns why not; post() rings the doorbell once for all of them.
+class send_batch {
+public:
+    explicit send_batch(queue_pair_base& qp) noexcept;
+    send_batch(const send_batch&) = delete;
+    send_batch& operator=(const send_batch&) = delete;
+    ~send_batch(); ///< an unposted batch is dropped, its slots returned
+
+    [[nodiscard]] std::uint32_t size() const noexcept { return count_; }
+
+    template <access L, access R>
+        requires(has(R, access::remote_write))
+    status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                 std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return rdma(IBV_WR_RDMA_WRITE, std::span(&src, 1), dst, dst_offset, wr_id, f, std::nullopt);
+    }
+    template <access L, access R>
+        requires(has(R, access::remote_write))
+    status write(std::span<const local_buffer<L>> srcs, remote_buffer<R> dst,
+                 std::uint64_t dst_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return rdma(IBV_WR_RDMA_WRITE, srcs, dst, dst_offset, wr_id, f, std::nullopt);
+    }
+    /// RDMA write whose immediate arrives with a receive completion at the peer.
+    template <access L, access R>
+        requires(has(R, access::remote_write))
+    status write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint32_t imm, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return rdma(IBV_WR_RDMA_WRITE_WITH_IMM, std::span(&src, 1), dst, dst_offset, wr_id, f, imm);
+    }
+    /// RDMA read into local memory, which must allow local writes.
+    template <access L, access R>
+        requires(has(L, access::local_write) && has(R, access::remote_read))
+    status read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
+                std::uint64_t wr_id, send_flags f = {}) noexcept {
+        f.force_inline = false;
+        return rdma(IBV_WR_RDMA_READ, std::span(&dst, 1), src, src_offset, wr_id, f, std::nullopt);
+    }
+    template <access L, access R>
+        requires(has(L, access::local_write) && has(R, access::remote_read))
+    status read(std::span<const local_buffer<L>> dsts, remote_buffer<R> src,
+                std::uint64_t src_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        f.force_inline = false;
+        return rdma(IBV_WR_RDMA_READ, dsts, src, src_offset, wr_id, f, std::nullopt);
+    }
+    template <access L>
+    status send(local_buffer<L> src, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return message(std::span(&src, 1), wr_id, f, std::nullopt, nullptr);
+    }
+    template <access L>
+    status send(std::span<const local_buffer<L>> srcs, std::uint64_t wr_id,
+                send_flags f = {}) noexcept {
+        return message(srcs, wr_id, f, std::nullopt, nullptr);
+    }
+    template <access L>
+    status send_imm(local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
+                    send_flags f = {}) noexcept {
+        return message(std::span(&src, 1), wr_id, f, imm, nullptr);
+    }
+    /// UD send to `to`.
+    template <access L>
+    status send_to(local_buffer<L> src, const address_handle& to, std::uint64_t wr_id,
+                   send_flags f = {}) noexcept {
+        return message(std::span(&src, 1), wr_id, f, std::nullopt, &to);
+    }
+    /// If the 8 bytes at dst + offset equal `expected`, store `desired`; the old
+    /// value lands in `result` (8 bytes) either way.
+    template <access L, access R>
+        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    status compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                        std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
+                        send_flags f = {}) noexcept {
+        return atomic(IBV_WR_ATOMIC_CMP_AND_SWP, as_sge(result), dst.addr, dst.length, dst.rkey,
+                      dst_offset, expected, desired, wr_id, f);
+    }
+    /// Adds `add` to the 8 bytes at dst + offset; the old value lands in `result`.
+    template <access L, access R>
+        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    status fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return atomic(IBV_WR_ATOMIC_FETCH_AND_ADD, as_sge(result), dst.addr, dst.length, dst.rkey,
+                      dst_offset, add, 0, wr_id, f);
+    }
+
+    /// Posts every staged request with one ibv_post_send.
+    status post() noexcept;
+
+private:
+    template <access L>
+    static ibv_sge as_sge(const local_buffer<L>& b) noexcept {
+        return {reinterpret_cast<std::uint64_t>(b.addr), b.length, b.lkey};
+    }
+    template <access L>
+    status rdma(ibv_wr_opcode op, std::span<const local_buffer<L>> locals, const auto& remote,
+                std::uint64_t offset, std::uint64_t wr_id, send_flags f,
+                std::optional<std::uint32_t> imm) noexcept {
+        ibv_sge* sges = nullptr;
+        std::uint64_t total = 0;
+        if (status s = gather(locals, sges, total); s != status::ok)
+            return s;
+        return stage_rdma(op, locals.size(), total, remote.addr, remote.length, remote.rkey, offset,
+                          wr_id, f, imm);
+    }
+    template <access L>
+    status message(std::span<const local_buffer<L>> locals, std::uint64_t wr_id, send_flags f,
+                   std::optional<std::uint32_t> imm, const address_handle* to) noexcept {
+        ibv_sge* sges = nullptr;
+        std::uint64_t total = 0;
+        if (status s = gather(locals, sges, total); s != status::ok)
+            return s;
+        return stage_message(locals.size(), total, wr_id, f, imm, to);
+    }
+    /// Copies the buffers into the next staging slot's SGEs.
+    template <access L>
+    status gather(std::span<const local_buffer<L>> locals, ibv_sge*& sges,
+                  std::uint64_t& total) noexcept {
+        if (status s = reserve(locals.size(), sges); s != status::ok)
+            return s;
+        for (std::size_t i = 0; i < locals.size(); ++i) {
+            sges[i] = as_sge(locals[i]);
+            total += locals[i].length;
+        }
+        return status::ok;
+    }
+
+    status reserve(std::size_t nsge, ibv_sge*& sges) noexcept;
+    status stage_rdma(ibv_wr_opcode op, std::size_t nsge, std::uint64_t total, std::uint64_t raddr,
+                      std::uint64_t rlen, std::uint32_t rkey, std::uint64_t offset,
+                      std::uint64_t wr_id, send_flags f, std::optional<std::uint32_t> imm) noexcept;
+    status stage_message(std::size_t nsge, std::uint64_t total, std::uint64_t wr_id, send_flags f,
+                         std::optional<std::uint32_t> imm, const address_handle* to) noexcept;
+    status atomic(ibv_wr_opcode op, ibv_sge result, std::uint64_t raddr, std::uint64_t rlen,
+                  std::uint32_t rkey, std::uint64_t offset, std::uint64_t operand,
+                  std::uint64_t swap, std::uint64_t wr_id, send_flags f) noexcept;
+    status commit(ibv_send_wr& wr, std::uint64_t wr_id, send_flags f, bool inline_ok,
+                  std::uint64_t total) noexcept;
+
+    queue_pair_base& qp_;
+    send_slots::checkpoint start_;
+    std::uint32_t count_ = 0;
+    bool posted_ = false;
+};
+
+/// What RC and UD queue pairs share: creation, receives, completions.
+class queue_pair_base {
+public:
+    queue_pair_base(const queue_pair_base&) = delete;
+    queue_pair_base& operator=(const queue_pair_base&) = delete;
+    queue_pair_base(queue_pair_base&&) noexcept;
+    queue_pair_base& operator=(queue_pair_base&&) noexcept;
+    ~queue_pair_base();
+
+    [[nodiscard]] ibv_qp* get() const noexcept { return qp_; }
+    [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_->qp_num; }
+    [[nodiscard]] std::uint32_t max_inline() const noexcept { return max_inline_; }
+    [[nodiscard]] std::uint32_t max_send_sge() const noexcept { return max_send_sge_; }
+    [[nodiscard]] std::uint32_t max_recv_sge() const noexcept { return max_recv_sge_; }
+    [[nodiscard]] std::uint32_t send_depth() const noexcept { return slots_.depth(); }
+    [[nodiscard]] std::uint32_t send_slots_free() const noexcept { return slots_.available(); }
+    [[nodiscard]] std::uint32_t max_message() const noexcept { return max_msg_; }
+    /// The errno of the last refused ibv_post_send / ibv_post_recv.
+    [[nodiscard]] int last_errno() const noexcept { return last_errno_; }
+    /// The state this object moved the QP to (a QP the device put into the error
+    /// state shows it in its completions).
+    [[nodiscard]] ibv_qp_state state() const noexcept { return state_; }
+    [[nodiscard]] const qp_config& config() const noexcept { return cfg_; }
+    [[nodiscard]] completion_queue& send_cq() noexcept { return send_cq_; }
+    [[nodiscard]] completion_queue& recv_cq() noexcept { return *recv_cq_; }
+
+    /// This end's address, for the peer.
+    [[nodiscard]] qp_endpoint endpoint() const;
+
+    /// Send completions the caller asked for (and failures), without blocking.
+    int poll_send(std::span<completion> out) noexcept;
+    /// Like poll_send, waiting up to `timeout` for the first; 0 on timeout.
+    int wait_send(std::span<completion> out, std::chrono::microseconds timeout) noexcept;
+    /// Receive completions (from this QP's receive CQ), without blocking.
+    int poll_recv(std::span<completion> out) noexcept;
+    int wait_recv(std::span<completion> out, std::chrono::microseconds timeout) noexcept;
+
+    /// Posts a receive into `dst`, which must allow local writes. (UD: leave
+    /// ud_grh_bytes of room ahead of the payload.)
+    template <access A>
+        requires(has(A, access::local_write))
+    status post_recv(local_buffer<A> dst, std::uint64_t wr_id) noexcept {
+        if (dst.length == 0)
+            return status::zero_length;
+        ibv_sge sge{reinterpret_cast<std::uint64_t>(dst.addr), dst.length, dst.lkey};
+        return post_recv_sges(&sge, 1, wr_id);
+    }
+    template <access A>
+        requires(has(A, access::local_write))
+    status post_recv(std::span<const local_buffer<A>> dsts, std::uint64_t wr_id) noexcept {
+        if (dsts.size() > max_recv_sge_)
+            return status::too_many_sge;
+        ibv_sge sges[32];
+        if (dsts.size() > std::size(sges))
+            return status::too_many_sge;
+        std::uint64_t total = 0;
+        for (std::size_t i = 0; i < dsts.size(); ++i) {
+            sges[i] = {reinterpret_cast<std::uint64_t>(dsts[i].addr), dsts[i].length, dsts[i].lkey};
+            total += dsts[i].length;
+        }
+        if (total == 0)
+            return status::zero_length;
+        return post_recv_sges(sges, static_cast<std::uint32_t>(dsts.size()), wr_id);
+    }
+
+    /// A chain of requests for one doorbell (one batch at a time per QP).
+    [[nodiscard]] send_batch batch() noexcept { return send_batch(*this); }
+
+protected:
+    queue_pair_base(const protection_domain& pd, const qp_config& cfg, ibv_qp_type type,
+                    rdma_cm_id* cm_id);
+    void modify(ibv_qp_attr& attr, int mask, ibv_qp_state to, const char* what);
+    void to_init();
+    void to_rts_from_rtr(std::uint32_t sq_psn);
+
+    friend class send_batch;
+    friend class connection;
+    friend class listener;
+    status post_recv_sges(ibv_sge* sges, std::uint32_t n, std::uint64_t wr_id) noexcept;
+    void destroy() noexcept;
+    int translate_send(const ibv_wc* wcs, int n, std::span<completion> out) noexcept;
+
+    const protection_domain* pd_;
+    qp_config cfg_;
+    completion_queue send_cq_;
+    std::unique_ptr<completion_queue> own_recv_cq_;
+    completion_queue* recv_cq_;
+    ibv_qp* qp_ = nullptr;
+    rdma_cm_id* cm_id_ = nullptr; ///< set when rdma_cm created (and will destroy) the QP
+    ibv_qp_type type_;
+    ibv_qp_state state_ = IBV_QPS_RESET;
+    std::uint32_t max_inline_ = 0;
+    std::uint32_t max_send_sge_ = 0;
+    std::uint32_t max_recv_sge_ = 0;
+    std::uint32_t max_msg_ = 0;
+    std::uint32_t psn_ = 0;
+    std::uint16_t lid_ = 0;
+    std::uint8_t gid_index_ = 0;
+    std::uint8_t rd_atomic_ = 1;
+    ibv_mtu mtu_ = IBV_MTU_1024;
+    gid gid_;
+    int last_errno_ = 0;
+    send_slots slots_;
+    // Staging area for batches: allocated once, reused by every post.
+    std::vector<ibv_send_wr> wrs_;
+    std::vector<ibv_sge> sges_;
+};
+
+template <class Transport>
+class queue_pair;
+
+/// Reliable connected queue pair.
+template <>
+class queue_pair<rc> : public queue_pair_base {
+public:
+    /// A QP in the RESET state; connect() it to a peer's endpoint.
+    queue_pair(const protection_domain& pd, const qp_config& cfg = {});
+
+    /// INIT -> RTR -> RTS against the peer's endpoint (exchanged out of band).
+    void connect(const qp_endpoint& remote);
+
+    template <access L, access R>
+        requires(has(R, access::remote_write))
+    status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                 std::uint64_t wr_id, send_flags f = {}) noexcept {
+        send_batch b(*this);
+        if (status s = b.write(src, dst, dst_offset, wr_id, f); s != status::ok)
+            return s;
+        return b.post();
+    }
+    template <access L, access R>
+        requires(has(R, access::remote_write))
+    status write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint32_t imm, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        send_batch b(*this);
+        if (status s = b.write_imm(src, dst, dst_offset, imm, wr_id, f); s != status::ok)
+            return s;
+        return b.post();
+    }
+    template <access L, access R>
+        requires(has(L, access::local_write) && has(R, access::remote_read))
+    status read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
+                std::uint64_t wr_id, send_flags f = {}) noexcept {
+        send_batch b(*this);
+        if (status s = b.read(dst, src, src_offset, wr_id, f); s != status::ok)
+            return s;
+        return b.post();
+    }
+    template <access L>
+    status send(local_buffer<L> src, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        send_batch b(*this);
+        if (status s = b.send(src, wr_id, f); s != status::ok)
+            return s;
+        return b.post();
+    }
+    template <access L>
+    status send_imm(local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
+                    send_flags f = {}) noexcept {
+        send_batch b(*this);
+        if (status s = b.send_imm(src, imm, wr_id, f); s != status::ok)
+            return s;
+        return b.post();
+    }
+    template <access L, access R>
+        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    status compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                        std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
+                        send_flags f = {}) noexcept {
+        send_batch b(*this);
+        if (status s = b.compare_swap(result, dst, dst_offset, expected, desired, wr_id, f);
+            s != status::ok)
+            return s;
+        return b.post();
+    }
+    template <access L, access R>
+        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    status fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        send_batch b(*this);
+        if (status s = b.fetch_add(result, dst, dst_offset, add, wr_id, f); s != status::ok)
+            return s;
+        return b.post();
+    }
+
+private:
+    friend class connection;
+    friend class listener;
+    queue_pair(const protection_domain& pd, const qp_config& cfg, rdma_cm_id* id);
+    void mark_connected() noexcept;
+};
+
+/// Unreliable datagram queue pair: ready (RTS) once constructed.
+template <>
+class queue_pair<ud> : public queue_pair_base {
+public:
+    queue_pair(const protection_domain& pd, const qp_config& cfg = {});
+
+    template <access L>
+    status send_to(local_buffer<L> src, const address_handle& to, std::uint64_t wr_id,
+                   send_flags f = {}) noexcept {
+        send_batch b(*this);
+        if (status s = b.send_to(src, to, wr_id, f); s != status::ok)
+            return s;
+        return b.post();
+    }
+};
+
+/// Connects two RC queue pairs of this process to each other (both ends on
+/// one device, or two devices of one machine): the loopback pair of tests.
+void connect_pair(queue_pair<rc>& a, queue_pair<rc>& b);
+
+} // namespace rdmax::verbs

@@ -1,0 +1,400 @@
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/verbs/connection.hpp>
+#include <rdmax/verbs/listener.hpp>
+
+namespace rdmax::verbs {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+std::chrono::milliseconds left_until(clock::time_point deadline) noexcept {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()),
+                    std::chrono::milliseconds(0));
+}
+
+/// An event channel whose fd never blocks: every wait goes through poll()
+/// with a deadline.
+rdma_event_channel* make_channel() {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    if (ch == nullptr)
+        throw_error("rdma_create_event_channel", errno, "is the rdma_ucm module loaded?");
+    const int flags = fcntl(ch->fd, F_GETFL);
+    if (flags < 0 || fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+        const int err = errno;
+        rdma_destroy_event_channel(ch);
+        throw_error("fcntl(O_NONBLOCK)", err, "rdma_cm event channel");
+    }
+    return ch;
+}
+
+/// The next event on `ch`, or nullptr when the deadline passes first.
+rdma_cm_event* next_event(rdma_event_channel* ch, clock::time_point deadline) noexcept {
+    for (;;) {
+        rdma_cm_event* ev = nullptr;
+        if (rdma_get_cm_event(ch, &ev) == 0)
+            return ev;
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return nullptr;
+        const auto left = left_until(deadline);
+        if (left.count() == 0)
+            return nullptr;
+        pollfd pfd{ch->fd, POLLIN, 0};
+        (void)::poll(&pfd, 1, static_cast<int>(left.count()) + 1);
+    }
+}
+
+/// An event's contents, copied out so the event can be acknowledged at once
+/// (rdma_destroy_id waits for every event of its id to be acknowledged).
+struct event_copy {
+    rdma_cm_event_type type;
+    int status;
+    rdma_cm_id* id;
+    std::vector<std::byte> payload;
+    std::uint8_t initiator_depth;
+    std::uint8_t responder_resources;
+};
+
+/// Decodes rdmax's private data: one length byte, then the payload. The wire
+/// pads private data to a fixed size, hence the explicit length.
+std::vector<std::byte> decode_payload(const void* data, std::size_t len) {
+    if (data == nullptr || len == 0)
+        return {};
+    const auto* bytes = static_cast<const std::byte*>(data);
+    const auto n = std::to_integer<std::size_t>(bytes[0]);
+    if (n > len - 1)
+        return {};
+    return {bytes + 1, bytes + 1 + n};
+}
+
+event_copy take(rdma_cm_event* ev) {
+    event_copy c{ev->event, ev->status, ev->id,
+                 decode_payload(ev->param.conn.private_data, ev->param.conn.private_data_len),
+                 ev->param.conn.initiator_depth, ev->param.conn.responder_resources};
+    rdma_ack_cm_event(ev);
+    return c;
+}
+
+/// Waits for `expected`; throws naming `step` and what came instead.
+event_copy expect(rdma_event_channel* ch, rdma_cm_event_type expected, clock::time_point deadline,
+                  const char* step, std::string_view target) {
+    rdma_cm_event* ev = next_event(ch, deadline);
+    if (ev == nullptr)
+        throw_error(step, ETIMEDOUT, fmt::format("{}: no {} before the deadline", target,
+                                                 rdma_event_str(expected)));
+    event_copy c = take(ev);
+    if (c.type != expected) {
+        const int err = c.type == RDMA_CM_EVENT_REJECTED      ? ECONNREFUSED
+                        : c.type == RDMA_CM_EVENT_UNREACHABLE ? EHOSTUNREACH
+                        : c.status < 0                         ? -c.status
+                                                               : ECONNABORTED;
+        throw_error(step, err,
+                    fmt::format("{}: {} (status {})", target, rdma_event_str(c.type), c.status));
+    }
+    return c;
+}
+
+sockaddr_storage resolve(std::string_view addr, std::uint16_t port, bool passive) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = passive ? AI_PASSIVE : 0;
+    addrinfo* res = nullptr;
+    const std::string host(addr);
+    const std::string service = std::to_string(port);
+    if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+        rc != 0)
+        throw_error("getaddrinfo", EINVAL, fmt::format("'{}': {}", addr, gai_strerror(rc)));
+    sockaddr_storage ss{};
+    std::memcpy(&ss, res->ai_addr, std::min<std::size_t>(res->ai_addrlen, sizeof ss));
+    freeaddrinfo(res);
+    return ss;
+}
+
+std::vector<std::byte> encode_payload(std::span<const std::byte> payload, std::size_t most,
+                                      const char* step) {
+    if (payload.size() > most)
+        throw_error(step, EMSGSIZE,
+                    fmt::format("a payload of {} bytes; the private data carries at most {}",
+                                payload.size(), most));
+    std::vector<std::byte> out(payload.size() + 1);
+    out[0] = static_cast<std::byte>(payload.size());
+    std::copy(payload.begin(), payload.end(), out.begin() + 1);
+    return out;
+}
+
+rdma_cm_id* make_id(rdma_event_channel* ch) {
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0)
+        throw_error("rdma_create_id", errno);
+    return id;
+}
+
+void require_device(rdma_cm_id* id, const protection_domain& pd, std::string_view what) {
+    if (id->verbs != pd.device().get())
+        throw_error("rdma_create_qp", EXDEV,
+                    fmt::format("{} goes through {}, but the protection domain is on {}", what,
+                                id->verbs != nullptr ? ibv_get_device_name(id->verbs->device) : "?",
+                                pd.device().name()));
+}
+
+} // namespace
+
+// ---- connection -----------------------------------------------------------------------------
+
+connection::connection(rdma_event_channel* ch, rdma_cm_id* id) noexcept
+    : channel_(ch)
+    , id_(id) {}
+
+connection::connection(connection&& o) noexcept
+    : channel_(std::exchange(o.channel_, nullptr))
+    , id_(std::exchange(o.id_, nullptr))
+    , qp_(std::move(o.qp_))
+    , peer_payload_(std::move(o.peer_payload_))
+    , disconnected_(o.disconnected_)
+    , disconnect_sent_(o.disconnect_sent_) {
+    o.qp_.reset();
+}
+
+connection& connection::operator=(connection&& o) noexcept {
+    if (this != &o) {
+        release();
+        channel_ = std::exchange(o.channel_, nullptr);
+        id_ = std::exchange(o.id_, nullptr);
+        qp_ = std::move(o.qp_);
+        o.qp_.reset();
+        peer_payload_ = std::move(o.peer_payload_);
+        disconnected_ = o.disconnected_;
+        disconnect_sent_ = o.disconnect_sent_;
+    }
+    return *this;
+}
+
+connection::~connection() { release(); }
+
+void connection::release() noexcept {
+    if (id_ != nullptr && qp_ && !disconnected_ && !disconnect_sent_)
+        rdma_disconnect(id_); // tell the peer now; do not wait for its answer here
+    qp_.reset(); // rdma_destroy_qp, before the id
+    if (id_ != nullptr) {
+        // Acknowledge whatever is pending: rdma_destroy_id waits for that.
+        while (rdma_cm_event* ev = next_event(channel_, clock::now()))
+            rdma_ack_cm_event(ev);
+        rdma_destroy_id(id_);
+        id_ = nullptr;
+    }
+    if (channel_ != nullptr) {
+        rdma_destroy_event_channel(channel_);
+        channel_ = nullptr;
+    }
+}
+
+void connection::pump(std::chrono::milliseconds timeout) noexcept {
+    if (channel_ == nullptr)
+        return;
+    rdma_cm_event* ev = next_event(channel_, clock::now() + timeout);
+    if (ev == nullptr)
+        return;
+    switch (ev->event) {
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT: disconnected_ = true; break;
+    default: break;
+    }
+    rdma_ack_cm_event(ev);
+}
+
+bool connection::peer_disconnected() noexcept {
+    pump(std::chrono::milliseconds(0));
+    return disconnected_;
+}
+
+bool connection::wait_disconnected(std::chrono::milliseconds timeout) noexcept {
+    const auto deadline = clock::now() + timeout;
+    while (!disconnected_) {
+        const auto left = left_until(deadline);
+        pump(left);
+        if (left.count() == 0)
+            break;
+    }
+    return disconnected_;
+}
+
+void connection::disconnect(std::chrono::milliseconds timeout) noexcept {
+    if (id_ == nullptr)
+        return;
+    if (!disconnect_sent_ && !disconnected_) {
+        rdma_disconnect(id_);
+        disconnect_sent_ = true;
+    }
+    (void)wait_disconnected(timeout);
+}
+
+connection connection::connect(const protection_domain& pd, std::string_view addr,
+                               std::uint16_t port, std::span<const std::byte> payload,
+                               const qp_config& cfg, std::chrono::milliseconds timeout) {
+    const auto deadline = clock::now() + timeout;
+    const std::vector<std::byte> pdata = encode_payload(payload, max_connect_payload, "rdma_connect");
+    const std::string target = fmt::format("{}:{}", addr, port);
+    sockaddr_storage dst = resolve(addr, port, false);
+
+    rdma_event_channel* ch = make_channel();
+    rdma_cm_id* id = nullptr;
+    try {
+        id = make_id(ch);
+    } catch (...) {
+        rdma_destroy_event_channel(ch);
+        throw;
+    }
+    connection c(ch, id); // frees id and channel on every way out from here
+
+    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst),
+                          static_cast<int>(left_until(deadline).count()) + 1) != 0)
+        throw_error("rdma_resolve_addr", errno, target);
+    expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "rdma_resolve_addr", target);
+    if (rdma_resolve_route(id, static_cast<int>(left_until(deadline).count()) + 1) != 0)
+        throw_error("rdma_resolve_route", errno, target);
+    expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "rdma_resolve_route", target);
+    require_device(id, pd, target);
+
+    c.qp_.emplace(queue_pair<rc>(pd, cfg, id));
+    std::uint8_t ack_timeout = cfg.ack_timeout;
+    (void)rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout,
+                          sizeof ack_timeout); // older kernels lack it; the default is longer
+
+    rdma_conn_param param{};
+    param.private_data = pdata.data();
+    param.private_data_len = static_cast<std::uint8_t>(pdata.size());
+    param.responder_resources = c.qp_->rd_atomic_;
+    param.initiator_depth = c.qp_->rd_atomic_;
+    param.retry_count = cfg.retry_count;
+    param.rnr_retry_count = cfg.rnr_retry;
+    if (rdma_connect(id, &param) != 0)
+        throw_error("rdma_connect", errno, target);
+    event_copy est = expect(ch, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_connect", target);
+    c.peer_payload_ = std::move(est.payload);
+    c.qp_->mark_connected();
+    return c;
+}
+
+// ---- listener -------------------------------------------------------------------------------
+
+listener::listener(std::string_view addr, std::uint16_t port, int backlog) {
+    sockaddr_storage ss = resolve(addr, port, true);
+    channel_ = make_channel();
+    try {
+        id_ = make_id(channel_);
+        if (rdma_bind_addr(id_, reinterpret_cast<sockaddr*>(&ss)) != 0)
+            throw_error("rdma_bind_addr", errno, fmt::format("{}:{}", addr, port));
+        if (rdma_listen(id_, backlog) != 0)
+            throw_error("rdma_listen", errno, fmt::format("{}:{}", addr, port));
+    } catch (...) {
+        if (id_ != nullptr)
+            rdma_destroy_id(id_);
+        rdma_destroy_event_channel(channel_);
+        throw;
+    }
+}
+
+listener::listener(listener&& o) noexcept
+    : channel_(std::exchange(o.channel_, nullptr))
+    , id_(std::exchange(o.id_, nullptr)) {}
+
+listener& listener::operator=(listener&& o) noexcept {
+    if (this != &o) {
+        this->~listener();
+        channel_ = std::exchange(o.channel_, nullptr);
+        id_ = std::exchange(o.id_, nullptr);
+    }
+    return *this;
+}
+
+listener::~listener() {
+    if (id_ != nullptr) {
+        // Requests nobody accepted: refuse them, acknowledge, then go.
+        while (rdma_cm_event* ev = next_event(channel_, clock::now())) {
+            if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+                rdma_cm_id* req = ev->id;
+                rdma_reject(req, nullptr, 0);
+                rdma_ack_cm_event(ev);
+                rdma_destroy_id(req);
+            } else {
+                rdma_ack_cm_event(ev);
+            }
+        }
+        rdma_destroy_id(id_);
+        id_ = nullptr;
+    }
+    if (channel_ != nullptr) {
+        rdma_destroy_event_channel(channel_);
+        channel_ = nullptr;
+    }
+}
+
+std::uint16_t listener::port() const noexcept { return ntohs(rdma_get_src_port(id_)); }
+
+context listener::device() const {
+    if (id_->verbs == nullptr)
+        throw_error("rdma_bind_addr", ENODEV,
+                    "the listener is bound to a wildcard address: no single device carries it");
+    return context::borrow(id_->verbs);
+}
+
+connection listener::accept(const protection_domain& pd, std::span<const std::byte> payload,
+                            const qp_config& cfg, std::chrono::milliseconds timeout) {
+    const auto deadline = clock::now() + timeout;
+    const std::vector<std::byte> pdata = encode_payload(payload, max_accept_payload, "rdma_accept");
+    const std::string where = fmt::format("listener on port {}", port());
+
+    event_copy req = expect(channel_, RDMA_CM_EVENT_CONNECT_REQUEST, deadline, "rdma_accept", where);
+    rdma_cm_id* id = req.id;
+    rdma_event_channel* ch = nullptr;
+    try {
+        ch = make_channel();
+        if (rdma_migrate_id(id, ch) != 0)
+            throw_error("rdma_migrate_id", errno, where);
+    } catch (...) {
+        rdma_reject(id, nullptr, 0);
+        rdma_destroy_id(id);
+        if (ch != nullptr)
+            rdma_destroy_event_channel(ch);
+        throw;
+    }
+    connection c(ch, id);
+    c.disconnect_sent_ = true; // nothing to disconnect until it is accepted
+    try {
+        require_device(id, pd, "the connection request");
+        c.qp_.emplace(queue_pair<rc>(pd, cfg, id));
+    } catch (...) {
+        rdma_reject(id, nullptr, 0);
+        throw;
+    }
+    c.disconnect_sent_ = false;
+    rdma_conn_param param{};
+    param.private_data = pdata.data();
+    param.private_data_len = static_cast<std::uint8_t>(pdata.size());
+    param.responder_resources = std::min(c.qp_->rd_atomic_, req.initiator_depth);
+    param.initiator_depth = std::min(c.qp_->rd_atomic_, req.responder_resources);
+    param.rnr_retry_count = cfg.rnr_retry;
+    if (rdma_accept(id, &param) != 0)
+        throw_error("rdma_accept", errno, where);
+    expect(ch, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_accept", where);
+    c.peer_payload_ = std::move(req.payload);
+    c.qp_->mark_connected();
+    return c;
+}
+
+} // namespace rdmax::verbs

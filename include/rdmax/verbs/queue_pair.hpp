@@ -53,10 +53,10 @@ struct qp_config {
     std::uint8_t max_rd_atomic = 16; ///< outstanding reads/atomics, each direction
     std::uint8_t ack_timeout = 14;   ///< 4.096 us * 2^14 = 67 ms per try
     std::uint8_t retry_count = 7;
-    std::uint8_t rnr_retry = 7; ///< 7: retry for ever on "receiver not ready"
-    std::uint32_t qkey = 0x1ee7cafe; ///< UD only
-    completion_queue* recv_cq = nullptr;   ///< share one; nullptr: the QP makes its own
-    shared_receive_queue* srq = nullptr;   ///< receive from a shared queue
+    std::uint8_t rnr_retry = 7;          ///< 7: retry for ever on "receiver not ready"
+    std::uint32_t qkey = 0x1ee7cafe;     ///< UD only
+    completion_queue* recv_cq = nullptr; ///< share one; nullptr: the QP makes its own
+    shared_receive_queue* srq = nullptr; ///< receive from a shared queue
 };
 
 /// What a peer needs to connect an RC queue pair to this one (or to address a
@@ -73,9 +73,9 @@ struct qp_endpoint {
 
 /// Per-request options. Defaults: signaled, not fenced, inline when it fits.
 struct send_flags {
-    bool signaled = true;     ///< report a completion (failures are always reported)
-    bool fence = false;       ///< wait for earlier reads/atomics before this one starts
-    bool solicited = false;   ///< wake a peer that sleeps for solicited events
+    bool signaled = true;      ///< report a completion (failures are always reported)
+    bool fence = false;        ///< wait for earlier reads/atomics before this one starts
+    bool solicited = false;    ///< wake a peer that sleeps for solicited events
     bool force_inline = false; ///< refuse rather than fall back when data exceeds max_inline
 };
 
@@ -118,42 +118,48 @@ public:
     [[nodiscard]] std::uint32_t size() const noexcept { return count_; }
 
     template <access L, access R>
-        requires(has(R, access::remote_write))
-    status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-                 std::uint64_t wr_id, send_flags f = {}) noexcept {
-        return rdma(IBV_WR_RDMA_WRITE, std::span(&src, 1), dst, dst_offset, wr_id, f, std::nullopt);
+    requires(has(R, access::remote_write)) status
+        write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+              std::uint64_t wr_id, send_flags f = {})
+    noexcept {
+        return rdma(IBV_WR_RDMA_WRITE, std::span<const local_buffer<L>>(&src, 1), dst, dst_offset,
+                    wr_id, f, std::nullopt);
     }
     template <access L, access R>
-        requires(has(R, access::remote_write))
-    status write(std::span<const local_buffer<L>> srcs, remote_buffer<R> dst,
-                 std::uint64_t dst_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
-        return rdma(IBV_WR_RDMA_WRITE, srcs, dst, dst_offset, wr_id, f, std::nullopt);
-    }
+    requires(has(R, access::remote_write)) status
+        write(std::span<const local_buffer<L>> srcs, remote_buffer<R> dst, std::uint64_t dst_offset,
+              std::uint64_t wr_id, send_flags f = {})
+    noexcept { return rdma(IBV_WR_RDMA_WRITE, srcs, dst, dst_offset, wr_id, f, std::nullopt); }
     /// RDMA write whose immediate arrives with a receive completion at the peer.
     template <access L, access R>
-        requires(has(R, access::remote_write))
-    status write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-                     std::uint32_t imm, std::uint64_t wr_id, send_flags f = {}) noexcept {
-        return rdma(IBV_WR_RDMA_WRITE_WITH_IMM, std::span(&src, 1), dst, dst_offset, wr_id, f, imm);
+    requires(has(R, access::remote_write)) status
+        write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                  std::uint32_t imm, std::uint64_t wr_id, send_flags f = {})
+    noexcept {
+        return rdma(IBV_WR_RDMA_WRITE_WITH_IMM, std::span<const local_buffer<L>>(&src, 1), dst,
+                    dst_offset, wr_id, f, imm);
     }
     /// RDMA read into local memory, which must allow local writes.
     template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_read))
-    status read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
-                std::uint64_t wr_id, send_flags f = {}) noexcept {
+    requires(has(L, access::local_write) && has(R, access::remote_read)) status
+        read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
+             std::uint64_t wr_id, send_flags f = {})
+    noexcept {
         f.force_inline = false;
-        return rdma(IBV_WR_RDMA_READ, std::span(&dst, 1), src, src_offset, wr_id, f, std::nullopt);
+        return rdma(IBV_WR_RDMA_READ, std::span<const local_buffer<L>>(&dst, 1), src, src_offset,
+                    wr_id, f, std::nullopt);
     }
     template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_read))
-    status read(std::span<const local_buffer<L>> dsts, remote_buffer<R> src,
-                std::uint64_t src_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
+    requires(has(L, access::local_write) && has(R, access::remote_read)) status
+        read(std::span<const local_buffer<L>> dsts, remote_buffer<R> src, std::uint64_t src_offset,
+             std::uint64_t wr_id, send_flags f = {})
+    noexcept {
         f.force_inline = false;
         return rdma(IBV_WR_RDMA_READ, dsts, src, src_offset, wr_id, f, std::nullopt);
     }
     template <access L>
     status send(local_buffer<L> src, std::uint64_t wr_id, send_flags f = {}) noexcept {
-        return message(std::span(&src, 1), wr_id, f, std::nullopt, nullptr);
+        return message(std::span<const local_buffer<L>>(&src, 1), wr_id, f, std::nullopt, nullptr);
     }
     template <access L>
     status send(std::span<const local_buffer<L>> srcs, std::uint64_t wr_id,
@@ -163,29 +169,31 @@ public:
     template <access L>
     status send_imm(local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
                     send_flags f = {}) noexcept {
-        return message(std::span(&src, 1), wr_id, f, imm, nullptr);
+        return message(std::span<const local_buffer<L>>(&src, 1), wr_id, f, imm, nullptr);
     }
     /// UD send to `to`.
     template <access L>
     status send_to(local_buffer<L> src, const address_handle& to, std::uint64_t wr_id,
                    send_flags f = {}) noexcept {
-        return message(std::span(&src, 1), wr_id, f, std::nullopt, &to);
+        return message(std::span<const local_buffer<L>>(&src, 1), wr_id, f, std::nullopt, &to);
     }
     /// If the 8 bytes at dst + offset equal `expected`, store `desired`; the old
     /// value lands in `result` (8 bytes) either way.
     template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_atomic))
-    status compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                        std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
-                        send_flags f = {}) noexcept {
+    requires(has(L, access::local_write) && has(R, access::remote_atomic)) status
+        compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
+                     send_flags f = {})
+    noexcept {
         return atomic(IBV_WR_ATOMIC_CMP_AND_SWP, as_sge(result), dst.addr, dst.length, dst.rkey,
                       dst_offset, expected, desired, wr_id, f);
     }
     /// Adds `add` to the 8 bytes at dst + offset; the old value lands in `result`.
     template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_atomic))
-    status fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                     std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
+    requires(has(L, access::local_write) && has(R, access::remote_atomic)) status
+        fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                  std::uint64_t add, std::uint64_t wr_id, send_flags f = {})
+    noexcept {
         return atomic(IBV_WR_ATOMIC_FETCH_AND_ADD, as_sge(result), dst.addr, dst.length, dst.rkey,
                       dst_offset, add, 0, wr_id, f);
     }
@@ -289,16 +297,17 @@ public:
     /// Posts a receive into `dst`, which must allow local writes. (UD: leave
     /// ud_grh_bytes of room ahead of the payload.)
     template <access A>
-        requires(has(A, access::local_write))
-    status post_recv(local_buffer<A> dst, std::uint64_t wr_id) noexcept {
+    requires(has(A, access::local_write)) status post_recv(local_buffer<A> dst, std::uint64_t wr_id)
+    noexcept {
         if (dst.length == 0)
             return status::zero_length;
         ibv_sge sge{reinterpret_cast<std::uint64_t>(dst.addr), dst.length, dst.lkey};
         return post_recv_sges(&sge, 1, wr_id);
     }
     template <access A>
-        requires(has(A, access::local_write))
-    status post_recv(std::span<const local_buffer<A>> dsts, std::uint64_t wr_id) noexcept {
+    requires(has(A, access::local_write)) status
+        post_recv(std::span<const local_buffer<A>> dsts, std::uint64_t wr_id)
+    noexcept {
         if (dsts.size() > max_recv_sge_)
             return status::too_many_sge;
         ibv_sge sges[32];
@@ -371,27 +380,30 @@ public:
     void connect(const qp_endpoint& remote);
 
     template <access L, access R>
-        requires(has(R, access::remote_write))
-    status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-                 std::uint64_t wr_id, send_flags f = {}) noexcept {
+    requires(has(R, access::remote_write)) status
+        write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+              std::uint64_t wr_id, send_flags f = {})
+    noexcept {
         send_batch b(*this);
         if (status s = b.write(src, dst, dst_offset, wr_id, f); s != status::ok)
             return s;
         return b.post();
     }
     template <access L, access R>
-        requires(has(R, access::remote_write))
-    status write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-                     std::uint32_t imm, std::uint64_t wr_id, send_flags f = {}) noexcept {
+    requires(has(R, access::remote_write)) status
+        write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                  std::uint32_t imm, std::uint64_t wr_id, send_flags f = {})
+    noexcept {
         send_batch b(*this);
         if (status s = b.write_imm(src, dst, dst_offset, imm, wr_id, f); s != status::ok)
             return s;
         return b.post();
     }
     template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_read))
-    status read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
-                std::uint64_t wr_id, send_flags f = {}) noexcept {
+    requires(has(L, access::local_write) && has(R, access::remote_read)) status
+        read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
+             std::uint64_t wr_id, send_flags f = {})
+    noexcept {
         send_batch b(*this);
         if (status s = b.read(dst, src, src_offset, wr_id, f); s != status::ok)
             return s;
@@ -413,10 +425,11 @@ public:
         return b.post();
     }
     template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_atomic))
-    status compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                        std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
-                        send_flags f = {}) noexcept {
+    requires(has(L, access::local_write) && has(R, access::remote_atomic)) status
+        compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
+                     send_flags f = {})
+    noexcept {
         send_batch b(*this);
         if (status s = b.compare_swap(result, dst, dst_offset, expected, desired, wr_id, f);
             s != status::ok)
@@ -424,9 +437,10 @@ public:
         return b.post();
     }
     template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_atomic))
-    status fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                     std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
+    requires(has(L, access::local_write) && has(R, access::remote_atomic)) status
+        fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                  std::uint64_t add, std::uint64_t wr_id, send_flags f = {})
+    noexcept {
         send_batch b(*this);
         if (status s = b.fetch_add(result, dst, dst_offset, add, wr_id, f); s != status::ok)
             return s;

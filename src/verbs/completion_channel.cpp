@@ -1,6 +1,5 @@
-#include <fcntl.h>
-
 #include <cerrno>
+#include <fcntl.h>
 #include <utility>
 
 #include <rdmax/error.hpp>

@@ -1,6 +1,5 @@
-#include <poll.h>
-
 #include <cerrno>
+#include <poll.h>
 #include <utility>
 
 #include <fmt/format.h>
@@ -21,7 +20,8 @@ ibv_cq* create_cq(const context& ctx, std::uint32_t min_entries, completion_chan
     ibv_cq* cq = ibv_create_cq(ctx.get(), static_cast<int>(min_entries), nullptr,
                                channel != nullptr ? channel->get() : nullptr, 0);
     if (cq == nullptr)
-        throw_error("ibv_create_cq", errno, fmt::format("{} entries on {}", min_entries, ctx.name()));
+        throw_error("ibv_create_cq", errno,
+                    fmt::format("{} entries on {}", min_entries, ctx.name()));
     return cq;
 }
 } // namespace
@@ -72,7 +72,8 @@ int completion_queue::wait(std::span<ibv_wc> out, std::chrono::microseconds time
             return -1;
         if (int n = poll(out); n != 0)
             return n;
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
         if (left.count() <= 0)
             return 0;
         pollfd pfd{channel_->fd(), POLLIN, 0};

@@ -1,12 +1,11 @@
+#include <algorithm>
 #include <arpa/inet.h>
+#include <cerrno>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
-#include <sys/socket.h>
-
-#include <algorithm>
-#include <cerrno>
 #include <string>
+#include <sys/socket.h>
 #include <utility>
 
 #include <fmt/format.h>
@@ -81,9 +80,12 @@ std::vector<std::byte> decode_payload(const void* data, std::size_t len) {
 }
 
 event_copy take(rdma_cm_event* ev) {
-    event_copy c{ev->event, ev->status, ev->id,
+    event_copy c{ev->event,
+                 ev->status,
+                 ev->id,
                  decode_payload(ev->param.conn.private_data, ev->param.conn.private_data_len),
-                 ev->param.conn.initiator_depth, ev->param.conn.responder_resources};
+                 ev->param.conn.initiator_depth,
+                 ev->param.conn.responder_resources};
     rdma_ack_cm_event(ev);
     return c;
 }
@@ -93,14 +95,14 @@ event_copy expect(rdma_event_channel* ch, rdma_cm_event_type expected, clock::ti
                   const char* step, std::string_view target) {
     rdma_cm_event* ev = next_event(ch, deadline);
     if (ev == nullptr)
-        throw_error(step, ETIMEDOUT, fmt::format("{}: no {} before the deadline", target,
-                                                 rdma_event_str(expected)));
+        throw_error(step, ETIMEDOUT,
+                    fmt::format("{}: no {} before the deadline", target, rdma_event_str(expected)));
     event_copy c = take(ev);
     if (c.type != expected) {
         const int err = c.type == RDMA_CM_EVENT_REJECTED      ? ECONNREFUSED
                         : c.type == RDMA_CM_EVENT_UNREACHABLE ? EHOSTUNREACH
-                        : c.status < 0                         ? -c.status
-                                                               : ECONNABORTED;
+                        : c.status < 0                        ? -c.status
+                                                              : ECONNABORTED;
         throw_error(step, err,
                     fmt::format("{}: {} (status {})", target, rdma_event_str(c.type), c.status));
     }
@@ -143,6 +145,14 @@ rdma_cm_id* make_id(rdma_event_channel* ch) {
     return id;
 }
 
+/// The retransmission timeout of the connection's QP (both sides must set it
+/// before connect/accept; without it a peer that vanished may never time out).
+void set_ack_timeout(rdma_cm_id* id, const qp_config& cfg) noexcept {
+    std::uint8_t ack_timeout = cfg.ack_timeout;
+    (void)rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout,
+                          sizeof ack_timeout); // older kernels lack it; their default is longer
+}
+
 void require_device(rdma_cm_id* id, const protection_domain& pd, std::string_view what) {
     if (id->verbs != pd.device().get())
         throw_error("rdma_create_qp", EXDEV,
@@ -183,12 +193,14 @@ connection& connection::operator=(connection&& o) noexcept {
     return *this;
 }
 
-connection::~connection() { release(); }
+connection::~connection() {
+    release();
+}
 
 void connection::release() noexcept {
     if (id_ != nullptr && qp_ && !disconnected_ && !disconnect_sent_)
         rdma_disconnect(id_); // tell the peer now; do not wait for its answer here
-    qp_.reset(); // rdma_destroy_qp, before the id
+    qp_.reset();              // rdma_destroy_qp, before the id
     if (id_ != nullptr) {
         // Acknowledge whatever is pending: rdma_destroy_id waits for that.
         while (rdma_cm_event* ev = next_event(channel_, clock::now()))
@@ -211,10 +223,48 @@ void connection::pump(std::chrono::milliseconds timeout) noexcept {
     switch (ev->event) {
     case RDMA_CM_EVENT_DISCONNECTED:
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
-    case RDMA_CM_EVENT_TIMEWAIT_EXIT: disconnected_ = true; break;
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+        disconnected_ = true;
+        // librdmacm leaves the QP as it was when the peer disconnects: move it
+        // to the error state, so that posted work flushes now and new posts
+        // are refused, rather than retrying against a peer that is gone.
+        if (qp_)
+            qp_->enter_error();
+        break;
     default: break;
     }
     rdma_ack_cm_event(ev);
+}
+
+namespace {
+/// How long a watched wait polls completions before it looks at the
+/// connection's events again.
+constexpr std::chrono::microseconds watch_slice{20'000};
+
+template <class Wait>
+int watched_wait(connection& c, Wait wait, std::chrono::microseconds timeout) noexcept {
+    const auto deadline = clock::now() + timeout;
+    for (;;) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::microseconds>(deadline - clock::now());
+        const int n = wait(std::clamp(left, std::chrono::microseconds(0), watch_slice));
+        if (n != 0)
+            return n;
+        (void)c.peer_disconnected(); // on a disconnect: QP to error, work flushes
+        if (clock::now() >= deadline)
+            return 0;
+    }
+}
+} // namespace
+
+int connection::wait_send(std::span<completion> out, std::chrono::microseconds timeout) noexcept {
+    return watched_wait(
+        *this, [&](auto t) { return qp_->wait_send(out, t); }, timeout);
+}
+
+int connection::wait_recv(std::span<completion> out, std::chrono::microseconds timeout) noexcept {
+    return watched_wait(
+        *this, [&](auto t) { return qp_->wait_recv(out, t); }, timeout);
 }
 
 bool connection::peer_disconnected() noexcept {
@@ -247,7 +297,8 @@ connection connection::connect(const protection_domain& pd, std::string_view add
                                std::uint16_t port, std::span<const std::byte> payload,
                                const qp_config& cfg, std::chrono::milliseconds timeout) {
     const auto deadline = clock::now() + timeout;
-    const std::vector<std::byte> pdata = encode_payload(payload, max_connect_payload, "rdma_connect");
+    const std::vector<std::byte> pdata =
+        encode_payload(payload, max_connect_payload, "rdma_connect");
     const std::string target = fmt::format("{}:{}", addr, port);
     sockaddr_storage dst = resolve(addr, port, false);
 
@@ -271,9 +322,7 @@ connection connection::connect(const protection_domain& pd, std::string_view add
     require_device(id, pd, target);
 
     c.qp_.emplace(queue_pair<rc>(pd, cfg, id));
-    std::uint8_t ack_timeout = cfg.ack_timeout;
-    (void)rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout,
-                          sizeof ack_timeout); // older kernels lack it; the default is longer
+    set_ack_timeout(id, cfg);
 
     rdma_conn_param param{};
     param.private_data = pdata.data();
@@ -344,7 +393,9 @@ listener::~listener() {
     }
 }
 
-std::uint16_t listener::port() const noexcept { return ntohs(rdma_get_src_port(id_)); }
+std::uint16_t listener::port() const noexcept {
+    return ntohs(rdma_get_src_port(id_));
+}
 
 context listener::device() const {
     if (id_->verbs == nullptr)
@@ -359,7 +410,8 @@ connection listener::accept(const protection_domain& pd, std::span<const std::by
     const std::vector<std::byte> pdata = encode_payload(payload, max_accept_payload, "rdma_accept");
     const std::string where = fmt::format("listener on port {}", port());
 
-    event_copy req = expect(channel_, RDMA_CM_EVENT_CONNECT_REQUEST, deadline, "rdma_accept", where);
+    event_copy req =
+        expect(channel_, RDMA_CM_EVENT_CONNECT_REQUEST, deadline, "rdma_accept", where);
     rdma_cm_id* id = req.id;
     rdma_event_channel* ch = nullptr;
     try {
@@ -383,6 +435,7 @@ connection listener::accept(const protection_domain& pd, std::span<const std::by
         throw;
     }
     c.disconnect_sent_ = false;
+    set_ack_timeout(id, cfg);
     rdma_conn_param param{};
     param.private_data = pdata.data();
     param.private_data_len = static_cast<std::uint8_t>(pdata.size());

@@ -1,16 +1,15 @@
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <rdma/rdma_cma.h>
-#include <sys/socket.h>
-
 #include <algorithm>
+#include <arpa/inet.h>
 #include <cerrno>
 #include <memory>
+#include <netinet/in.h>
 #include <span>
+#include <sys/socket.h>
 #include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <rdma/rdma_cma.h>
 
 #include <rdmax/error.hpp>
 #include <rdmax/verbs/context.hpp>
@@ -120,7 +119,9 @@ struct cm_devices {
 };
 } // namespace
 
-context context::borrow(ibv_context* cm_context) { return context(cm_context, false); }
+context context::borrow(ibv_context* cm_context) {
+    return context(cm_context, false);
+}
 
 context context::open_by_address(std::string_view ip, std::uint8_t* port) {
     const std::string text(ip);
@@ -135,7 +136,8 @@ context context::open_by_address(std::string_view ip, std::uint8_t* port) {
         throw_error("rdma_bind_addr", EINVAL, fmt::format("'{}' is not an IP address", ip));
     rdma_event_channel* ch = rdma_create_event_channel();
     if (ch == nullptr)
-        throw_error("rdma_create_event_channel", errno, "rdma_cm is unavailable (rdma_ucm module?)");
+        throw_error("rdma_create_event_channel", errno,
+                    "rdma_cm is unavailable (rdma_ucm module?)");
     rdma_cm_id* id = nullptr;
     if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) {
         const int err = errno;

@@ -50,8 +50,8 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
     , cfg_(validated(pd, cfg, type))
     , send_cq_(pd.device(), cfg_.send_depth)
     , own_recv_cq_(cfg_.recv_cq == nullptr
-                       ? std::make_unique<completion_queue>(pd.device(),
-                                                            cfg_.srq != nullptr ? 1 : cfg_.recv_depth)
+                       ? std::make_unique<completion_queue>(
+                             pd.device(), cfg_.srq != nullptr ? 1 : cfg_.recv_depth)
                        : nullptr)
     , recv_cq_(cfg_.recv_cq != nullptr ? cfg_.recv_cq : own_recv_cq_.get())
     , type_(type)
@@ -87,9 +87,9 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
             continue;
         }
         throw_error(verb, err,
-                    fmt::format("{} send x{} sge, {} recv x{} sge, inline {} on {}", cfg_.send_depth,
-                                cfg_.max_send_sge, cfg_.recv_depth, cfg_.max_recv_sge,
-                                cfg_.max_inline, ctx.name()));
+                    fmt::format("{} send x{} sge, {} recv x{} sge, inline {} on {}",
+                                cfg_.send_depth, cfg_.max_send_sge, cfg_.recv_depth,
+                                cfg_.max_recv_sge, cfg_.max_inline, ctx.name()));
     }
     cm_id_ = cm_id;
     state_ = cm_id != nullptr ? IBV_QPS_INIT : IBV_QPS_RESET;
@@ -110,9 +110,10 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
             gid_ = g->value;
         }
         const auto& lim = ctx.limits();
-        rd_atomic_ = static_cast<std::uint8_t>(std::clamp<std::uint32_t>(
-            std::min({std::uint32_t{cfg_.max_rd_atomic}, lim.max_qp_init_rd_atom, lim.max_qp_rd_atom}),
-            1, 255));
+        rd_atomic_ = static_cast<std::uint8_t>(
+            std::clamp<std::uint32_t>(std::min({std::uint32_t{cfg_.max_rd_atomic},
+                                                lim.max_qp_init_rd_atom, lim.max_qp_rd_atom}),
+                                      1, 255));
         psn_ = random_psn();
     } catch (...) {
         destroy();
@@ -131,7 +132,9 @@ void queue_pair_base::destroy() noexcept {
     cm_id_ = nullptr;
 }
 
-queue_pair_base::~queue_pair_base() { destroy(); }
+queue_pair_base::~queue_pair_base() {
+    destroy();
+}
 
 queue_pair_base::queue_pair_base(queue_pair_base&& o) noexcept
     : pd_(o.pd_)
@@ -209,6 +212,15 @@ void queue_pair_base::modify(ibv_qp_attr& attr, int mask, ibv_qp_state to, const
     state_ = to;
 }
 
+void queue_pair_base::enter_error() noexcept {
+    if (qp_ == nullptr || state_ == IBV_QPS_ERR)
+        return;
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    if (ibv_modify_qp(qp_, &attr, IBV_QP_STATE) == 0)
+        state_ = IBV_QPS_ERR;
+}
+
 void queue_pair_base::to_init() {
     ibv_qp_attr attr{};
     attr.pkey_index = 0;
@@ -276,7 +288,9 @@ void queue_pair<rc>::connect(const qp_endpoint& remote) {
     to_rts_from_rtr(psn_);
 }
 
-void queue_pair<rc>::mark_connected() noexcept { state_ = IBV_QPS_RTS; }
+void queue_pair<rc>::mark_connected() noexcept {
+    state_ = IBV_QPS_RTS;
+}
 
 queue_pair<ud>::queue_pair(const protection_domain& pd, const qp_config& cfg)
     : queue_pair_base(pd, cfg, IBV_QPT_UD, nullptr) {
@@ -310,7 +324,8 @@ address_handle::address_handle(const protection_domain& pd, const qp_endpoint& r
     }
     ah_ = ibv_create_ah(pd.get(), &attr);
     if (ah_ == nullptr)
-        throw_error("ibv_create_ah", errno, fmt::format("to {} QP {:#x}", remote.address, remote.qp_num));
+        throw_error("ibv_create_ah", errno,
+                    fmt::format("to {} QP {:#x}", remote.address, remote.qp_num));
 }
 
 address_handle::address_handle(address_handle&& o) noexcept
@@ -336,7 +351,8 @@ address_handle::~address_handle() {
 
 // ---- receives and completions -----------------------------------------------------------
 
-status queue_pair_base::post_recv_sges(ibv_sge* sges, std::uint32_t n, std::uint64_t wr_id) noexcept {
+status queue_pair_base::post_recv_sges(ibv_sge* sges, std::uint32_t n,
+                                       std::uint64_t wr_id) noexcept {
     if (state_ == IBV_QPS_RESET || cfg_.srq != nullptr) {
         // RESET takes no receives; with an SRQ, receives go to the SRQ.
         last_errno_ = EINVAL;
@@ -371,14 +387,17 @@ int queue_pair_base::poll_send(std::span<completion> out) noexcept {
     return n <= 0 ? n : translate_send(wcs, n, out);
 }
 
-int queue_pair_base::wait_send(std::span<completion> out, std::chrono::microseconds timeout) noexcept {
+int queue_pair_base::wait_send(std::span<completion> out,
+                               std::chrono::microseconds timeout) noexcept {
     using clock = std::chrono::steady_clock;
     const auto deadline = clock::now() + timeout;
     ibv_wc wcs[32];
     const std::size_t want = std::min(out.size(), std::size(wcs));
     for (;;) {
-        const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - clock::now());
-        const int n = send_cq_.wait(std::span(wcs, want), std::max(left, std::chrono::microseconds(0)));
+        const auto left =
+            std::chrono::duration_cast<std::chrono::microseconds>(deadline - clock::now());
+        const int n =
+            send_cq_.wait(std::span(wcs, want), std::max(left, std::chrono::microseconds(0)));
         if (n < 0)
             return n;
         // Completions of requests the library signaled for its own accounting
@@ -399,7 +418,8 @@ int queue_pair_base::poll_recv(std::span<completion> out) noexcept {
     return n;
 }
 
-int queue_pair_base::wait_recv(std::span<completion> out, std::chrono::microseconds timeout) noexcept {
+int queue_pair_base::wait_recv(std::span<completion> out,
+                               std::chrono::microseconds timeout) noexcept {
     ibv_wc wcs[32];
     const std::size_t want = std::min(out.size(), std::size(wcs));
     const int n = recv_cq_->wait(std::span(wcs, want), timeout);
@@ -509,10 +529,9 @@ status send_batch::stage_message(std::size_t nsge, std::uint64_t total, std::uin
     return commit(wr, wr_id, f, true, total);
 }
 
-status send_batch::atomic(ibv_wr_opcode op, ibv_sge result, std::uint64_t raddr,
-                          std::uint64_t rlen, std::uint32_t rkey, std::uint64_t offset,
-                          std::uint64_t operand, std::uint64_t swap, std::uint64_t wr_id,
-                          send_flags f) noexcept {
+status send_batch::atomic(ibv_wr_opcode op, ibv_sge result, std::uint64_t raddr, std::uint64_t rlen,
+                          std::uint32_t rkey, std::uint64_t offset, std::uint64_t operand,
+                          std::uint64_t swap, std::uint64_t wr_id, send_flags f) noexcept {
     if (qp_.state_ != IBV_QPS_RTS)
         return status::not_connected;
     if (result.length != 8 || (raddr + offset) % 8 != 0)

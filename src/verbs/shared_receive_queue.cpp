@@ -12,8 +12,9 @@ namespace {
 ibv_srq* create_srq(const protection_domain& pd, std::uint32_t depth, std::uint32_t max_sge) {
     const device_limits& lim = pd.device().limits();
     if (depth == 0 || depth > lim.max_srq_wr)
-        throw_error("ibv_create_srq", EINVAL,
-                    fmt::format("depth {} asked, {} allows 1..{}", depth, lim.name, lim.max_srq_wr));
+        throw_error(
+            "ibv_create_srq", EINVAL,
+            fmt::format("depth {} asked, {} allows 1..{}", depth, lim.name, lim.max_srq_wr));
     if (max_sge == 0 || max_sge > lim.max_sge)
         throw_error("ibv_create_srq", EINVAL,
                     fmt::format("{} SGEs asked, {} allows 1..{}", max_sge, lim.name, lim.max_sge));

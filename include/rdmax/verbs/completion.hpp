@@ -20,7 +20,9 @@ struct completion {
 
     [[nodiscard]] bool ok() const noexcept { return status == IBV_WC_SUCCESS; }
     /// "success", "remote access error", "transport retry counter exceeded", ...
-    [[nodiscard]] std::string_view status_name() const noexcept { return ibv_wc_status_str(status); }
+    [[nodiscard]] std::string_view status_name() const noexcept {
+        return ibv_wc_status_str(status);
+    }
 
     [[nodiscard]] static completion from(const ibv_wc& wc, std::uint64_t wr_id) noexcept {
         completion c;

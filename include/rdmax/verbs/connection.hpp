@@ -57,7 +57,7 @@ public:
     /// The peer's payload read as a trivially copyable T (e.g. a remote_buffer);
     /// nullopt if the peer sent a different number of bytes.
     template <class T>
-        requires std::is_trivially_copyable_v<T>
+    requires std::is_trivially_copyable_v<T>
     [[nodiscard]] std::optional<T> peer_payload_as() const noexcept {
         if (peer_payload_.size() != sizeof(T))
             return std::nullopt;
@@ -65,6 +65,14 @@ public:
         std::memcpy(&out, peer_payload_.data(), sizeof(T));
         return out;
     }
+
+    /// Like queue_pair::wait_send / wait_recv, but also watch the connection:
+    /// if the peer goes away meanwhile, the QP enters the error state and its
+    /// outstanding work completes flushed, so the wait ends with an error
+    /// completion instead of relying on the device's retry timer (soft-RoCE
+    /// on Linux 6.1 may never fire it). 0 at the deadline.
+    int wait_send(std::span<completion> out, std::chrono::microseconds timeout) noexcept;
+    int wait_recv(std::span<completion> out, std::chrono::microseconds timeout) noexcept;
 
     /// Non-blocking: true once the peer disconnected or went away.
     [[nodiscard]] bool peer_disconnected() noexcept;

@@ -338,6 +338,8 @@ protected:
     friend class listener;
     status post_recv_sges(ibv_sge* sges, std::uint32_t n, std::uint64_t wr_id) noexcept;
     void destroy() noexcept;
+    /// Moves the QP to the error state: outstanding work completes flushed.
+    void enter_error() noexcept;
     int translate_send(const ibv_wc* wcs, int n, std::span<completion> out) noexcept;
 
     const protection_domain* pd_;

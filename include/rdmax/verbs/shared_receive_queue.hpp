@@ -18,7 +18,8 @@ class shared_receive_queue {
 public:
     /// `depth` receives outstanding at most; beyond the device's max_srq_wr, or
     /// `max_sge` beyond max_sge, is refused with an error naming the limit.
-    shared_receive_queue(const protection_domain& pd, std::uint32_t depth, std::uint32_t max_sge = 1);
+    shared_receive_queue(const protection_domain& pd, std::uint32_t depth,
+                         std::uint32_t max_sge = 1);
     shared_receive_queue(shared_receive_queue&& other) noexcept;
     shared_receive_queue& operator=(shared_receive_queue&& other) noexcept;
     shared_receive_queue(const shared_receive_queue&) = delete;
@@ -31,8 +32,8 @@ public:
 
     /// Posts one receive into `dst` (which must allow local writes).
     template <access A>
-        requires(has(A, access::local_write))
-    status post_recv(local_buffer<A> dst, std::uint64_t wr_id) noexcept {
+    requires(has(A, access::local_write)) status post_recv(local_buffer<A> dst, std::uint64_t wr_id)
+    noexcept {
         if (dst.length == 0)
             return status::zero_length;
         ibv_sge sge{reinterpret_cast<std::uint64_t>(dst.addr), dst.length, dst.lkey};

@@ -3,19 +3,19 @@
 
 #include <rdmax/error.hpp>
 #include <rdmax/mem/access.hpp>
-#include <rdmax/mem/memory_region.hpp>
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/memory_region.hpp>
 #include <rdmax/status.hpp>
 #include <rdmax/verbs/completion.hpp>
 #include <rdmax/verbs/completion_channel.hpp>
 #include <rdmax/verbs/completion_queue.hpp>
 #include <rdmax/verbs/connection.hpp>
-#include <rdmax/verbs/listener.hpp>
-#include <rdmax/verbs/queue_pair.hpp>
-#include <rdmax/verbs/send_slots.hpp>
-#include <rdmax/verbs/shared_receive_queue.hpp>
 #include <rdmax/verbs/context.hpp>
 #include <rdmax/verbs/device_limits.hpp>
 #include <rdmax/verbs/gid.hpp>
+#include <rdmax/verbs/listener.hpp>
 #include <rdmax/verbs/port.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
+#include <rdmax/verbs/queue_pair.hpp>
+#include <rdmax/verbs/send_slots.hpp>
+#include <rdmax/verbs/shared_receive_queue.hpp>

@@ -32,8 +32,7 @@ struct local_buffer {
 
     /// The same bytes with fewer rights: always allowed.
     template <access Fewer>
-        requires(has(Rights, Fewer))
-    constexpr operator local_buffer<Fewer>() const noexcept {
+    requires(has(Rights, Fewer)) constexpr operator local_buffer<Fewer>() const noexcept {
         return {addr, length, lkey};
     }
 };
@@ -63,8 +62,7 @@ struct remote_buffer {
     }
 
     template <access Fewer>
-        requires(has(Rights, Fewer))
-    constexpr operator remote_buffer<Fewer>() const noexcept {
+    requires(has(Rights, Fewer)) constexpr operator remote_buffer<Fewer>() const noexcept {
         return {addr, length, rkey};
     }
 };

@@ -1,8 +1,8 @@
 #pragma once
 // A registered memory region whose access rights are part of its type.
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -56,7 +56,8 @@ public:
     /// The whole region as a local buffer (regions over 4 GiB: take sub-ranges
     /// with local(offset, length); one work request moves at most 2^31 bytes).
     [[nodiscard]] local_buffer<Rights> local() const noexcept {
-        return {data(), static_cast<std::uint32_t>(std::min<std::size_t>(size(), UINT32_MAX)), lkey()};
+        return {data(), static_cast<std::uint32_t>(std::min<std::size_t>(size(), UINT32_MAX)),
+                lkey()};
     }
     /// [offset, offset + length) of the region; throws if it does not fit.
     [[nodiscard]] local_buffer<Rights> local(std::size_t offset, std::size_t length) const {

@@ -1,0 +1,92 @@
+// What the compiler refuses: operations on buffers whose access rights do not
+// allow them. Checked with concepts, so a refusal is a test result here
+// rather than a broken build.
+#include <rdmax/mem/buffer.hpp>
+#include <rdmax/verbs/queue_pair.hpp>
+
+#include "../support/catch.hpp"
+
+using namespace rdmax;
+using qp = verbs::queue_pair<verbs::rc>;
+
+template <rdmax::access A>
+using local = local_buffer<A>;
+template <rdmax::access A>
+using remote = remote_buffer<A>;
+
+constexpr rdmax::access lw = access::local_write;
+constexpr rdmax::access rw = access::local_write | access::remote_write;
+constexpr rdmax::access rr = access::remote_read;
+constexpr rdmax::access ra = access::local_write | access::remote_atomic;
+
+template <class L, class R>
+concept can_write = requires(qp& q, L l, R r) {
+    q.write(l, r, 0, 0);
+};
+template <class L, class R>
+concept can_read = requires(qp& q, L l, R r) {
+    q.read(l, r, 0, 0);
+};
+template <class L, class R>
+concept can_faa = requires(qp& q, L l, R r) {
+    q.fetch_add(l, r, 0, 1, 0);
+};
+template <class L>
+concept can_recv = requires(qp& q, L l) {
+    q.post_recv(l, 0);
+};
+
+// RDMA write needs remote write on the target; any local buffer may be the source.
+static_assert(can_write<local<access::local_read>, remote<rw>>);
+static_assert(!can_write<local<lw>, remote<rr>>);
+static_assert(!can_write<local<lw>, remote<ra>>);
+// RDMA read needs remote read there and local write here.
+static_assert(can_read<local<lw>, remote<rr>>);
+static_assert(!can_read<local<access::remote_read>, remote<rr>>);
+static_assert(!can_read<local<lw>, remote<rw>>);
+// Atomics need remote atomic there and a writable 8-byte result here.
+static_assert(can_faa<local<lw>, remote<ra>>);
+static_assert(!can_faa<local<lw>, remote<rw>>);
+// Receives land in locally writable memory only.
+static_assert(can_recv<local<lw>>);
+static_assert(!can_recv<local<access::remote_read>>);
+
+// Rights can be narrowed implicitly, never widened.
+static_assert(std::is_convertible_v<remote<rw | access::remote_read>, remote<rr>>);
+static_assert(!std::is_convertible_v<remote<rr>, remote<rw>>);
+static_assert(std::is_convertible_v<local<rw>, local<lw>>);
+static_assert(!std::is_convertible_v<local<lw>, local<rw>>);
+
+TEST_CASE("buffer sub-ranges are bounds-checked") {
+    std::byte bytes[64];
+    const local<lw> l{bytes, 64, 7};
+    CHECK(l.sub(0, 64).has_value());
+    CHECK(l.sub(60, 4)->addr == bytes + 60);
+    CHECK(!l.sub(60, 5).has_value());
+    CHECK(!l.sub(65, 0).has_value());
+    CHECK(l.sub(64, 0).has_value());
+
+    const remote<rr> r{0x1000, 4096, 9};
+    CHECK(r.contains(0, 4096));
+    CHECK(!r.contains(1, 4096));
+    CHECK(!r.contains(~0ull, 2)); // no wrap-around
+    CHECK(r.sub(4000, 96)->addr == 0x1000 + 4000);
+    CHECK(r.sub(4000, 96)->rkey == 9);
+    CHECK(!r.sub(4000, 97).has_value());
+}
+
+TEST_CASE("a remote token is plain bytes") {
+    const remote<rr> r{0xabcdef, 123, 0x55};
+    std::byte wire[sizeof r];
+    std::memcpy(wire, &r, sizeof r);
+    remote<rr> back;
+    std::memcpy(&back, wire, sizeof back);
+    CHECK(back.addr == r.addr);
+    CHECK(back.length == r.length);
+    CHECK(back.rkey == r.rkey);
+}
+
+TEST_CASE("every status has a message") {
+    for (int i = 0; i <= static_cast<int>(status::post_failed); ++i)
+        CHECK(to_string(static_cast<status>(i)) != "unknown status");
+}

@@ -272,6 +272,16 @@ TEST_CASE("bad requests are refused before anything is posted") {
     CHECK(lonely.write(src.mr.local(0, 8), remote, 0, 1) == status::not_connected);
     CHECK(lonely.post_recv(src.mr.local(), 1) == status::not_connected);
 
+    // Longer than the port's largest message: refused before anything is read.
+    if (lp.a.max_message() < UINT32_MAX) {
+        const local_buffer<all_rights> huge{src.bytes.data(), lp.a.max_message() + 1,
+                                            src.mr.lkey()};
+        remote_buffer<all_rights> wide = remote;
+        wide.length = ~0ull;
+        CHECK(lp.a.write(huge, wide, 0, 1) == status::too_long);
+        CHECK(lp.a.send(huge, 1) == status::too_long);
+    }
+
     CHECK(lp.a.send_slots_free() == slots); // nothing refused took a slot
     verbs::completion c[4];
     CHECK(lp.a.poll_send(c) == 0); // and nothing was posted

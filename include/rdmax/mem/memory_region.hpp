@@ -54,7 +54,8 @@ public:
     [[nodiscard]] std::uint32_t rkey() const noexcept { return mr_->rkey; }
 
     /// The whole region as a local buffer (regions over 4 GiB: take sub-ranges
-    /// with local(offset, length); one work request moves at most 2^31 bytes).
+    /// with local(offset, length); one work request moves at most the port's
+    /// max_message(), 2 GiB on most NICs, 8 MiB on soft-RoCE).
     [[nodiscard]] local_buffer<Rights> local() const noexcept {
         return {data(), static_cast<std::uint32_t>(std::min<std::size_t>(size(), UINT32_MAX)),
                 lkey()};

@@ -38,7 +38,7 @@ completion_queue::completion_queue(completion_queue&& other) noexcept
 
 completion_queue& completion_queue::operator=(completion_queue&& other) noexcept {
     if (this != &other) {
-        this->~completion_queue();
+        release();
         cq_ = std::exchange(other.cq_, nullptr);
         channel_ = std::exchange(other.channel_, nullptr);
         unacked_events_ = std::exchange(other.unacked_events_, 0);
@@ -47,6 +47,10 @@ completion_queue& completion_queue::operator=(completion_queue&& other) noexcept
 }
 
 completion_queue::~completion_queue() {
+    release();
+}
+
+void completion_queue::release() noexcept {
     if (cq_ == nullptr)
         return;
     if (unacked_events_ != 0)

@@ -364,7 +364,7 @@ listener::listener(listener&& o) noexcept
 
 listener& listener::operator=(listener&& o) noexcept {
     if (this != &o) {
-        this->~listener();
+        release();
         channel_ = std::exchange(o.channel_, nullptr);
         id_ = std::exchange(o.id_, nullptr);
     }
@@ -372,6 +372,10 @@ listener& listener::operator=(listener&& o) noexcept {
 }
 
 listener::~listener() {
+    release();
+}
+
+void listener::release() noexcept {
     if (id_ != nullptr) {
         // Requests nobody accepted: refuse them, acknowledge, then go.
         while (rdma_cm_event* ev = next_event(channel_, clock::now())) {

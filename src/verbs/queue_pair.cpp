@@ -93,7 +93,8 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
     }
     cm_id_ = cm_id;
     state_ = cm_id != nullptr ? IBV_QPS_INIT : IBV_QPS_RESET;
-    max_inline_ = attr.cap.max_inline_data;
+    // 0 asked means "never inline", whatever minimum the device grants anyway.
+    max_inline_ = cfg_.max_inline == 0 ? 0 : attr.cap.max_inline_data;
     max_send_sge_ = attr.cap.max_send_sge;
     max_recv_sge_ = attr.cap.max_recv_sge;
     slots_ = send_slots(attr.cap.max_send_wr, cfg_.signal_interval);

@@ -47,6 +47,9 @@ struct remote_buffer {
     std::uint64_t addr = 0;
     std::uint64_t length = 0;
     std::uint32_t rkey = 0;
+    /// Named padding, always zero: the token goes over the wire as bytes, and
+    /// unnamed padding would carry whatever the stack held.
+    std::uint32_t reserved = 0;
 
     /// True when [offset, offset + len) lies inside this buffer.
     [[nodiscard]] constexpr bool contains(std::uint64_t offset, std::uint64_t len) const noexcept {
@@ -58,7 +61,7 @@ struct remote_buffer {
                                                              std::uint64_t len) const noexcept {
         if (!contains(offset, len))
             return std::nullopt;
-        return remote_buffer{addr + offset, len, rkey};
+        return remote_buffer{addr + offset, len, rkey, 0};
     }
 
     template <access Fewer>
@@ -69,5 +72,7 @@ struct remote_buffer {
 
 static_assert(std::is_trivially_copyable_v<remote_buffer<access::remote_read>>);
 static_assert(sizeof(remote_buffer<access::remote_read>) == 24);
+static_assert(std::has_unique_object_representations_v<remote_buffer<access::remote_read>>,
+              "no padding: every byte of a token on the wire is defined");
 
 } // namespace rdmax

@@ -69,7 +69,7 @@ public:
     }
     /// The token a peer needs to address this region (see remote_buffer).
     [[nodiscard]] remote_buffer<Rights> remote() const noexcept {
-        return {reinterpret_cast<std::uint64_t>(mr_->addr), size(), rkey()};
+        return {reinterpret_cast<std::uint64_t>(mr_->addr), size(), rkey(), 0};
     }
 
 private:

@@ -44,6 +44,7 @@ public:
     [[nodiscard]] int wait(std::span<ibv_wc> out, std::chrono::microseconds timeout) noexcept;
 
 private:
+    void release() noexcept;
     ibv_cq* cq_;
     completion_channel* channel_;
     unsigned unacked_events_ = 0;

@@ -37,6 +37,7 @@ public:
                                     std::chrono::milliseconds timeout = 5s);
 
 private:
+    void release() noexcept;
     rdma_event_channel* channel_ = nullptr;
     rdma_cm_id* id_ = nullptr;
 };

@@ -7,7 +7,7 @@
 
 namespace rdmax {
 
-enum class [[nodiscard]] status : std::uint8_t{
+enum class [[nodiscard]] status : std::uint8_t {
     ok = 0,
     zero_length,       ///< a transfer of 0 bytes
     too_long,          ///< longer than the port's max message size

@@ -5,7 +5,7 @@
 #   check    print one line naming what is missing and exit 1.
 
 # Package sets, named by what needs them.
-RDMAX_PKGS_BUILD="meson ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libboost-dev libfmt-dev catch2 clang-format"
+RDMAX_PKGS_BUILD="meson ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libboost-dev libfmt-dev catch2 clang-format-16"
 RDMAX_PKGS_RDMA="ibverbs-providers ibverbs-utils rdmacm-utils iproute2"
 RDMAX_PKGS_VM="qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod"
 

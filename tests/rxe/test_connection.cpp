@@ -28,6 +28,35 @@ struct hello {
     std::uint32_t rank;
 };
 
+/// The rxe_peer program (RDMAX_TEST_PEER, set by meson) connecting to this
+/// process from another one; killed and reaped however the test ends.
+class peer_process {
+public:
+    peer_process(const std::string& addr, std::uint16_t port) {
+        const char* peer = std::getenv("RDMAX_TEST_PEER");
+        REQUIRE(peer != nullptr);
+        const std::string port_text = std::to_string(port);
+        char* args[] = {const_cast<char*>(peer), const_cast<char*>(addr.c_str()),
+                        const_cast<char*>(port_text.c_str()), nullptr};
+        REQUIRE(posix_spawn(&pid_, peer, nullptr, nullptr, args, environ) == 0);
+    }
+    peer_process(const peer_process&) = delete;
+    peer_process& operator=(const peer_process&) = delete;
+    ~peer_process() { kill_now(); }
+
+    /// SIGKILL, and wait until it is gone.
+    void kill_now() {
+        if (pid_ <= 0)
+            return;
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        pid_ = 0;
+    }
+
+private:
+    pid_t pid_ = 0;
+};
+
 } // namespace
 
 TEST_CASE("a device opens by the IP address of its port") {
@@ -109,26 +138,11 @@ TEST_CASE("accept gives up at its deadline") {
 }
 
 TEST_CASE("a peer process that vanishes becomes an error here within the deadline") {
-    const char* peer = std::getenv("RDMAX_TEST_PEER");
-    REQUIRE(peer != nullptr); // set by meson: the rxe_peer program
     verbs::listener l(test_addr(), 0);
     verbs::context ctx = l.device();
     verbs::protection_domain pd(ctx);
     registered mem(pd, 4096);
-
-    const std::string port = std::to_string(l.port());
-    const std::string addr = test_addr();
-    char* args[] = {const_cast<char*>(peer), const_cast<char*>(addr.c_str()),
-                    const_cast<char*>(port.c_str()), nullptr};
-    pid_t pid = 0;
-    REQUIRE(posix_spawn(&pid, peer, nullptr, nullptr, args, environ) == 0);
-    struct reaper { // the peer never outlives the test, whatever fails
-        pid_t pid;
-        ~reaper() {
-            kill(pid, SIGKILL);
-            waitpid(pid, nullptr, 0);
-        }
-    } reap{pid};
+    peer_process peer(test_addr(), l.port());
 
     verbs::connection c = l.accept(pd, {}, {}, 20s);
     auto token = c.peer_payload_as<remote_buffer<access::local_write | access::remote_write>>();
@@ -136,7 +150,7 @@ TEST_CASE("a peer process that vanishes becomes an error here within the deadlin
     REQUIRE(c.qp().write(mem.mr.local(0, 64), *token, 0, 1) == status::ok);
     CHECK(wait_send(c.qp()).ok()); // the peer is alive: the write lands
 
-    REQUIRE(kill(pid, SIGKILL) == 0);
+    peer.kill_now();
     const auto t0 = clock_type::now();
     CHECK(c.wait_disconnected(20s)); // the kernel tore the dead peer's connection down
     CHECK(clock_type::now() - t0 < 20s);
@@ -147,18 +161,11 @@ TEST_CASE("a peer process that vanishes becomes an error here within the deadlin
 }
 
 TEST_CASE("work in flight when the peer vanishes completes with an error, not a hang") {
-    const char* peer = std::getenv("RDMAX_TEST_PEER");
-    REQUIRE(peer != nullptr);
     verbs::listener l(test_addr(), 0);
     verbs::context ctx = l.device();
     verbs::protection_domain pd(ctx);
     registered mem(pd, 4096);
-    const std::string port = std::to_string(l.port());
-    const std::string addr = test_addr();
-    char* args[] = {const_cast<char*>(peer), const_cast<char*>(addr.c_str()),
-                    const_cast<char*>(port.c_str()), nullptr};
-    pid_t pid = 0;
-    REQUIRE(posix_spawn(&pid, peer, nullptr, nullptr, args, environ) == 0);
+    peer_process peer(test_addr(), l.port());
     verbs::qp_config cfg;
     cfg.ack_timeout = 12; // 16.8 ms per try
     cfg.retry_count = 3;
@@ -167,8 +174,7 @@ TEST_CASE("work in flight when the peer vanishes completes with an error, not a 
     REQUIRE(token.has_value());
 
     // Kill the peer, then write before this side hears of it: nothing acks.
-    REQUIRE(kill(pid, SIGKILL) == 0);
-    REQUIRE(waitpid(pid, nullptr, 0) == pid);
+    peer.kill_now();
     const status s = c.qp().write(mem.mr.local(0, 64), *token, 0, 3);
     if (s == status::ok) {
         verbs::completion done[1];

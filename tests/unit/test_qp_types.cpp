@@ -20,21 +20,13 @@ constexpr rdmax::access rr = access::remote_read;
 constexpr rdmax::access ra = access::local_write | access::remote_atomic;
 
 template <class L, class R>
-concept can_write = requires(qp& q, L l, R r) {
-    q.write(l, r, 0, 0);
-};
+concept can_write = requires(qp& q, L l, R r) { q.write(l, r, 0, 0); };
 template <class L, class R>
-concept can_read = requires(qp& q, L l, R r) {
-    q.read(l, r, 0, 0);
-};
+concept can_read = requires(qp& q, L l, R r) { q.read(l, r, 0, 0); };
 template <class L, class R>
-concept can_faa = requires(qp& q, L l, R r) {
-    q.fetch_add(l, r, 0, 1, 0);
-};
+concept can_faa = requires(qp& q, L l, R r) { q.fetch_add(l, r, 0, 1, 0); };
 template <class L>
-concept can_recv = requires(qp& q, L l) {
-    q.post_recv(l, 0);
-};
+concept can_recv = requires(qp& q, L l) { q.post_recv(l, 0); };
 
 // RDMA write needs remote write on the target; any local buffer may be the source.
 static_assert(can_write<local<access::local_read>, remote<rw>>);

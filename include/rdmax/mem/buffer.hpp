@@ -32,7 +32,8 @@ struct local_buffer {
 
     /// The same bytes with fewer rights: always allowed.
     template <access Fewer>
-    requires(has(Rights, Fewer)) constexpr operator local_buffer<Fewer>() const noexcept {
+        requires(has(Rights, Fewer))
+    constexpr operator local_buffer<Fewer>() const noexcept {
         return {addr, length, lkey};
     }
 };
@@ -65,7 +66,8 @@ struct remote_buffer {
     }
 
     template <access Fewer>
-    requires(has(Rights, Fewer)) constexpr operator remote_buffer<Fewer>() const noexcept {
+        requires(has(Rights, Fewer))
+    constexpr operator remote_buffer<Fewer>() const noexcept {
         return {addr, length, rkey};
     }
 };

@@ -57,7 +57,7 @@ public:
     /// The peer's payload read as a trivially copyable T (e.g. a remote_buffer);
     /// nullopt if the peer sent a different number of bytes.
     template <class T>
-    requires std::is_trivially_copyable_v<T>
+        requires std::is_trivially_copyable_v<T>
     [[nodiscard]] std::optional<T> peer_payload_as() const noexcept {
         if (peer_payload_.size() != sizeof(T))
             return std::nullopt;

@@ -44,7 +44,7 @@ private:
 
 /// A payload's bytes, for connect() and accept(): payload_of(token).
 template <class T>
-requires std::is_trivially_copyable_v<T>
+    requires std::is_trivially_copyable_v<T>
 [[nodiscard]] std::span<const std::byte> payload_of(const T& value) noexcept {
     return std::as_bytes(std::span(&value, 1));
 }

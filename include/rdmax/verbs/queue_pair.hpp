@@ -118,42 +118,39 @@ public:
     [[nodiscard]] std::uint32_t size() const noexcept { return count_; }
 
     template <access L, access R>
-    requires(has(R, access::remote_write)) status
-        write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-              std::uint64_t wr_id, send_flags f = {})
-    noexcept {
+        requires(has(R, access::remote_write))
+    status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                 std::uint64_t wr_id, send_flags f = {}) noexcept {
         return rdma(IBV_WR_RDMA_WRITE, std::span<const local_buffer<L>>(&src, 1), dst, dst_offset,
                     wr_id, f, std::nullopt);
     }
     template <access L, access R>
-    requires(has(R, access::remote_write)) status
-        write(std::span<const local_buffer<L>> srcs, remote_buffer<R> dst, std::uint64_t dst_offset,
-              std::uint64_t wr_id, send_flags f = {})
-    noexcept { return rdma(IBV_WR_RDMA_WRITE, srcs, dst, dst_offset, wr_id, f, std::nullopt); }
+        requires(has(R, access::remote_write))
+    status write(std::span<const local_buffer<L>> srcs, remote_buffer<R> dst,
+                 std::uint64_t dst_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return rdma(IBV_WR_RDMA_WRITE, srcs, dst, dst_offset, wr_id, f, std::nullopt);
+    }
     /// RDMA write whose immediate arrives with a receive completion at the peer.
     template <access L, access R>
-    requires(has(R, access::remote_write)) status
-        write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-                  std::uint32_t imm, std::uint64_t wr_id, send_flags f = {})
-    noexcept {
+        requires(has(R, access::remote_write))
+    status write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint32_t imm, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return rdma(IBV_WR_RDMA_WRITE_WITH_IMM, std::span<const local_buffer<L>>(&src, 1), dst,
                     dst_offset, wr_id, f, imm);
     }
     /// RDMA read into local memory, which must allow local writes.
     template <access L, access R>
-    requires(has(L, access::local_write) && has(R, access::remote_read)) status
-        read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
-             std::uint64_t wr_id, send_flags f = {})
-    noexcept {
+        requires(has(L, access::local_write) && has(R, access::remote_read))
+    status read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
+                std::uint64_t wr_id, send_flags f = {}) noexcept {
         f.force_inline = false;
         return rdma(IBV_WR_RDMA_READ, std::span<const local_buffer<L>>(&dst, 1), src, src_offset,
                     wr_id, f, std::nullopt);
     }
     template <access L, access R>
-    requires(has(L, access::local_write) && has(R, access::remote_read)) status
-        read(std::span<const local_buffer<L>> dsts, remote_buffer<R> src, std::uint64_t src_offset,
-             std::uint64_t wr_id, send_flags f = {})
-    noexcept {
+        requires(has(L, access::local_write) && has(R, access::remote_read))
+    status read(std::span<const local_buffer<L>> dsts, remote_buffer<R> src,
+                std::uint64_t src_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
         f.force_inline = false;
         return rdma(IBV_WR_RDMA_READ, dsts, src, src_offset, wr_id, f, std::nullopt);
     }
@@ -180,20 +177,18 @@ public:
     /// If the 8 bytes at dst + offset equal `expected`, store `desired`; the old
     /// value lands in `result` (8 bytes) either way.
     template <access L, access R>
-    requires(has(L, access::local_write) && has(R, access::remote_atomic)) status
-        compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                     std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
-                     send_flags f = {})
-    noexcept {
+        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    status compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                        std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
+                        send_flags f = {}) noexcept {
         return atomic(IBV_WR_ATOMIC_CMP_AND_SWP, as_sge(result), dst.addr, dst.length, dst.rkey,
                       dst_offset, expected, desired, wr_id, f);
     }
     /// Adds `add` to the 8 bytes at dst + offset; the old value lands in `result`.
     template <access L, access R>
-    requires(has(L, access::local_write) && has(R, access::remote_atomic)) status
-        fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                  std::uint64_t add, std::uint64_t wr_id, send_flags f = {})
-    noexcept {
+        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    status fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return atomic(IBV_WR_ATOMIC_FETCH_AND_ADD, as_sge(result), dst.addr, dst.length, dst.rkey,
                       dst_offset, add, 0, wr_id, f);
     }
@@ -297,17 +292,16 @@ public:
     /// Posts a receive into `dst`, which must allow local writes. (UD: leave
     /// ud_grh_bytes of room ahead of the payload.)
     template <access A>
-    requires(has(A, access::local_write)) status post_recv(local_buffer<A> dst, std::uint64_t wr_id)
-    noexcept {
+        requires(has(A, access::local_write))
+    status post_recv(local_buffer<A> dst, std::uint64_t wr_id) noexcept {
         if (dst.length == 0)
             return status::zero_length;
         ibv_sge sge{reinterpret_cast<std::uint64_t>(dst.addr), dst.length, dst.lkey};
         return post_recv_sges(&sge, 1, wr_id);
     }
     template <access A>
-    requires(has(A, access::local_write)) status
-        post_recv(std::span<const local_buffer<A>> dsts, std::uint64_t wr_id)
-    noexcept {
+        requires(has(A, access::local_write))
+    status post_recv(std::span<const local_buffer<A>> dsts, std::uint64_t wr_id) noexcept {
         if (dsts.size() > max_recv_sge_)
             return status::too_many_sge;
         ibv_sge sges[32];
@@ -325,6 +319,16 @@ public:
 
     /// A chain of requests for one doorbell (one batch at a time per QP).
     [[nodiscard]] send_batch batch() noexcept { return send_batch(*this); }
+
+protected:
+    /// One request, staged by `stage` and posted: the single-operation calls.
+    template <class Stage>
+    status post_one(Stage&& stage) noexcept {
+        send_batch b(*this);
+        if (status s = stage(b); s != status::ok)
+            return s;
+        return b.post();
+    }
 
 protected:
     queue_pair_base(const protection_domain& pd, const qp_config& cfg, ibv_qp_type type,
@@ -382,71 +386,48 @@ public:
     void connect(const qp_endpoint& remote);
 
     template <access L, access R>
-    requires(has(R, access::remote_write)) status
-        write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-              std::uint64_t wr_id, send_flags f = {})
-    noexcept {
-        send_batch b(*this);
-        if (status s = b.write(src, dst, dst_offset, wr_id, f); s != status::ok)
-            return s;
-        return b.post();
+        requires(has(R, access::remote_write))
+    status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                 std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return post_one([&](send_batch& b) { return b.write(src, dst, dst_offset, wr_id, f); });
     }
     template <access L, access R>
-    requires(has(R, access::remote_write)) status
-        write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-                  std::uint32_t imm, std::uint64_t wr_id, send_flags f = {})
-    noexcept {
-        send_batch b(*this);
-        if (status s = b.write_imm(src, dst, dst_offset, imm, wr_id, f); s != status::ok)
-            return s;
-        return b.post();
+        requires(has(R, access::remote_write))
+    status write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint32_t imm, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return post_one(
+            [&](send_batch& b) { return b.write_imm(src, dst, dst_offset, imm, wr_id, f); });
     }
     template <access L, access R>
-    requires(has(L, access::local_write) && has(R, access::remote_read)) status
-        read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
-             std::uint64_t wr_id, send_flags f = {})
-    noexcept {
-        send_batch b(*this);
-        if (status s = b.read(dst, src, src_offset, wr_id, f); s != status::ok)
-            return s;
-        return b.post();
+        requires(has(L, access::local_write) && has(R, access::remote_read))
+    status read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
+                std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return post_one([&](send_batch& b) { return b.read(dst, src, src_offset, wr_id, f); });
     }
     template <access L>
     status send(local_buffer<L> src, std::uint64_t wr_id, send_flags f = {}) noexcept {
-        send_batch b(*this);
-        if (status s = b.send(src, wr_id, f); s != status::ok)
-            return s;
-        return b.post();
+        return post_one([&](send_batch& b) { return b.send(src, wr_id, f); });
     }
     template <access L>
     status send_imm(local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
                     send_flags f = {}) noexcept {
-        send_batch b(*this);
-        if (status s = b.send_imm(src, imm, wr_id, f); s != status::ok)
-            return s;
-        return b.post();
+        return post_one([&](send_batch& b) { return b.send_imm(src, imm, wr_id, f); });
     }
     template <access L, access R>
-    requires(has(L, access::local_write) && has(R, access::remote_atomic)) status
-        compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                     std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
-                     send_flags f = {})
-    noexcept {
-        send_batch b(*this);
-        if (status s = b.compare_swap(result, dst, dst_offset, expected, desired, wr_id, f);
-            s != status::ok)
-            return s;
-        return b.post();
+        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    status compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                        std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
+                        send_flags f = {}) noexcept {
+        return post_one([&](send_batch& b) {
+            return b.compare_swap(result, dst, dst_offset, expected, desired, wr_id, f);
+        });
     }
     template <access L, access R>
-    requires(has(L, access::local_write) && has(R, access::remote_atomic)) status
-        fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                  std::uint64_t add, std::uint64_t wr_id, send_flags f = {})
-    noexcept {
-        send_batch b(*this);
-        if (status s = b.fetch_add(result, dst, dst_offset, add, wr_id, f); s != status::ok)
-            return s;
-        return b.post();
+        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    status fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
+                     std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return post_one(
+            [&](send_batch& b) { return b.fetch_add(result, dst, dst_offset, add, wr_id, f); });
     }
 
 private:
@@ -465,10 +446,7 @@ public:
     template <access L>
     status send_to(local_buffer<L> src, const address_handle& to, std::uint64_t wr_id,
                    send_flags f = {}) noexcept {
-        send_batch b(*this);
-        if (status s = b.send_to(src, to, wr_id, f); s != status::ok)
-            return s;
-        return b.post();
+        return post_one([&](send_batch& b) { return b.send_to(src, to, wr_id, f); });
     }
 };
 

@@ -32,8 +32,8 @@ public:
 
     /// Posts one receive into `dst` (which must allow local writes).
     template <access A>
-    requires(has(A, access::local_write)) status post_recv(local_buffer<A> dst, std::uint64_t wr_id)
-    noexcept {
+        requires(has(A, access::local_write))
+    status post_recv(local_buffer<A> dst, std::uint64_t wr_id) noexcept {
         if (dst.length == 0)
             return status::zero_length;
         ibv_sge sge{reinterpret_cast<std::uint64_t>(dst.addr), dst.length, dst.lkey};

@@ -1,0 +1,100 @@
+#pragma once
+// Registrar: what the registration cache registers memory with. A C++20
+// concept, so that production plugs in verbs and tests plug in a counter.
+
+#include <cerrno>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include <fmt/format.h>
+#include <infiniband/verbs.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/mem/access.hpp>
+#include <rdmax/verbs/protection_domain.hpp>
+
+namespace rdmax {
+
+struct mr_keys {
+    std::uint32_t lkey = 0;
+    std::uint32_t rkey = 0;
+};
+
+/// reg() registers [addr, addr + len) with `rights` and returns a handle, or
+/// throws rdmax::error whose code says why (ENOMEM, EAGAIN: the cache evicts
+/// idle registrations and tries once more); dereg() never fails.
+template <class R>
+concept registrar =
+    requires(R& r, void* addr, std::size_t len, access rights, typename R::handle h) {
+        typename R::handle;
+        { r.reg(addr, len, rights) } -> std::same_as<typename R::handle>;
+        { r.dereg(h) } noexcept;
+        { R::keys(h) } noexcept -> std::same_as<mr_keys>;
+    };
+
+/// Registers with ibv_reg_mr in one protection domain.
+class verbs_registrar {
+public:
+    using handle = ibv_mr*;
+
+    explicit verbs_registrar(const verbs::protection_domain& pd) noexcept
+        : pd_(&pd) {}
+
+    [[nodiscard]] handle reg(void* addr, std::size_t len, access rights) {
+        ibv_mr* mr = ibv_reg_mr(pd_->get(), addr, len, to_ibv(rights));
+        if (mr == nullptr)
+            throw_error("ibv_reg_mr", errno, fmt::format("{} bytes at {}", len, addr));
+        return mr;
+    }
+    void dereg(handle mr) noexcept { ibv_dereg_mr(mr); }
+    [[nodiscard]] static mr_keys keys(handle mr) noexcept { return {mr->lkey, mr->rkey}; }
+
+private:
+    const verbs::protection_domain* pd_;
+};
+
+/// Registers nothing; counts calls and can be told to fail. For unit tests.
+class counting_registrar {
+public:
+    struct record {
+        std::uintptr_t addr;
+        std::size_t len;
+        access rights;
+        std::uint32_t key;
+    };
+    using handle = record*;
+
+    std::size_t regs = 0;
+    std::size_t deregs = 0;
+    std::size_t live = 0;
+    std::size_t live_bytes = 0;
+    /// The next `fail_next` registrations throw with this errno.
+    int fail_errno = ENOMEM;
+    std::size_t fail_next = 0;
+
+    [[nodiscard]] handle reg(void* addr, std::size_t len, access rights) {
+        if (fail_next > 0) {
+            --fail_next;
+            throw_error("counting_registrar", fail_errno);
+        }
+        ++regs;
+        ++live;
+        live_bytes += len;
+        return new record{reinterpret_cast<std::uintptr_t>(addr), len, rights,
+                          static_cast<std::uint32_t>(regs)};
+    }
+    void dereg(handle h) noexcept {
+        ++deregs;
+        --live;
+        live_bytes -= h->len;
+        delete h;
+    }
+    [[nodiscard]] static mr_keys keys(handle h) noexcept { return {h->key, h->key}; }
+};
+
+static_assert(registrar<verbs_registrar>);
+static_assert(registrar<counting_registrar>);
+
+} // namespace rdmax

@@ -1,0 +1,446 @@
+#pragma once
+// registration_cache<Registrar, Monitor>: registering a buffer that was
+// registered before costs a lookup, not an ibv_reg_mr.
+//
+// The structure and its invariant. Cached registrations are kept DISJOINT
+// (UCX's choice): a request that overlaps or touches cached ones is merged
+// with them into one registration over the union, with the union of their
+// rights, and the old ones leave the tree. So "which registration contains
+// [a, b)" is one ordered-set search (the last one starting at or before a),
+// and "which overlap [a, b)" walks forward from there: O(log n + k), on a
+// Boost.Intrusive red-black tree whose node is the cache entry itself (one
+// allocation per registration, in the tree and the eviction ring at once).
+//
+// Lifetimes. A handle holds a reference. An entry that leaves the tree while
+// held (invalidated, merged away) is "dead": the last handle's release
+// deregisters it; an idle one is deregistered at once. Reference count and
+// dead bit share one atomic word, so exactly one of the two frees it.
+//
+// Threads. Hits take the lock shared and touch only atomics in the entry;
+// misses, invalidation and eviction take it exclusively. Eviction is CLOCK
+// (second chance, the usual approximation of least-recently-used): a hit sets
+// the entry's referenced bit instead of moving it in a list, so that hits
+// never need the lock exclusively.
+//
+// Monitors report unmapped ranges through drain(), which the cache calls at
+// its next operation: nothing is deregistered inside a monitor's callback.
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <unistd.h>
+#include <utility>
+
+#include <boost/intrusive/list.hpp>
+#include <boost/intrusive/set.hpp>
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/mem/access.hpp>
+#include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/monitor.hpp>
+#include <rdmax/mem/rcache_options.hpp>
+#include <rdmax/mem/registrar.hpp>
+
+namespace rdmax {
+
+template <registrar Registrar, monitor Monitor = manual_monitor>
+class registration_cache {
+    struct entry;
+
+public:
+    /// A reference to a cached registration that covers what get() asked for.
+    class handle {
+    public:
+        handle() noexcept = default;
+        handle(handle&& o) noexcept
+            : cache_(std::exchange(o.cache_, nullptr))
+            , e_(std::exchange(o.e_, nullptr)) {}
+        handle& operator=(handle&& o) noexcept {
+            if (this != &o) {
+                reset();
+                cache_ = std::exchange(o.cache_, nullptr);
+                e_ = std::exchange(o.e_, nullptr);
+            }
+            return *this;
+        }
+        handle(const handle&) = delete;
+        handle& operator=(const handle&) = delete;
+        ~handle() { reset(); }
+
+        [[nodiscard]] explicit operator bool() const noexcept { return e_ != nullptr; }
+        /// The registration's page-aligned range and rights (it may be larger
+        /// than what was asked for, after merging).
+        [[nodiscard]] std::uintptr_t start() const noexcept { return e_->start; }
+        [[nodiscard]] std::uintptr_t end() const noexcept { return e_->end; }
+        [[nodiscard]] access rights() const noexcept { return e_->rights; }
+        [[nodiscard]] std::uint32_t lkey() const noexcept { return e_->keys.lkey; }
+        [[nodiscard]] std::uint32_t rkey() const noexcept { return e_->keys.rkey; }
+
+        /// [addr, addr + len) as a local buffer with rights A; throws if the
+        /// registration does not cover it with those rights.
+        template <access A>
+        [[nodiscard]] local_buffer<A> local(const void* addr, std::size_t len) const {
+            check<A>(addr, len, "local");
+            return {static_cast<std::byte*>(const_cast<void*>(addr)),
+                    static_cast<std::uint32_t>(len), e_->keys.lkey};
+        }
+        /// The token a peer needs to address [addr, addr + len).
+        template <access A>
+        [[nodiscard]] remote_buffer<A> remote(const void* addr, std::size_t len) const {
+            check<A>(addr, len, "remote");
+            return {reinterpret_cast<std::uintptr_t>(addr), len, e_->keys.rkey, 0};
+        }
+
+        /// Drops the reference (the destructor does it too).
+        void reset() noexcept {
+            if (e_ != nullptr)
+                cache_->release(e_);
+            e_ = nullptr;
+            cache_ = nullptr;
+        }
+
+    private:
+        friend class registration_cache;
+        handle(registration_cache* c, entry* e) noexcept
+            : cache_(c)
+            , e_(e) {}
+        template <access A>
+        void check(const void* addr, std::size_t len, const char* what) const {
+            const auto a = reinterpret_cast<std::uintptr_t>(addr);
+            if (e_ == nullptr || a < e_->start || len > e_->end - a || !has(e_->rights, A) ||
+                len > UINT32_MAX)
+                throw_error(
+                    "registration_cache::handle", ERANGE,
+                    fmt::format("{}({}, {}) is not inside the registration", what, addr, len));
+        }
+        registration_cache* cache_ = nullptr;
+        entry* e_ = nullptr;
+    };
+
+    explicit registration_cache(Registrar reg, Monitor mon = {}, rcache_options opt = {})
+        : reg_(std::move(reg))
+        , mon_(std::move(mon))
+        , opt_(opt)
+        , page_(static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE))) {}
+
+    registration_cache(const registration_cache&) = delete;
+    registration_cache& operator=(const registration_cache&) = delete;
+
+    /// Every handle must be gone before the cache is.
+    ~registration_cache() {
+        std::unique_lock lock(mutex_);
+        while (!ring_.empty())
+            remove_locked(ring_.front());
+    }
+
+    /// A registration containing [addr, addr + len) with at least rights A.
+    /// Throws rdmax::error if registering fails (after evicting idle
+    /// registrations and trying once more when the cause was a lack of resources).
+    template <access A>
+    [[nodiscard]] handle get(const void* addr, std::size_t len) {
+        const auto a = reinterpret_cast<std::uintptr_t>(addr);
+        if (len == 0 || a + len < a)
+            throw_error("registration_cache::get", EINVAL,
+                        len == 0 ? "zero length" : "the range wraps around");
+        const std::uintptr_t start = a & ~(page_ - 1);
+        const std::uintptr_t end = (a + len + page_ - 1) & ~(page_ - 1);
+        lookups_.fetch_add(1, std::memory_order_relaxed);
+        if (mon_.pending())
+            drain_monitor();
+        if (opt_.enable) {
+            std::shared_lock lock(mutex_);
+            if (entry* e = find_containing(start, end); e != nullptr && usable(*e, A)) {
+                // Under the shared lock no one can remove e: taking a
+                // reference here is safe.
+                e->state.fetch_add(1, std::memory_order_relaxed);
+                e->referenced.store(true, std::memory_order_relaxed);
+                hits_.fetch_add(1, std::memory_order_relaxed);
+                return handle(this, e);
+            }
+        }
+        return miss(start, end, A);
+    }
+
+    /// Forgets every registration overlapping [addr, addr + len): idle ones are
+    /// deregistered now, ones in use when their last handle goes.
+    void invalidate(const void* addr, std::size_t len) {
+        const auto a = reinterpret_cast<std::uintptr_t>(addr);
+        std::unique_lock lock(mutex_);
+        invalidate_locked(a & ~(page_ - 1), a + len);
+    }
+
+    /// Deregisters every idle registration.
+    void flush() {
+        std::unique_lock lock(mutex_);
+        for (auto it = ring_.begin(); it != ring_.end();) {
+            entry& e = *it++;
+            if (e.state.load(std::memory_order_relaxed) == 0)
+                remove_locked(e);
+        }
+    }
+
+    [[nodiscard]] rcache_counters counters() const noexcept {
+        rcache_counters c;
+        c.lookups = lookups_.load(std::memory_order_relaxed);
+        c.hits = hits_.load(std::memory_order_relaxed);
+        c.misses = misses_.load(std::memory_order_relaxed);
+        c.merges = merges_.load(std::memory_order_relaxed);
+        c.evictions = evictions_.load(std::memory_order_relaxed);
+        c.invalidations = invalidations_.load(std::memory_order_relaxed);
+        c.registrations = registrations_.load(std::memory_order_relaxed);
+        c.registered_count = count_.load(std::memory_order_relaxed);
+        c.registered_bytes = bytes_.load(std::memory_order_relaxed);
+        return c;
+    }
+
+    [[nodiscard]] const rcache_options& options() const noexcept { return opt_; }
+    [[nodiscard]] Registrar& registrar_ref() noexcept { return reg_; }
+    [[nodiscard]] Monitor& monitor_ref() noexcept { return mon_; }
+
+    /// Bytes of bookkeeping per cached registration.
+    static constexpr std::size_t entry_bytes = sizeof(entry);
+
+private:
+    using ring_hook = boost::intrusive::list_base_hook<>;
+    using tree_hook = boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>>;
+
+    /// Reference count in the low bits; set once the entry left the tree.
+    static constexpr std::uint32_t dead = 1u << 31;
+
+    struct entry : tree_hook, ring_hook {
+        std::uintptr_t start = 0;
+        std::uintptr_t end = 0;
+        typename Registrar::handle reg{};
+        [[no_unique_address]] typename Monitor::token watch{};
+        mr_keys keys;
+        access rights = access::local_read;
+        std::atomic<std::uint32_t> state{0};
+        std::atomic<bool> referenced{false};
+    };
+    static_assert(sizeof(entry) <= 192, "at most 192 bytes of metadata per registration");
+
+    struct by_start {
+        bool operator()(const entry& a, const entry& b) const noexcept { return a.start < b.start; }
+        bool operator()(std::uintptr_t a, const entry& b) const noexcept { return a < b.start; }
+        bool operator()(const entry& a, std::uintptr_t b) const noexcept { return a.start < b; }
+    };
+    using tree_t = boost::intrusive::set<entry, boost::intrusive::base_hook<tree_hook>,
+                                         boost::intrusive::compare<by_start>>;
+    using ring_t = boost::intrusive::list<entry, boost::intrusive::base_hook<ring_hook>>;
+
+    [[nodiscard]] bool usable(const entry& e, access want) const noexcept {
+        return has(e.rights, want) && mon_.valid(e.watch);
+    }
+
+    /// The entry whose range contains [start, end), if any.
+    [[nodiscard]] entry* find_containing(std::uintptr_t start, std::uintptr_t end) noexcept {
+        auto it = tree_.upper_bound(start, by_start{});
+        if (it == tree_.begin())
+            return nullptr;
+        --it;
+        return it->end >= end ? &*it : nullptr;
+    }
+
+    /// The first entry that overlaps or touches [start, end).
+    [[nodiscard]] typename tree_t::iterator first_touching(std::uintptr_t start) noexcept {
+        auto it = tree_.upper_bound(start, by_start{});
+        if (it != tree_.begin()) {
+            auto prev = std::prev(it);
+            if (prev->end >= start)
+                return prev;
+        }
+        return it;
+    }
+
+    handle miss(std::uintptr_t start, std::uintptr_t end, access want) {
+        std::unique_lock lock(mutex_);
+        misses_.fetch_add(1, std::memory_order_relaxed);
+        if (!opt_.enable) {
+            entry* e = make_entry(start, end, want);
+            e->state.store(dead | 1, std::memory_order_relaxed); // never in the tree
+            return handle(this, e);
+        }
+        // Another thread may have registered it while we waited for the lock.
+        if (entry* e = find_containing(start, end); e != nullptr && usable(*e, want)) {
+            e->state.fetch_add(1, std::memory_order_relaxed);
+            e->referenced.store(true, std::memory_order_relaxed);
+            return handle(this, e);
+        }
+        // Merge with everything it overlaps or touches, widening the rights.
+        std::uintptr_t lo = start, hi = end;
+        access rights = want;
+        std::size_t merged = 0;
+        for (auto it = first_touching(start); it != tree_.end() && it->start <= end;) {
+            entry& e = *it++;
+            if (!mon_.valid(e.watch)) {
+                remove_locked(e); // stale: never merged into anything
+                invalidations_.fetch_add(1, std::memory_order_relaxed);
+                continue;
+            }
+            lo = std::min(lo, e.start);
+            hi = std::max(hi, e.end);
+            rights = rights | e.rights;
+            ++merged;
+        }
+        entry* fresh = nullptr;
+        if (merged == 0) {
+            fresh = make_entry(start, end, want);
+        } else {
+            try {
+                fresh = make_entry(lo, hi, rights);
+            } catch (const rdmax::error& err) {
+                // The union may not be registrable (read-only pages under a
+                // request for write, say): serve this request alone, uncached,
+                // so that the cached ones stay disjoint.
+                if (err.code().value() != EFAULT && err.code().value() != EACCES &&
+                    err.code().value() != EINVAL)
+                    throw;
+                entry* alone = make_entry(start, end, want);
+                alone->state.store(dead | 1, std::memory_order_relaxed);
+                return handle(this, alone);
+            }
+            for (auto it = first_touching(lo); it != tree_.end() && it->start <= hi;) {
+                entry& e = *it++;
+                if (e.start >= lo && e.end <= hi)
+                    remove_locked(e);
+            }
+            merges_.fetch_add(merged, std::memory_order_relaxed);
+        }
+        fresh->state.store(1, std::memory_order_relaxed);
+        tree_.insert(*fresh);
+        ring_.push_back(*fresh);
+        count_.fetch_add(1, std::memory_order_relaxed);
+        bytes_.fetch_add(fresh->end - fresh->start, std::memory_order_relaxed);
+        enforce_limits();
+        return handle(this, fresh);
+    }
+
+    /// Registers [start, end) and watches it; on a lack of resources, evicts
+    /// every idle registration and tries once more.
+    entry* make_entry(std::uintptr_t start, std::uintptr_t end, access rights) {
+        auto e = std::make_unique<entry>();
+        e->start = start;
+        e->end = end;
+        e->rights = rights;
+        // Watch first, so that an unmap racing with the registration is seen.
+        e->watch = mon_.watch(start, end - start);
+        try {
+            e->reg = register_range(start, end, rights);
+        } catch (...) {
+            mon_.unwatch(e->watch);
+            throw;
+        }
+        e->keys = Registrar::keys(e->reg);
+        registrations_.fetch_add(1, std::memory_order_relaxed);
+        return e.release();
+    }
+
+    typename Registrar::handle register_range(std::uintptr_t start, std::uintptr_t end,
+                                              access rights) {
+        void* addr = reinterpret_cast<void*>(start);
+        try {
+            return reg_.reg(addr, end - start, rights);
+        } catch (const rdmax::error& err) {
+            const int code = err.code().value();
+            if (code != ENOMEM && code != EAGAIN && code != EPERM)
+                throw;
+            evict_idle(SIZE_MAX); // pinned memory or MR slots ran out: make room
+            return reg_.reg(addr, end - start, rights);
+        }
+    }
+
+    void enforce_limits() {
+        const auto over = [this] {
+            return count_.load(std::memory_order_relaxed) > opt_.max_count ||
+                   bytes_.load(std::memory_order_relaxed) > opt_.max_bytes;
+        };
+        while (over() && evict_idle(1) != 0) {
+        }
+    }
+
+    /// CLOCK: sweeps the ring from its hand (the front), giving referenced
+    /// entries a second chance; evicts up to `most` idle entries. Returns how
+    /// many it evicted.
+    std::size_t evict_idle(std::size_t most) {
+        std::size_t evicted = 0;
+        // Two sweeps: the first may only clear referenced bits.
+        for (std::size_t steps = 2 * ring_.size(); steps > 0 && evicted < most && !ring_.empty();
+             --steps) {
+            entry& e = ring_.front();
+            if (e.state.load(std::memory_order_acquire) == 0 &&
+                !e.referenced.exchange(false, std::memory_order_relaxed)) {
+                remove_locked(e);
+                evictions_.fetch_add(1, std::memory_order_relaxed);
+                ++evicted;
+                continue;
+            }
+            ring_.splice(ring_.end(), ring_, ring_.begin()); // advance the hand
+        }
+        return evicted;
+    }
+
+    void invalidate_locked(std::uintptr_t start, std::uintptr_t end) {
+        for (auto it = first_touching(start); it != tree_.end() && it->start < end;) {
+            entry& e = *it++;
+            if (e.end <= start)
+                continue; // touches but does not overlap
+            remove_locked(e);
+            invalidations_.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    /// Takes e out of the tree and the ring; deregisters it now if idle,
+    /// else its last handle will.
+    void remove_locked(entry& e) noexcept {
+        tree_.erase(tree_.iterator_to(e));
+        ring_.erase(ring_.iterator_to(e));
+        count_.fetch_sub(1, std::memory_order_relaxed);
+        bytes_.fetch_sub(e.end - e.start, std::memory_order_relaxed);
+        const std::uint32_t prev = e.state.fetch_or(dead, std::memory_order_acq_rel);
+        if ((prev & ~dead) == 0)
+            destroy(&e);
+    }
+
+    void destroy(entry* e) noexcept {
+        reg_.dereg(e->reg);
+        mon_.unwatch(e->watch);
+        delete e;
+    }
+
+    void release(entry* e) noexcept {
+        const std::uint32_t prev = e->state.fetch_sub(1, std::memory_order_acq_rel);
+        if (prev == (dead | 1)) {
+            // The last reference to an entry that left the tree. The
+            // registrar is used under the lock only.
+            std::unique_lock lock(mutex_);
+            destroy(e);
+        }
+    }
+
+    static void on_invalidated(void* self, std::uintptr_t start, std::uintptr_t end) {
+        static_cast<registration_cache*>(self)->invalidate_locked(start, end);
+    }
+
+    void drain_monitor() {
+        std::unique_lock lock(mutex_);
+        mon_.drain(&on_invalidated, this);
+    }
+
+    Registrar reg_;
+    Monitor mon_;
+    rcache_options opt_;
+    std::uintptr_t page_;
+    std::shared_mutex mutex_;
+    tree_t tree_;
+    ring_t ring_;
+    std::atomic<std::uint64_t> lookups_{0}, hits_{0}, misses_{0}, merges_{0}, evictions_{0},
+        invalidations_{0}, registrations_{0}, count_{0}, bytes_{0};
+};
+
+} // namespace rdmax

@@ -1,0 +1,326 @@
+// The registration cache with the counting registrar: containment, merging,
+// rights, eviction, invalidation, failure handling, and a randomized run
+// checked against a plain model.
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <random>
+#include <unistd.h>
+#include <vector>
+
+#include <rdmax/mem/registration_cache.hpp>
+
+#include "../support/catch.hpp"
+
+using namespace rdmax;
+using cache_t = registration_cache<counting_registrar>;
+constexpr rdmax::access lw = access::local_write;
+constexpr rdmax::access rr = access::remote_read;
+
+namespace {
+
+const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+
+/// Page-aligned memory for the tests to hand the cache (never touched: the
+/// counting registrar registers nothing).
+struct arena {
+    std::vector<std::byte> bytes;
+    std::byte* base;
+    explicit arena(std::size_t pages)
+        : bytes((pages + 1) * page) {
+        auto p = reinterpret_cast<std::uintptr_t>(bytes.data());
+        base = reinterpret_cast<std::byte*>((p + page - 1) & ~(page - 1));
+    }
+    std::byte* at(std::size_t page_no, std::size_t offset = 0) const {
+        return base + page_no * page + offset;
+    }
+};
+
+rcache_options limits(std::size_t count, std::size_t bytes = SIZE_MAX) {
+    rcache_options o;
+    o.max_count = count;
+    o.max_bytes = bytes;
+    return o;
+}
+
+} // namespace
+
+TEST_CASE("a range inside a cached registration is a hit; registrations are page-aligned") {
+    arena a(8);
+    cache_t c{counting_registrar{}};
+    auto h1 = c.get<lw>(a.at(1, 100), 3 * page);
+    CHECK(h1.start() == reinterpret_cast<std::uintptr_t>(a.at(1)));
+    CHECK(h1.end() == reinterpret_cast<std::uintptr_t>(a.at(5)));
+    auto h2 = c.get<lw>(a.at(2, 7), 10);
+    CHECK(h2.lkey() == h1.lkey());
+    h1.reset();
+    auto h3 = c.get<lw>(a.at(4), page); // idle now, still cached
+    CHECK(h3.lkey() == h2.lkey());
+    const auto n = c.counters();
+    CHECK(n.lookups == 3);
+    CHECK(n.hits == 2);
+    CHECK(n.misses == 1);
+    CHECK(c.registrar_ref().regs == 1);
+    CHECK(fmt::format("{}", n).find("hits 2") != std::string::npos);
+}
+
+TEST_CASE("overlapping and adjacent requests merge into one registration") {
+    arena a(16);
+    cache_t c{counting_registrar{}};
+    auto h1 = c.get<lw>(a.at(0), 2 * page);
+    auto h2 = c.get<lw>(a.at(2), 2 * page); // adjacent
+    CHECK(h2.start() == reinterpret_cast<std::uintptr_t>(a.at(0)));
+    CHECK(h2.end() == reinterpret_cast<std::uintptr_t>(a.at(4)));
+    auto h3 = c.get<lw>(a.at(3), 4 * page); // overlapping
+    CHECK(h3.start() == h2.start());
+    CHECK(h3.end() == reinterpret_cast<std::uintptr_t>(a.at(7)));
+    CHECK(c.counters().merges == 2);
+    CHECK(c.counters().registered_count == 1);
+    CHECK(c.counters().registered_bytes == 7 * page);
+    // The merged-away registrations stay valid for their holders...
+    CHECK(h1.lkey() != h3.lkey());
+    CHECK(c.registrar_ref().live == 3);
+    // ...and are deregistered when their last handle goes.
+    h1.reset();
+    h2.reset();
+    CHECK(c.registrar_ref().live == 1);
+    auto h4 = c.get<lw>(a.at(0), 7 * page);
+    CHECK(h4.lkey() == h3.lkey());
+}
+
+TEST_CASE("a request for more rights widens the registration") {
+    arena a(4);
+    cache_t c{counting_registrar{}};
+    auto h1 = c.get<lw>(a.at(0), page);
+    CHECK(h1.rights() == lw);
+    auto h2 = c.get<rr>(a.at(0), page); // same range, a right it lacks: re-registered wider
+    CHECK(has(h2.rights(), lw | rr));
+    CHECK(c.registrar_ref().regs == 2);
+    auto h3 = c.get<lw>(a.at(0), 10); // either right is now a hit
+    auto h4 = c.get<rr>(a.at(0), 10);
+    CHECK(h3.lkey() == h2.lkey());
+    CHECK(h4.lkey() == h2.lkey());
+    CHECK(c.registrar_ref().regs == 2);
+    CHECK(h1.local<lw>(a.at(0), 8).length == 8);
+    CHECK_THROWS_AS(h1.local<rr>(a.at(0), 8), rdmax::error); // h1 lacks remote read
+}
+
+TEST_CASE("idle registrations are evicted above the count limit; a recent hit survives") {
+    arena a(16);
+    cache_t c{counting_registrar{}, {}, limits(2)};
+    c.get<lw>(a.at(0), page).reset();   // A
+    c.get<lw>(a.at(4), page).reset();   // B
+    c.get<lw>(a.at(0), page).reset();   // A used again
+    auto hc = c.get<lw>(a.at(8), page); // C: over the limit, B goes
+    CHECK(c.counters().evictions == 1);
+    CHECK(c.counters().registered_count == 2);
+    const auto regs = c.registrar_ref().regs;
+    c.get<lw>(a.at(0), page).reset(); // A: still cached
+    CHECK(c.registrar_ref().regs == regs);
+    c.get<lw>(a.at(4), page).reset(); // B: registered again
+    CHECK(c.registrar_ref().regs == regs + 1);
+}
+
+TEST_CASE("idle registrations are evicted above the byte limit") {
+    arena a(64);
+    cache_t c{counting_registrar{}, {}, limits(100, 10 * page)};
+    c.get<lw>(a.at(0), 4 * page).reset();
+    c.get<lw>(a.at(8), 4 * page).reset();
+    CHECK(c.counters().registered_bytes == 8 * page);
+    auto h = c.get<lw>(a.at(16), 4 * page); // 12 pages > 10: one idle one goes
+    CHECK(c.counters().evictions == 1);
+    CHECK(c.counters().registered_bytes == 8 * page);
+    CHECK(c.registrar_ref().live_bytes == 8 * page);
+}
+
+TEST_CASE("a live handle prevents eviction") {
+    arena a(8);
+    cache_t c{counting_registrar{}, {}, limits(1)};
+    auto ha = c.get<lw>(a.at(0), page);
+    auto hb = c.get<lw>(a.at(4), page);
+    CHECK(c.counters().evictions == 0);
+    CHECK(c.counters().registered_count == 2); // over the limit while both are held
+    hb.reset();
+    auto hc = c.get<lw>(a.at(6), page); // now b is idle and goes
+    CHECK(c.counters().evictions == 1);
+    CHECK(ha.lkey() != 0);
+}
+
+TEST_CASE("invalidating an idle registration deregisters it; the next get registers anew") {
+    arena a(8);
+    cache_t c{counting_registrar{}};
+    const auto key = c.get<lw>(a.at(0), 2 * page).lkey();
+    c.invalidate(a.at(1), 1); // any overlap
+    CHECK(c.registrar_ref().live == 0);
+    CHECK(c.counters().invalidations == 1);
+    auto h = c.get<lw>(a.at(0), page);
+    CHECK(h.lkey() != key);
+}
+
+TEST_CASE("invalidating one in use takes it out at once and deregisters it at release") {
+    arena a(8);
+    cache_t c{counting_registrar{}};
+    auto held = c.get<lw>(a.at(0), page);
+    c.invalidate(a.at(0), page);
+    CHECK(c.counters().registered_count == 0);
+    CHECK(c.registrar_ref().live == 1); // still registered for its holder
+    auto fresh = c.get<lw>(a.at(0), page);
+    CHECK(fresh.lkey() != held.lkey());
+    held.reset();
+    CHECK(c.registrar_ref().live == 1);
+    c.invalidate(a.at(4), page); // elsewhere: touches nothing
+    CHECK(c.registrar_ref().live == 1);
+}
+
+TEST_CASE("flush deregisters every idle registration and keeps the rest") {
+    arena a(8);
+    cache_t c{counting_registrar{}};
+    auto held = c.get<lw>(a.at(0), page);
+    c.get<lw>(a.at(4), page).reset();
+    c.flush();
+    CHECK(c.registrar_ref().live == 1);
+    CHECK(c.counters().registered_count == 1);
+}
+
+TEST_CASE("with caching disabled every get registers and every release deregisters") {
+    arena a(4);
+    rcache_options off;
+    off.enable = false;
+    cache_t c{counting_registrar{}, {}, off};
+    c.get<lw>(a.at(0), page).reset();
+    c.get<lw>(a.at(0), page).reset();
+    CHECK(c.registrar_ref().regs == 2);
+    CHECK(c.registrar_ref().live == 0);
+}
+
+TEST_CASE("a lack of resources evicts idle registrations and retries once") {
+    arena a(8);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(a.at(0), page).reset();
+    c.get<lw>(a.at(4), page).reset();
+    c.registrar_ref().fail_errno = ENOMEM;
+    c.registrar_ref().fail_next = 1;
+    auto h = c.get<lw>(a.at(6), page);
+    CHECK(h);
+    CHECK(c.counters().evictions == 2);
+    CHECK(c.registrar_ref().live == 1);
+
+    c.registrar_ref().fail_next = 2; // fails again after the retry: the error reaches the caller
+    CHECK_THROWS_AS(c.get<lw>(a.at(2), page), rdmax::error);
+    c.registrar_ref().fail_errno = EINVAL;
+    c.registrar_ref().fail_next = 1; // not a resource problem: no eviction, no retry
+    const auto ev = c.counters().evictions;
+    CHECK_THROWS_AS(c.get<lw>(a.at(3), page), rdmax::error);
+    CHECK(c.counters().evictions == ev);
+    CHECK(c.counters().registered_count == 1);
+}
+
+TEST_CASE("bad requests are refused") {
+    arena a(2);
+    cache_t c{counting_registrar{}};
+    CHECK_THROWS_WITH(c.get<lw>(a.at(0), 0), Catch::Matchers::Contains("zero length"));
+    CHECK_THROWS_WITH(c.get<lw>(reinterpret_cast<void*>(~std::uintptr_t{0} - 10), 100),
+                      Catch::Matchers::Contains("wraps"));
+    auto h = c.get<lw>(a.at(0), 100);
+    CHECK_THROWS_AS(h.local<lw>(a.at(1), 1), rdmax::error); // beyond the registration
+    CHECK(h.remote<lw>(a.at(0), page).length == page);
+}
+
+TEST_CASE("metadata per cached registration is at most 192 bytes") {
+    STATIC_REQUIRE(cache_t::entry_bytes <= 192);
+    CHECK(cache_t::entry_bytes <= 128);
+}
+
+TEST_CASE("options read RDMAX_RCACHE_* and refuse malformed values") {
+    setenv("RDMAX_RCACHE_ENABLE", "0", 1);
+    setenv("RDMAX_RCACHE_MAX_COUNT", "77", 1);
+    setenv("RDMAX_RCACHE_MAX_BYTES", "64M", 1);
+    setenv("RDMAX_RCACHE_MONITOR", "uffd", 1);
+    const rcache_options o = rcache_options{}.with_env();
+    CHECK(!o.enable);
+    CHECK(o.max_count == 77);
+    CHECK(o.max_bytes == 64u << 20);
+    CHECK(o.monitor == monitor_kind::uffd);
+    setenv("RDMAX_RCACHE_MONITOR", "magic", 1);
+    CHECK_THROWS_WITH(rcache_options{}.with_env(),
+                      Catch::Matchers::Contains("RDMAX_RCACHE_MONITOR"));
+    setenv("RDMAX_RCACHE_MONITOR", "manual", 1);
+    setenv("RDMAX_RCACHE_MAX_BYTES", "12Q", 1);
+    CHECK_THROWS_WITH(rcache_options{}.with_env(),
+                      Catch::Matchers::Contains("RDMAX_RCACHE_MAX_BYTES"));
+    for (const char* v : {"RDMAX_RCACHE_ENABLE", "RDMAX_RCACHE_MAX_COUNT", "RDMAX_RCACHE_MAX_BYTES",
+                          "RDMAX_RCACHE_MONITOR"})
+        unsetenv(v);
+    CHECK(rcache_options{}.with_env().enable);
+}
+
+TEST_CASE("randomized: 100000 operations against a model; never a stale registration") {
+    // The model: for each page, the registration sequence number at its last
+    // invalidation. A handle served for a range must come from a
+    // registration made after every one of its pages was last invalidated.
+    constexpr std::size_t pages = 256;
+    arena a(pages);
+    std::mt19937_64 rng(20261121);
+    cache_t c{counting_registrar{}, {}, limits(12, 64 * page)};
+    std::vector<std::uint32_t> invalidated_at(pages, 0);
+    struct held {
+        cache_t::handle h;
+        std::size_t first, count;
+        rdmax::access rights;
+    };
+    std::vector<held> handles;
+    const rdmax::access choices[] = {lw, rr, lw | rr, access::local_read};
+
+    for (int op = 0; op < 100000; ++op) {
+        const auto dice = rng() % 100;
+        if (dice < 55) {
+            const std::size_t first = rng() % pages;
+            const std::size_t count = 1 + rng() % std::min<std::size_t>(16, pages - first);
+            const std::size_t offset = rng() % page;
+            const std::size_t len = std::max<std::size_t>(1, count * page - offset);
+            const rdmax::access want = choices[rng() % 4];
+            cache_t::handle h;
+            switch (want == lw ? 0 : want == rr ? 1 : want == (lw | rr) ? 2 : 3) {
+            case 0: h = c.get<lw>(a.at(first, offset), len); break;
+            case 1: h = c.get<rr>(a.at(first, offset), len); break;
+            case 2: h = c.get<lw | rr>(a.at(first, offset), len); break;
+            default: h = c.get<access::local_read>(a.at(first, offset), len); break;
+            }
+            // Covers the request, with the rights asked for...
+            REQUIRE(h.start() <= reinterpret_cast<std::uintptr_t>(a.at(first, offset)));
+            REQUIRE(h.end() >= reinterpret_cast<std::uintptr_t>(a.at(first, offset)) + len);
+            REQUIRE(has(h.rights(), want));
+            // ...and is not older than any invalidation of its pages.
+            for (std::size_t p = first; p < first + count; ++p)
+                REQUIRE(h.lkey() > invalidated_at[p]);
+            handles.push_back({std::move(h), first, count, want});
+        } else if (dice < 90) {
+            if (!handles.empty()) {
+                const std::size_t i = rng() % handles.size();
+                std::swap(handles[i], handles.back());
+                handles.pop_back();
+            }
+        } else if (dice < 98) {
+            const std::size_t first = rng() % pages;
+            const std::size_t count = 1 + rng() % std::min<std::size_t>(8, pages - first);
+            c.invalidate(a.at(first), count * page);
+            const auto now = static_cast<std::uint32_t>(c.registrar_ref().regs);
+            for (std::size_t p = first; p < first + count; ++p)
+                invalidated_at[p] = now;
+        } else {
+            c.flush();
+        }
+        // Disjointness: what the tree holds never adds up to more than the arena.
+        REQUIRE(c.counters().registered_bytes <= pages * page);
+        // Everything registered is either cached or held (dead, awaiting release).
+        REQUIRE(c.registrar_ref().live >= c.counters().registered_count);
+        REQUIRE(c.registrar_ref().live <= c.counters().registered_count + handles.size());
+    }
+    handles.clear();
+    c.flush();
+    CHECK(c.registrar_ref().live == 0);
+    CHECK(c.counters().hits > 0);
+    CHECK(c.counters().merges > 0);
+    CHECK(c.counters().evictions > 0);
+    CHECK(c.counters().invalidations > 0);
+}

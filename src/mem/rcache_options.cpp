@@ -63,7 +63,9 @@ rcache_options rcache_options::with_env() const {
     if (auto v = env("RDMAX_RCACHE_MAX_BYTES"); !v.empty())
         o.max_bytes = parse_size("RDMAX_RCACHE_MAX_BYTES", v);
     if (auto v = env("RDMAX_RCACHE_MONITOR"); !v.empty()) {
-        if (v == "kmod")
+        if (v == "auto")
+            o.monitor = monitor_kind::automatic;
+        else if (v == "kmod")
             o.monitor = monitor_kind::kmod;
         else if (v == "uffd")
             o.monitor = monitor_kind::uffd;
@@ -72,7 +74,7 @@ rcache_options rcache_options::with_env() const {
         else if (v == "none")
             o.monitor = monitor_kind::none;
         else
-            malformed("RDMAX_RCACHE_MONITOR", v, "kmod, uffd, manual or none");
+            malformed("RDMAX_RCACHE_MONITOR", v, "auto, kmod, uffd, manual or none");
     }
     return o;
 }

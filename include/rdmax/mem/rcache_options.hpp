@@ -11,10 +11,11 @@
 
 namespace rdmax {
 
-enum class monitor_kind : std::uint8_t { kmod, uffd, manual, none };
+enum class monitor_kind : std::uint8_t { automatic, kmod, uffd, manual, none };
 
 [[nodiscard]] constexpr std::string_view to_string(monitor_kind k) noexcept {
     switch (k) {
+    case monitor_kind::automatic: return "auto";
     case monitor_kind::kmod: return "kmod";
     case monitor_kind::uffd: return "uffd";
     case monitor_kind::manual: return "manual";
@@ -30,11 +31,12 @@ struct rcache_options {
     /// use are never evicted, so the cache may exceed them while they are.
     std::size_t max_count = 4096;
     std::size_t max_bytes = std::size_t{1} << 34; // 16 GiB of pinned memory
-    monitor_kind monitor = monitor_kind::kmod;
+    /// Which monitor auto_monitor uses (see auto_monitor.hpp).
+    monitor_kind monitor = monitor_kind::automatic;
 
     /// These options with RDMAX_RCACHE_ENABLE (0/1), RDMAX_RCACHE_MAX_COUNT,
     /// RDMAX_RCACHE_MAX_BYTES (a number, with K/M/G/T suffix allowed) and
-    /// RDMAX_RCACHE_MONITOR (kmod|uffd|manual|none) applied; a malformed
+    /// RDMAX_RCACHE_MONITOR (auto|kmod|uffd|manual|none) applied; a malformed
     /// value throws rdmax::error naming the variable.
     [[nodiscard]] rcache_options with_env() const;
 };
@@ -48,6 +50,9 @@ struct rcache_counters {
     std::uint64_t evictions = 0;
     std::uint64_t invalidations = 0;
     std::uint64_t registrations = 0;
+    /// Requests served by a registration of their own, not cached: caching
+    /// off, memory the monitor cannot watch, or a merge that could not register.
+    std::uint64_t uncached = 0;
     std::uint64_t registered_count = 0; ///< now
     std::uint64_t registered_bytes = 0; ///< now
 };
@@ -61,8 +66,8 @@ struct fmt::formatter<rdmax::rcache_counters> {
         return fmt::format_to(
             ctx.out(),
             "lookups {} hits {} misses {} merges {} evictions {} invalidations {} "
-            "registrations {} registered {} ({} bytes)",
+            "registrations {} uncached {} registered {} ({} bytes)",
             c.lookups, c.hits, c.misses, c.merges, c.evictions, c.invalidations, c.registrations,
-            c.registered_count, c.registered_bytes);
+            c.uncached, c.registered_count, c.registered_bytes);
     }
 };

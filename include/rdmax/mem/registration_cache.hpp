@@ -10,6 +10,9 @@
 // and "which overlap [a, b)" walks forward from there: O(log n + k), on a
 // Boost.Intrusive red-black tree whose node is the cache entry itself (one
 // allocation per registration, in the tree and the eviction ring at once).
+// Disjointness also lets a radix page table (page_table.hpp) map each page to
+// the one entry covering it: hits look there, in four loads instead of a tree
+// walk (UCX's design).
 //
 // Lifetimes. A handle holds a reference. An entry that leaves the tree while
 // held (invalidated, merged away) is "dead": the last handle's release
@@ -24,6 +27,10 @@
 //
 // Monitors report unmapped ranges through drain(), which the cache calls at
 // its next operation: nothing is deregistered inside a monitor's callback.
+// Memory the monitor cannot watch is registered per use, never cached.
+//
+// fork(): in a child the cache is inert (fork_policy.hpp): get() throws, and
+// registrations are forgotten without being deregistered.
 
 #include <atomic>
 #include <cerrno>
@@ -43,7 +50,9 @@
 #include <rdmax/error.hpp>
 #include <rdmax/mem/access.hpp>
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/fork_policy.hpp>
 #include <rdmax/mem/monitor.hpp>
+#include <rdmax/mem/page_table.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registrar.hpp>
 
@@ -127,7 +136,12 @@ public:
         : reg_(std::move(reg))
         , mon_(std::move(mon))
         , opt_(opt)
-        , page_(static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE))) {}
+        , page_(static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE)))
+        , pages_(static_cast<unsigned>(__builtin_ctzl(page_))) {
+        // A monitor that watches nothing (auto_monitor's none) forbids caching.
+        if constexpr (requires { mon_.caching(); })
+            opt_.enable = opt_.enable && mon_.caching();
+    }
 
     registration_cache(const registration_cache&) = delete;
     registration_cache& operator=(const registration_cache&) = delete;
@@ -150,16 +164,19 @@ public:
                         len == 0 ? "zero length" : "the range wraps around");
         const std::uintptr_t start = a & ~(page_ - 1);
         const std::uintptr_t end = (a + len + page_ - 1) & ~(page_ - 1);
-        lookups_.fetch_add(1, std::memory_order_relaxed);
+        if (fork_generation() != fork_generation_) [[unlikely]]
+            throw_error("registration_cache::get", EPERM,
+                        "this cache belongs to the parent process (fork): its registrations live "
+                        "in the parent's device context; open a context and a cache in the child");
         if (mon_.pending())
             drain_monitor();
         if (opt_.enable) {
             std::shared_lock lock(mutex_);
-            if (entry* e = find_containing(start, end); e != nullptr && usable(*e, A)) {
+            if (entry* e = lookup(start, end); e != nullptr && usable(*e, A)) {
                 // Under the shared lock no one can remove e: taking a
                 // reference here is safe.
                 e->state.fetch_add(1, std::memory_order_relaxed);
-                e->referenced.store(true, std::memory_order_relaxed);
+                touch(*e);
                 hits_.fetch_add(1, std::memory_order_relaxed);
                 return handle(this, e);
             }
@@ -178,6 +195,7 @@ public:
     /// Deregisters every idle registration.
     void flush() {
         std::unique_lock lock(mutex_);
+        mon_.drain(&on_invalidated, this);
         for (auto it = ring_.begin(); it != ring_.end();) {
             entry& e = *it++;
             if (e.state.load(std::memory_order_relaxed) == 0)
@@ -187,13 +205,14 @@ public:
 
     [[nodiscard]] rcache_counters counters() const noexcept {
         rcache_counters c;
-        c.lookups = lookups_.load(std::memory_order_relaxed);
         c.hits = hits_.load(std::memory_order_relaxed);
         c.misses = misses_.load(std::memory_order_relaxed);
+        c.lookups = c.hits + c.misses; // one atomic less on the hit path
         c.merges = merges_.load(std::memory_order_relaxed);
         c.evictions = evictions_.load(std::memory_order_relaxed);
         c.invalidations = invalidations_.load(std::memory_order_relaxed);
         c.registrations = registrations_.load(std::memory_order_relaxed);
+        c.uncached = uncached_.load(std::memory_order_relaxed);
         c.registered_count = count_.load(std::memory_order_relaxed);
         c.registered_bytes = bytes_.load(std::memory_order_relaxed);
         return c;
@@ -238,7 +257,23 @@ private:
         return has(e.rights, want) && mon_.valid(e.watch);
     }
 
-    /// The entry whose range contains [start, end), if any.
+    /// The entry whose range contains [start, end), if any: from the page
+    /// table, or the tree for addresses beyond the table's reach.
+    [[nodiscard]] entry* lookup(std::uintptr_t start, std::uintptr_t end) noexcept {
+        if (!pages_.covers(start, end))
+            return find_containing(start, end);
+        entry* e = pages_.find(start);
+        return e != nullptr && e->end >= end ? e : nullptr;
+    }
+
+    /// Marks e recently used for CLOCK, writing only when the bit changes, so
+    /// that hits on one entry from many threads do not bounce its cache line
+    /// more than the reference count does.
+    static void touch(entry& e) noexcept {
+        if (!e.referenced.load(std::memory_order_relaxed))
+            e.referenced.store(true, std::memory_order_relaxed);
+    }
+
     [[nodiscard]] entry* find_containing(std::uintptr_t start, std::uintptr_t end) noexcept {
         auto it = tree_.upper_bound(start, by_start{});
         if (it == tree_.begin())
@@ -261,15 +296,12 @@ private:
     handle miss(std::uintptr_t start, std::uintptr_t end, access want) {
         std::unique_lock lock(mutex_);
         misses_.fetch_add(1, std::memory_order_relaxed);
-        if (!opt_.enable) {
-            entry* e = make_entry(start, end, want);
-            e->state.store(dead | 1, std::memory_order_relaxed); // never in the tree
-            return handle(this, e);
-        }
+        if (!opt_.enable)
+            return uncached(start, end, want);
         // Another thread may have registered it while we waited for the lock.
-        if (entry* e = find_containing(start, end); e != nullptr && usable(*e, want)) {
+        if (entry* e = lookup(start, end); e != nullptr && usable(*e, want)) {
             e->state.fetch_add(1, std::memory_order_relaxed);
-            e->referenced.store(true, std::memory_order_relaxed);
+            touch(*e);
             return handle(this, e);
         }
         // Merge with everything it overlaps or touches, widening the rights.
@@ -301,16 +333,35 @@ private:
                 if (err.code().value() != EFAULT && err.code().value() != EACCES &&
                     err.code().value() != EINVAL)
                     throw;
-                entry* alone = make_entry(start, end, want);
-                alone->state.store(dead | 1, std::memory_order_relaxed);
-                return handle(this, alone);
+                return uncached(start, end, want);
             }
+        }
+        if (!mon_.valid(fresh->watch)) {
+            // Memory the monitor cannot watch (for userfaultfd, a file
+            // mapping): caching it could serve it stale after an unmap.
+            if (merged != 0) {
+                destroy(fresh);
+                return uncached(start, end, want);
+            }
+            fresh->state.store(dead | 1, std::memory_order_relaxed);
+            uncached_.fetch_add(1, std::memory_order_relaxed);
+            return handle(this, fresh);
+        }
+        if (merged != 0) {
             for (auto it = first_touching(lo); it != tree_.end() && it->start <= hi;) {
                 entry& e = *it++;
                 if (e.start >= lo && e.end <= hi)
                     remove_locked(e);
             }
             merges_.fetch_add(merged, std::memory_order_relaxed);
+        }
+        if (pages_.covers(fresh->start, fresh->end)) {
+            try {
+                pages_.insert(fresh->start, fresh->end, fresh);
+            } catch (...) {
+                destroy(fresh);
+                throw;
+            }
         }
         fresh->state.store(1, std::memory_order_relaxed);
         tree_.insert(*fresh);
@@ -319,6 +370,15 @@ private:
         bytes_.fetch_add(fresh->end - fresh->start, std::memory_order_relaxed);
         enforce_limits();
         return handle(this, fresh);
+    }
+
+    /// A registration for this request only, outside the tree; its handle's
+    /// release deregisters it.
+    handle uncached(std::uintptr_t start, std::uintptr_t end, access want) {
+        entry* e = make_entry(start, end, want);
+        e->state.store(dead | 1, std::memory_order_relaxed);
+        uncached_.fetch_add(1, std::memory_order_relaxed);
+        return handle(this, e);
     }
 
     /// Registers [start, end) and watches it; on a lack of resources, evicts
@@ -398,6 +458,8 @@ private:
     /// Takes e out of the tree and the ring; deregisters it now if idle,
     /// else its last handle will.
     void remove_locked(entry& e) noexcept {
+        if (pages_.covers(e.start, e.end))
+            pages_.erase(e.start, e.end);
         tree_.erase(tree_.iterator_to(e));
         ring_.erase(ring_.iterator_to(e));
         count_.fetch_sub(1, std::memory_order_relaxed);
@@ -408,8 +470,12 @@ private:
     }
 
     void destroy(entry* e) noexcept {
-        reg_.dereg(e->reg);
-        mon_.unwatch(e->watch);
+        // In a forked child the registration is the parent's: deregistering
+        // it through the shared verbs file would destroy it there.
+        if (fork_generation() == fork_generation_) [[likely]] {
+            reg_.dereg(e->reg);
+            mon_.unwatch(e->watch);
+        }
         delete e;
     }
 
@@ -436,11 +502,13 @@ private:
     Monitor mon_;
     rcache_options opt_;
     std::uintptr_t page_;
+    std::uint32_t fork_generation_ = fork_generation();
     std::shared_mutex mutex_;
+    page_table<entry> pages_;
     tree_t tree_;
     ring_t ring_;
-    std::atomic<std::uint64_t> lookups_{0}, hits_{0}, misses_{0}, merges_{0}, evictions_{0},
-        invalidations_{0}, registrations_{0}, count_{0}, bytes_{0};
+    std::atomic<std::uint64_t> hits_{0}, misses_{0}, merges_{0}, evictions_{0}, invalidations_{0},
+        registrations_{0}, uncached_{0}, count_{0}, bytes_{0};
 };
 
 } // namespace rdmax

@@ -1,0 +1,62 @@
+#pragma once
+// auto_monitor: the monitor chosen at run time from rcache_options::monitor
+// (RDMAX_RCACHE_MONITOR), for caches whose users should not have to pick one
+// at compile time.
+//
+//   kmod    the rdmax kernel module (/dev/rdmax); an error if it is missing
+//   uffd    userfaultfd (uffd_monitor.hpp); an error if unavailable
+//   manual  nothing watched: the application calls invalidate()
+//   none    nothing watched, and so nothing cached: every get() registers
+//   auto    (the default) kmod if loaded, else uffd, else none; each fallback
+//           prints one line on stderr, once per process
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include <rdmax/mem/monitor.hpp>
+#include <rdmax/mem/rcache_options.hpp>
+#include <rdmax/mem/uffd_monitor.hpp>
+
+namespace rdmax {
+
+class auto_monitor {
+public:
+    using token = uffd_monitor::token;
+
+    /// Resolves `requested`; throws rdmax::error when a monitor asked for by
+    /// name cannot be had, saying why.
+    explicit auto_monitor(monitor_kind requested = monitor_kind::automatic);
+
+    /// What was chosen (never automatic).
+    [[nodiscard]] monitor_kind kind() const noexcept { return kind_; }
+    /// False for none: the cache then registers per use.
+    [[nodiscard]] bool caching() const noexcept { return kind_ != monitor_kind::none; }
+
+    [[nodiscard]] token watch(std::uintptr_t start, std::size_t len) {
+        if (uffd_)
+            return uffd_->watch(start, len);
+        return {start, start + len};
+    }
+    void unwatch(token t) noexcept {
+        if (uffd_)
+            uffd_->unwatch(t);
+    }
+    [[nodiscard]] bool valid(token t) const noexcept { return t.end != 0; }
+    void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept {
+        if (uffd_)
+            uffd_->drain(sink, ctx);
+    }
+    [[nodiscard]] bool pending() const noexcept { return uffd_ && uffd_->pending(); }
+
+    [[nodiscard]] const uffd_monitor* uffd() const noexcept { return uffd_ ? &*uffd_ : nullptr; }
+
+private:
+    monitor_kind kind_ = monitor_kind::none;
+    std::optional<uffd_monitor> uffd_;
+};
+
+static_assert(monitor<auto_monitor>);
+static_assert(monitor<uffd_monitor>);
+
+} // namespace rdmax

@@ -1,0 +1,162 @@
+#pragma once
+// page_table<T>: which T covers the page holding an address, in at most four
+// dependent loads (the registration cache's hit path).
+//
+// A radix tree over page numbers, shaped like the x86-64 page tables: four
+// levels of 512 slots (4 KiB nodes), so 36 bits of page number, the whole
+// 48-bit user address space with 4 KiB pages. A slot holds either a child
+// node or, tagged with its low bit, a T* covering everything below that slot.
+// A range is stored as the fewest slots that tile it: a 2 MiB-aligned 256 MiB
+// range takes 128 slots one level above the leaves, a page takes one leaf
+// slot. Ranges must be page-aligned and disjoint, which is the cache's
+// invariant; nodes left empty by erase() are freed.
+//
+// Not thread-safe: the cache reads it under its shared lock and changes it
+// under the exclusive one. Addresses beyond its reach (above 2^48 with 4 KiB
+// pages) are refused by covers(); the cache then asks its tree.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace rdmax {
+
+template <class T>
+class page_table {
+    static_assert(alignof(T) >= 2, "the low bit of a T* tags a value slot");
+
+public:
+    static constexpr unsigned bits_per_level = 9;
+    static constexpr unsigned levels = 4;
+    static constexpr std::size_t fanout = std::size_t{1} << bits_per_level;
+
+    explicit page_table(unsigned page_shift) noexcept
+        : page_shift_(page_shift) {}
+    page_table(const page_table&) = delete;
+    page_table& operator=(const page_table&) = delete;
+    ~page_table() { clear(root_); }
+
+    /// Whether [start, end) lies inside the space this table can hold.
+    [[nodiscard]] bool covers(std::uintptr_t start, std::uintptr_t end) const noexcept {
+        return ((end - 1) >> page_shift_) < (std::uintptr_t{1} << (levels * bits_per_level)) &&
+               start < end;
+    }
+
+    /// The value covering the page of addr, or nullptr.
+    [[nodiscard]] T* find(std::uintptr_t addr) const noexcept {
+        const std::uintptr_t page = addr >> page_shift_;
+        const node* n = &root_;
+        for (unsigned level = 0;; ++level) {
+            const std::uintptr_t s = n->slot[index(page, level)];
+            if ((s & value_tag) != 0)
+                return reinterpret_cast<T*>(s & ~value_tag);
+            if (s == 0 || level + 1 == levels)
+                return nullptr;
+            n = reinterpret_cast<const node*>(s);
+        }
+    }
+
+    /// Maps every page of [start, end) to v; those pages must map to nothing.
+    /// On std::bad_alloc the table is left as it was.
+    void insert(std::uintptr_t start, std::uintptr_t end, T* v) {
+        const std::uintptr_t lo = start >> page_shift_, hi = end >> page_shift_;
+        try {
+            set(root_, 0, lo, hi, reinterpret_cast<std::uintptr_t>(v) | value_tag);
+        } catch (...) {
+            unset(root_, 0, lo, hi);
+            throw;
+        }
+    }
+
+    /// Unmaps every page of [start, end).
+    void erase(std::uintptr_t start, std::uintptr_t end) noexcept {
+        unset(root_, 0, start >> page_shift_, end >> page_shift_);
+    }
+
+    /// Bytes of nodes allocated (the root included).
+    [[nodiscard]] std::size_t bytes() const noexcept { return nodes_ * sizeof(node); }
+    /// bytes() of a table that maps nothing.
+    [[nodiscard]] static constexpr std::size_t bytes_empty() noexcept { return sizeof(node); }
+
+private:
+    static constexpr std::uintptr_t value_tag = 1;
+
+    struct node {
+        std::array<std::uintptr_t, fanout> slot{};
+        std::size_t used = 0; ///< non-zero slots
+    };
+
+    /// Pages one slot covers at `level` (level 0 is the root).
+    static constexpr std::uintptr_t span(unsigned level) noexcept {
+        return std::uintptr_t{1} << ((levels - 1 - level) * bits_per_level);
+    }
+    static constexpr std::size_t index(std::uintptr_t page, unsigned level) noexcept {
+        return (page >> ((levels - 1 - level) * bits_per_level)) & (fanout - 1);
+    }
+
+    /// Sets the pages [lo, hi) below n (at `level`) to the tagged value v.
+    void set(node& n, unsigned level, std::uintptr_t lo, std::uintptr_t hi, std::uintptr_t v) {
+        const std::uintptr_t sp = span(level);
+        while (lo < hi) {
+            const std::uintptr_t slot_lo = lo & ~(sp - 1);
+            const std::uintptr_t slot_hi = slot_lo + sp;
+            std::uintptr_t& s = n.slot[index(lo, level)];
+            const std::uintptr_t upto = slot_hi < hi ? slot_hi : hi;
+            if (lo == slot_lo && upto == slot_hi) {
+                if (s == 0)
+                    ++n.used;
+                s = v; // the whole slot is this one value
+            } else {
+                if (s == 0) {
+                    s = reinterpret_cast<std::uintptr_t>(new node);
+                    ++n.used;
+                    ++nodes_;
+                }
+                set(*reinterpret_cast<node*>(s), level + 1, lo, upto, v);
+            }
+            lo = upto;
+        }
+    }
+
+    void unset(node& n, unsigned level, std::uintptr_t lo, std::uintptr_t hi) noexcept {
+        const std::uintptr_t sp = span(level);
+        while (lo < hi) {
+            const std::uintptr_t slot_lo = lo & ~(sp - 1);
+            const std::uintptr_t upto = slot_lo + sp < hi ? slot_lo + sp : hi;
+            std::uintptr_t& s = n.slot[index(lo, level)];
+            if ((s & value_tag) != 0) {
+                s = 0;
+                --n.used;
+            } else if (s != 0) {
+                auto* child = reinterpret_cast<node*>(s);
+                unset(*child, level + 1, lo, upto);
+                if (child->used == 0) {
+                    delete child;
+                    --nodes_;
+                    s = 0;
+                    --n.used;
+                }
+            }
+            lo = upto;
+        }
+    }
+
+    void clear(node& n) noexcept {
+        for (std::uintptr_t& s : n.slot) {
+            if (s != 0 && (s & value_tag) == 0) {
+                auto* child = reinterpret_cast<node*>(s);
+                clear(*child);
+                delete child;
+            }
+            s = 0;
+        }
+        n.used = 0;
+    }
+
+    unsigned page_shift_;
+    std::size_t nodes_ = 1;
+    node root_;
+};
+
+} // namespace rdmax

@@ -1,0 +1,77 @@
+#pragma once
+// uffd_monitor: the registration cache's monitor built on userfaultfd; no
+// kernel module needed.
+//
+// One userfaultfd per process, shared by every uffd_monitor (a range can be
+// registered with one userfaultfd only), read by one background thread. The
+// cached ranges are registered in write-protect mode, which is never armed: so
+// no page fault ever waits on rdmax, and the kernel reports unmap events
+// (munmap, mmap MAP_FIXED over the range, brk shrink, mremap, MADV_DONTNEED
+// and MADV_REMOVE). Each monitor queues the ranges in a bounded
+// pending_invalidations; the cache drops them at its next operation.
+//
+// Limits (the kernel's): only anonymous, shmem and hugetlbfs memory can be
+// watched. Memory it cannot watch (a file mapping, say) is served uncached:
+// valid() is false on its token and the cache registers it per use. Nothing
+// is reported for page migration or swap, which pinned pages do not undergo.
+// munmap() of watched memory blocks until the reader thread has read the
+// event, so that thread never takes a lock that a thread calling munmap could
+// hold: it takes only the monitors' queue locks, which are never held around
+// anything that can unmap memory.
+//
+// After fork(), the child's copy of the shared userfaultfd still refers to
+// the parent's address space: the child never touches it (see fork_policy.hpp).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace rdmax {
+
+class uffd_monitor {
+public:
+    struct token {
+        std::uintptr_t start = 0;
+        std::uintptr_t end = 0; ///< 0: not watched (memory userfaultfd cannot watch)
+    };
+
+    /// Whether this process can use userfaultfd (kernel support, permission
+    /// for user-mode-only faults); the answer is computed once.
+    [[nodiscard]] static bool available() noexcept;
+
+    /// Subscribes to the process's userfaultfd, starting it on first use.
+    /// Throws rdmax::error naming userfaultfd and the reason when unavailable.
+    uffd_monitor();
+    uffd_monitor(uffd_monitor&&) noexcept;
+    uffd_monitor& operator=(uffd_monitor&&) noexcept;
+    ~uffd_monitor();
+
+    /// Registers the pages of [start, start + len) with the userfaultfd. A
+    /// range it cannot watch gives a token for which valid() is false.
+    [[nodiscard]] token watch(std::uintptr_t start, std::size_t len);
+    void unwatch(token t) noexcept;
+    [[nodiscard]] bool valid(token t) const noexcept { return t.end != 0; }
+    /// Reports the ranges unmapped since the last call as sink(ctx, start, end).
+    void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept;
+    /// True when an event is queued or being read (two loads, no call).
+    [[nodiscard]] bool pending() const noexcept {
+        return queued_flag_->load(std::memory_order_acquire) ||
+               reading_flag_->load(std::memory_order_acquire);
+    }
+
+    /// Events this monitor received, and merges its bounded queue was forced into.
+    [[nodiscard]] std::uint64_t events() const noexcept;
+    [[nodiscard]] std::uint64_t overflow_merges() const noexcept;
+    /// Ranges in the queue now (at most its capacity).
+    [[nodiscard]] std::size_t queued() const noexcept;
+
+    struct subscription;
+
+private:
+    std::unique_ptr<subscription> sub_;
+    const std::atomic<bool>* queued_flag_;  ///< this monitor's queue is not empty
+    const std::atomic<bool>* reading_flag_; ///< the reader thread is between poll and queue
+};
+
+} // namespace rdmax

@@ -1,0 +1,61 @@
+#include <cerrno>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/mem/auto_monitor.hpp>
+
+namespace rdmax {
+
+namespace {
+
+constexpr const char* kmod_device = "/dev/rdmax";
+
+/// One line on stderr, once per process and message.
+void notice_once(std::once_flag& once, const std::string& line) {
+    std::call_once(once, [&] { std::fprintf(stderr, "rdmax: %s\n", line.c_str()); });
+}
+
+std::once_flag no_kmod_notice, no_monitor_notice;
+
+} // namespace
+
+auto_monitor::auto_monitor(monitor_kind requested) {
+    switch (requested) {
+    case monitor_kind::manual: kind_ = monitor_kind::manual; return;
+    case monitor_kind::none: kind_ = monitor_kind::none; return;
+    case monitor_kind::uffd:
+        uffd_.emplace(); // throws, saying why, if userfaultfd is unavailable
+        kind_ = monitor_kind::uffd;
+        return;
+    case monitor_kind::kmod:
+        if (::access(kmod_device, R_OK) != 0)
+            throw_error("registration cache monitor", ENODEV,
+                        fmt::format("RDMAX_RCACHE_MONITOR=kmod, but {} is missing (load "
+                                    "kmod/rdmax.ko)",
+                                    kmod_device));
+        throw_error("registration cache monitor", ENOTSUP,
+                    "the kernel module's monitor is not in this version of rdmax; use uffd");
+    case monitor_kind::automatic: break;
+    }
+    if (uffd_monitor::available()) {
+        notice_once(no_kmod_notice,
+                    fmt::format("{} {}: the registration cache watches memory with userfaultfd",
+                                kmod_device,
+                                ::access(kmod_device, R_OK) == 0 ? "is not used by this build"
+                                                                 : "is not loaded"));
+        uffd_.emplace();
+        kind_ = monitor_kind::uffd;
+        return;
+    }
+    notice_once(no_monitor_notice,
+                "no memory monitor (neither /dev/rdmax nor userfaultfd): registrations are not "
+                "cached; RDMAX_RCACHE_MONITOR=manual caches them if you call invalidate()");
+    kind_ = monitor_kind::none;
+}
+
+} // namespace rdmax

@@ -1,0 +1,367 @@
+// The process's userfaultfd, its reader thread, and the uffd_monitor
+// subscriptions it feeds. See uffd_monitor.hpp for the contract.
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <map>
+#include <mutex>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <thread>
+#include <unistd.h>
+#include <utility>
+
+#include <boost/intrusive/list.hpp>
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/mem/fork_policy.hpp>
+#include <rdmax/mem/pending_invalidations.hpp>
+#include <rdmax/mem/uffd_monitor.hpp>
+
+namespace rdmax {
+
+namespace {
+class uffd_service;
+} // namespace
+
+struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
+    uffd_service* service = nullptr;
+    std::uint32_t fork_generation = rdmax::fork_generation();
+    std::mutex mutex; ///< never held around anything that can unmap memory
+    pending_invalidations<64> queue;
+    std::atomic<bool> nonempty{false};
+    std::atomic<std::uint64_t> events{0};
+
+    /// False in a forked child: the service is the parent's.
+    [[nodiscard]] bool ours() const noexcept { return fork_generation == rdmax::fork_generation(); }
+};
+
+namespace {
+
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+
+constexpr std::uint64_t wanted_events =
+    UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_REMAP;
+
+int open_uffd(std::string& why) noexcept {
+    // User-mode-only faults need no privilege (vm.unprivileged_userfaultfd=0
+    // is the default); kernels before 5.11 know only the plain form.
+    int fd =
+        static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
+    if (fd < 0 && errno == EINVAL)
+        fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+    if (fd < 0) {
+        why = fmt::format("userfaultfd: {}", std::strerror(errno));
+        return -1;
+    }
+    uffdio_api api{};
+    api.api = UFFD_API;
+    api.features = wanted_events;
+    if (ioctl(fd, UFFDIO_API, &api) != 0 || (api.features & wanted_events) != wanted_events) {
+        why = fmt::format("UFFDIO_API: the kernel lacks unmap/remove/remap events ({})",
+                          std::strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/// The one userfaultfd of a process. Never destroyed: its reader thread may
+/// be needed until the very end (a munmap in a static destructor waits for it).
+class uffd_service {
+public:
+    /// The service of this process, created on first use; nullptr (and why)
+    /// when userfaultfd is unavailable. A forked child gets a service of its own.
+    static uffd_service* get(std::string& why) {
+        static std::mutex m;
+        static uffd_service* s = nullptr;
+        std::lock_guard lock(m);
+        if (s != nullptr && s->fork_generation_ != fork_generation())
+            s = nullptr; // the parent's: its fd refers to the parent's memory, leave it be
+        if (s == nullptr) {
+            auto* fresh = new uffd_service;
+            if (!fresh->start(why)) {
+                delete fresh;
+                return nullptr;
+            }
+            s = fresh;
+        }
+        return s;
+    }
+
+    const std::atomic<bool>& reading() const noexcept { return reading_; }
+
+    void subscribe(uffd_monitor::subscription& sub) {
+        std::lock_guard lock(subs_mutex_);
+        subs_.push_back(sub);
+    }
+    void unsubscribe(uffd_monitor::subscription& sub) noexcept {
+        std::lock_guard lock(subs_mutex_);
+        subs_.erase(subs_.iterator_to(sub));
+    }
+
+    /// Registers [start, end) and counts it watched once more. Registering
+    /// again a range already registered is harmless, and catches a new
+    /// mapping placed where an old watched one was.
+    bool watch(std::uintptr_t start, std::uintptr_t end) {
+        uffdio_register reg{};
+        reg.range.start = start;
+        reg.range.len = end - start;
+        reg.mode = UFFDIO_REGISTER_MODE_WP; // never armed: no fault waits on us
+        if (ioctl(fd_, UFFDIO_REGISTER, &reg) != 0)
+            return false; // EINVAL: not anonymous/shmem/hugetlbfs; ENOMEM: a hole
+        std::lock_guard lock(pieces_mutex_);
+        add(start, end, +1);
+        return true;
+    }
+
+    /// Counts [start, end) watched once less; unregisters the pages that no
+    /// one watches any more.
+    void unwatch(std::uintptr_t start, std::uintptr_t end) noexcept {
+        std::lock_guard lock(pieces_mutex_);
+        add(start, end, -1);
+    }
+
+    /// Waits, bounded, until the reader thread is not between reading an event
+    /// and queueing it.
+    void settle() const noexcept {
+        while (reading_.load(std::memory_order_acquire))
+            std::this_thread::yield();
+    }
+
+private:
+    struct piece {
+        std::uintptr_t end;
+        long count;
+    };
+
+    bool start(std::string& why) {
+        fd_ = open_uffd(why);
+        if (fd_ < 0)
+            return false;
+        stop_fd_ = eventfd(0, EFD_CLOEXEC);
+        // Signals go to the application's threads, never to the reader.
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        const int rc = pthread_create(&thread_, nullptr, &uffd_service::run, this);
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        if (stop_fd_ < 0 || rc != 0) {
+            why = fmt::format("userfaultfd reader thread: {}", std::strerror(rc != 0 ? rc : errno));
+            close(fd_);
+            return false;
+        }
+        pthread_detach(thread_);
+        return true;
+    }
+
+    static void* run(void* self) {
+        static_cast<uffd_service*>(self)->loop();
+        return nullptr;
+    }
+
+    void loop() noexcept {
+        pollfd fds[2] = {{fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+        for (;;) {
+            if (poll(fds, 2, -1) < 0) {
+                if (errno == EINTR)
+                    continue;
+                return;
+            }
+            if ((fds[1].revents & POLLIN) != 0)
+                return;
+            // Set before read(): the munmap that produced the event returns
+            // once read() took it, and from then on pending() must say so
+            // until the range is in every queue.
+            reading_.store(true, std::memory_order_seq_cst);
+            uffd_msg msgs[32];
+            for (;;) {
+                const ssize_t n = read(fd_, msgs, sizeof msgs);
+                if (n <= 0)
+                    break;
+                for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(uffd_msg); ++i)
+                    deliver(msgs[i]);
+            }
+            reading_.store(false, std::memory_order_release);
+        }
+    }
+
+    void deliver(const uffd_msg& m) noexcept {
+        std::uintptr_t start = 0, end = 0;
+        switch (m.event) {
+        case UFFD_EVENT_UNMAP:
+        case UFFD_EVENT_REMOVE:
+            start = m.arg.remove.start;
+            end = m.arg.remove.end;
+            break;
+        case UFFD_EVENT_REMAP:
+            start = m.arg.remap.from;
+            end = m.arg.remap.from + m.arg.remap.len;
+            break;
+        default: return; // no faults: write protection is never armed
+        }
+        std::lock_guard lock(subs_mutex_);
+        for (auto& sub : subs_) {
+            std::lock_guard q(sub.mutex);
+            sub.queue.add(start, end);
+            sub.events.fetch_add(1, std::memory_order_relaxed);
+            sub.nonempty.store(true, std::memory_order_release);
+        }
+    }
+
+    /// Adds `delta` to the watch count of every page of [start, end), keeping
+    /// the pieces disjoint; pieces whose count drops to zero are unregistered.
+    void add(std::uintptr_t start, std::uintptr_t end, long delta) noexcept {
+        split_at(start);
+        split_at(end);
+        std::uintptr_t at = start;
+        auto it = pieces_.lower_bound(start);
+        while (at < end) {
+            if (it == pieces_.end() || it->first > at) { // a gap
+                const std::uintptr_t gap_end =
+                    it == pieces_.end() || it->first > end ? end : it->first;
+                if (delta > 0)
+                    pieces_.emplace_hint(it, at, piece{gap_end, delta});
+                at = gap_end;
+                continue;
+            }
+            it->second.count += delta;
+            at = it->second.end;
+            if (it->second.count <= 0) {
+                uffdio_range r{it->first, it->second.end - it->first};
+                ioctl(fd_, UFFDIO_UNREGISTER, &r); // unmapped already: nothing to undo
+                it = pieces_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+
+    void split_at(std::uintptr_t at) {
+        auto it = pieces_.upper_bound(at);
+        if (it == pieces_.begin())
+            return;
+        --it;
+        if (it->first < at && at < it->second.end) {
+            pieces_.emplace(at, piece{it->second.end, it->second.count});
+            it->second.end = at;
+        }
+    }
+
+    int fd_ = -1;
+    int stop_fd_ = -1;
+    pthread_t thread_{};
+    std::uint32_t fork_generation_ = fork_generation();
+    std::atomic<bool> reading_{false};
+    std::mutex subs_mutex_;
+    boost::intrusive::list<uffd_monitor::subscription> subs_;
+    std::mutex pieces_mutex_;
+    std::map<std::uintptr_t, piece> pieces_;
+};
+
+std::atomic<bool> never{false};
+
+} // namespace
+
+bool uffd_monitor::available() noexcept {
+    static const bool yes = [] {
+        try {
+            std::string why;
+            return uffd_service::get(why) != nullptr;
+        } catch (...) {
+            return false;
+        }
+    }();
+    return yes;
+}
+
+uffd_monitor::uffd_monitor()
+    : sub_(std::make_unique<subscription>()) {
+    std::string why;
+    sub_->service = uffd_service::get(why);
+    if (sub_->service == nullptr)
+        throw_error("uffd_monitor", ENOTSUP, why);
+    sub_->service->subscribe(*sub_);
+    queued_flag_ = &sub_->nonempty;
+    reading_flag_ = &sub_->service->reading();
+}
+
+uffd_monitor::uffd_monitor(uffd_monitor&& o) noexcept
+    : sub_(std::move(o.sub_))
+    , queued_flag_(std::exchange(o.queued_flag_, &never))
+    , reading_flag_(std::exchange(o.reading_flag_, &never)) {}
+
+uffd_monitor& uffd_monitor::operator=(uffd_monitor&& o) noexcept {
+    if (this != &o) {
+        std::swap(sub_, o.sub_);
+        std::swap(queued_flag_, o.queued_flag_);
+        std::swap(reading_flag_, o.reading_flag_);
+    }
+    return *this;
+}
+
+uffd_monitor::~uffd_monitor() {
+    if (!sub_)
+        return;
+    if (sub_->ours())
+        sub_->service->unsubscribe(*sub_);
+    else
+        static_cast<void>(sub_.release()); // in the parent's list, which a child leaves alone
+}
+
+uffd_monitor::token uffd_monitor::watch(std::uintptr_t start, std::size_t len) {
+    if (!sub_->ours())
+        throw_error("uffd_monitor::watch", EPERM, "the monitor belongs to the parent process");
+    const std::uintptr_t end = start + len;
+    if (len == 0 || end < start || !sub_->service->watch(start, end))
+        return {};
+    return {start, end};
+}
+
+void uffd_monitor::unwatch(token t) noexcept {
+    if (t.end != 0 && sub_ && sub_->ours())
+        sub_->service->unwatch(t.start, t.end);
+}
+
+void uffd_monitor::drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept {
+    if (!sub_ || !sub_->ours())
+        return;
+    sub_->service->settle();
+    pending_invalidations<64> taken;
+    {
+        std::lock_guard lock(sub_->mutex);
+        taken = sub_->queue;
+        sub_->queue.clear();
+        sub_->nonempty.store(false, std::memory_order_release);
+    }
+    for (std::size_t i = 0; i < taken.size(); ++i)
+        sink(ctx, taken[i].start, taken[i].end);
+}
+
+std::uint64_t uffd_monitor::events() const noexcept {
+    return sub_ ? sub_->events.load(std::memory_order_relaxed) : 0;
+}
+
+std::uint64_t uffd_monitor::overflow_merges() const noexcept {
+    if (!sub_)
+        return 0;
+    std::lock_guard lock(sub_->mutex);
+    return sub_->queue.overflow_merges();
+}
+
+std::size_t uffd_monitor::queued() const noexcept {
+    if (!sub_)
+        return 0;
+    std::lock_guard lock(sub_->mutex);
+    return sub_->queue.size();
+}
+
+} // namespace rdmax

@@ -152,11 +152,12 @@ cache_options parse_options(int argc, char** argv) {
             case 'd': o.device = optarg; break;
             case 's': o.max_size = parse_size(optarg, "-s"); break;
             case 'n':
-                o.iterations = detail::parse_number<std::uint32_t>(optarg, "-n", fewest_iterations,
-                                                                   1'000'000'000);
+                o.iterations = bench::detail::parse_number<std::uint32_t>(
+                    optarg, "-n", fewest_iterations, 1'000'000'000);
                 break;
             case opt_batches:
-                o.batches = detail::parse_number<std::uint32_t>(optarg, "--batches", 1, 1000);
+                o.batches =
+                    bench::detail::parse_number<std::uint32_t>(optarg, "--batches", 1, 1000);
                 break;
             case opt_json: o.json_path = optarg; break;
             case 'h': print_usage(); std::exit(0);

@@ -11,14 +11,20 @@
 // slot. Ranges must be page-aligned and disjoint, which is the cache's
 // invariant; nodes left empty by erase() are freed.
 //
-// Not thread-safe: the cache reads it under its shared lock and changes it
-// under the exclusive one. Addresses beyond its reach (above 2^48 with 4 KiB
-// pages) are refused by covers(); the cache then asks its tree.
+// Threads: one writer at a time (the cache's lock), and readers without any
+// lock. Slots are atomics, and a node is never given back to the heap while
+// the table lives (emptied nodes wait on a free list for reuse), so a reader
+// racing with a writer follows only pointers to live nodes and values: it may
+// see a value that is on its way out or in, which the cache checks after
+// taking a reference. Addresses beyond the table's reach (above 2^48 with
+// 4 KiB pages) are refused by covers(); the cache then asks its tree.
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 namespace rdmax {
 
@@ -35,7 +41,10 @@ public:
         : page_shift_(page_shift) {}
     page_table(const page_table&) = delete;
     page_table& operator=(const page_table&) = delete;
-    ~page_table() { clear(root_); }
+    ~page_table() {
+        clear(root_);
+        clear_free();
+    }
 
     /// Whether [start, end) lies inside the space this table can hold.
     [[nodiscard]] bool covers(std::uintptr_t start, std::uintptr_t end) const noexcept {
@@ -43,12 +52,12 @@ public:
                start < end;
     }
 
-    /// The value covering the page of addr, or nullptr.
+    /// The value covering the page of addr, or nullptr. Safe beside a writer.
     [[nodiscard]] T* find(std::uintptr_t addr) const noexcept {
         const std::uintptr_t page = addr >> page_shift_;
         const node* n = &root_;
         for (unsigned level = 0;; ++level) {
-            const std::uintptr_t s = n->slot[index(page, level)];
+            const std::uintptr_t s = n->slot[index(page, level)].load(std::memory_order_acquire);
             if ((s & value_tag) != 0)
                 return reinterpret_cast<T*>(s & ~value_tag);
             if (s == 0 || level + 1 == levels)
@@ -74,18 +83,29 @@ public:
         unset(root_, 0, start >> page_shift_, end >> page_shift_);
     }
 
-    /// Bytes of nodes allocated (the root included).
+    /// Bytes of nodes allocated (the root and the free list included).
     [[nodiscard]] std::size_t bytes() const noexcept { return nodes_ * sizeof(node); }
-    /// bytes() of a table that maps nothing.
-    [[nodiscard]] static constexpr std::size_t bytes_empty() noexcept { return sizeof(node); }
 
 private:
     static constexpr std::uintptr_t value_tag = 1;
 
     struct node {
-        std::array<std::uintptr_t, fanout> slot{};
-        std::size_t used = 0; ///< non-zero slots
+        std::array<std::atomic<std::uintptr_t>, fanout> slot{};
+        std::size_t used = 0; ///< non-zero slots (the writer's only)
+        node* next_free = nullptr;
     };
+
+    node* make_node() {
+        if (free_ == nullptr) {
+            ++nodes_;
+            return new node;
+        }
+        node* n = std::exchange(free_, free_->next_free);
+        for (auto& s : n->slot) // readers may still look in: atomically
+            s.store(0, std::memory_order_relaxed);
+        n->used = 0;
+        return n;
+    }
 
     /// Pages one slot covers at `level` (level 0 is the root).
     static constexpr std::uintptr_t span(unsigned level) noexcept {
@@ -101,19 +121,29 @@ private:
         while (lo < hi) {
             const std::uintptr_t slot_lo = lo & ~(sp - 1);
             const std::uintptr_t slot_hi = slot_lo + sp;
-            std::uintptr_t& s = n.slot[index(lo, level)];
+            auto& s = n.slot[index(lo, level)];
             const std::uintptr_t upto = slot_hi < hi ? slot_hi : hi;
+            std::uintptr_t cur = s.load(std::memory_order_relaxed);
             if (lo == slot_lo && upto == slot_hi) {
-                if (s == 0)
+                if (cur == 0)
                     ++n.used;
-                s = v; // the whole slot is this one value
+                s.store(v, std::memory_order_release); // the whole slot is this one value
             } else {
-                if (s == 0) {
-                    s = reinterpret_cast<std::uintptr_t>(new node);
+                if (cur == 0) {
+                    // Filled below before it is published here.
+                    node* child = make_node();
+                    try {
+                        set(*child, level + 1, lo, upto, v);
+                    } catch (...) {
+                        unset(*child, level + 1, lo, upto);
+                        recycle(child);
+                        throw;
+                    }
+                    s.store(reinterpret_cast<std::uintptr_t>(child), std::memory_order_release);
                     ++n.used;
-                    ++nodes_;
+                } else {
+                    set(*reinterpret_cast<node*>(cur), level + 1, lo, upto, v);
                 }
-                set(*reinterpret_cast<node*>(s), level + 1, lo, upto, v);
             }
             lo = upto;
         }
@@ -124,38 +154,52 @@ private:
         while (lo < hi) {
             const std::uintptr_t slot_lo = lo & ~(sp - 1);
             const std::uintptr_t upto = slot_lo + sp < hi ? slot_lo + sp : hi;
-            std::uintptr_t& s = n.slot[index(lo, level)];
-            if ((s & value_tag) != 0) {
-                s = 0;
+            auto& s = n.slot[index(lo, level)];
+            const std::uintptr_t cur = s.load(std::memory_order_relaxed);
+            if ((cur & value_tag) != 0) {
+                s.store(0, std::memory_order_release);
                 --n.used;
-            } else if (s != 0) {
-                auto* child = reinterpret_cast<node*>(s);
+            } else if (cur != 0) {
+                auto* child = reinterpret_cast<node*>(cur);
                 unset(*child, level + 1, lo, upto);
                 if (child->used == 0) {
-                    delete child;
-                    --nodes_;
-                    s = 0;
+                    s.store(0, std::memory_order_release);
                     --n.used;
+                    recycle(child);
                 }
             }
             lo = upto;
         }
     }
 
+    /// An emptied node waits for reuse: a reader may still be inside it.
+    void recycle(node* n) noexcept {
+        n->next_free = free_;
+        free_ = n;
+    }
+
+    /// At destruction, when no reader is left.
     void clear(node& n) noexcept {
-        for (std::uintptr_t& s : n.slot) {
+        for (auto& slot : n.slot) {
+            const std::uintptr_t s = slot.load(std::memory_order_relaxed);
             if (s != 0 && (s & value_tag) == 0) {
                 auto* child = reinterpret_cast<node*>(s);
                 clear(*child);
                 delete child;
             }
-            s = 0;
+            slot.store(0, std::memory_order_relaxed);
         }
         n.used = 0;
     }
 
+    void clear_free() noexcept {
+        while (free_ != nullptr)
+            delete std::exchange(free_, free_->next_free);
+    }
+
     unsigned page_shift_;
     std::size_t nodes_ = 1;
+    node* free_ = nullptr;
     node root_;
 };
 

@@ -16,14 +16,20 @@
 //
 // Lifetimes. A handle holds a reference. An entry that leaves the tree while
 // held (invalidated, merged away) is "dead": the last handle's release
-// deregisters it; an idle one is deregistered at once. Reference count and
-// dead bit share one atomic word, so exactly one of the two frees it.
+// deregisters it; an idle one is deregistered at once. Reference count, dead
+// bit and a hit counter share one atomic word, so exactly one of the two
+// frees it, and a hit is one compare-and-swap.
 //
-// Threads. Hits take the lock shared and touch only atomics in the entry;
-// misses, invalidation and eviction take it exclusively. Eviction is CLOCK
-// (second chance, the usual approximation of least-recently-used): a hit sets
-// the entry's referenced bit instead of moving it in a list, so that hits
-// never need the lock exclusively.
+// Threads. A hit takes no lock: it finds the entry in the page table, takes a
+// reference with a compare-and-swap that fails on a dead entry, then checks
+// that the entry it now holds covers the request. That is safe because
+// entries and page-table nodes are type-stable: a freed entry waits on a free
+// list for reuse and is deleted only with the cache, so a hit racing with a
+// removal touches live memory, and at worst takes a reference on the entry's
+// next incarnation, which the check then catches. Misses, invalidation and
+// eviction take one mutex. Eviction is CLOCK (second chance, the usual
+// approximation of least-recently-used): a hit sets the entry's referenced
+// bit instead of moving it in a list.
 //
 // Monitors report unmapped ranges through drain(), which the cache calls at
 // its next operation: nothing is deregistered inside a monitor's callback.
@@ -39,7 +45,6 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <unistd.h>
 #include <utility>
 
@@ -151,6 +156,11 @@ public:
         std::unique_lock lock(mutex_);
         while (!ring_.empty())
             remove_locked(ring_.front());
+        while (!free_.empty()) {
+            entry& e = free_.front();
+            free_.pop_front();
+            delete &e;
+        }
     }
 
     /// A registration containing [addr, addr + len) with at least rights A.
@@ -170,15 +180,17 @@ public:
                         "in the parent's device context; open a context and a cache in the child");
         if (mon_.pending())
             drain_monitor();
-        if (opt_.enable) {
-            std::shared_lock lock(mutex_);
-            if (entry* e = lookup(start, end); e != nullptr && usable(*e, A)) {
-                // Under the shared lock no one can remove e: taking a
-                // reference here is safe.
-                e->state.fetch_add(1, std::memory_order_relaxed);
-                touch(*e);
-                hits_.fetch_add(1, std::memory_order_relaxed);
-                return handle(this, e);
+        if (opt_.enable) [[likely]] {
+            if (pages_.covers(start, end)) [[likely]] {
+                if (entry* e = try_hit(start, end, A))
+                    return handle(this, e);
+            } else { // beyond the page table's reach: the tree, under the lock
+                std::unique_lock lock(mutex_);
+                if (entry* e = find_containing(start, end); e != nullptr && usable(*e, A)) {
+                    e->state.fetch_add(one_ref | one_hit, std::memory_order_relaxed);
+                    touch(*e);
+                    return handle(this, e);
+                }
             }
         }
         return miss(start, end, A);
@@ -198,14 +210,20 @@ public:
         mon_.drain(&on_invalidated, this);
         for (auto it = ring_.begin(); it != ring_.end();) {
             entry& e = *it++;
-            if (e.state.load(std::memory_order_relaxed) == 0)
+            if (refs(e.state.load(std::memory_order_relaxed)) == 0)
                 remove_locked(e);
         }
     }
 
     [[nodiscard]] rcache_counters counters() const noexcept {
         rcache_counters c;
-        c.hits = hits_.load(std::memory_order_relaxed);
+        {
+            // Hits live in the entries until they leave; sum them up.
+            std::unique_lock lock(mutex_);
+            c.hits = hits_.load(std::memory_order_relaxed);
+            for (const entry& e : ring_)
+                c.hits += e.state.load(std::memory_order_relaxed) >> hit_shift;
+        }
         c.misses = misses_.load(std::memory_order_relaxed);
         c.lookups = c.hits + c.misses; // one atomic less on the hit path
         c.merges = merges_.load(std::memory_order_relaxed);
@@ -229,8 +247,18 @@ private:
     using ring_hook = boost::intrusive::list_base_hook<>;
     using tree_hook = boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>>;
 
-    /// Reference count in the low bits; set once the entry left the tree.
-    static constexpr std::uint32_t dead = 1u << 31;
+    // The state word: reference count in bits 0-30, the dead bit (set once
+    // the entry left the tree, or never entered it), hits in bits 32-63.
+    static constexpr std::uint64_t one_ref = 1;
+    static constexpr std::uint64_t dead = std::uint64_t{1} << 31;
+    static constexpr unsigned hit_shift = 32;
+    static constexpr std::uint64_t one_hit = std::uint64_t{1} << hit_shift;
+    static constexpr std::uint64_t low_mask = one_hit - 1;
+    /// Hits an entry holds before they move to the cache's counter.
+    static constexpr std::uint64_t hits_harvest = std::uint64_t{1} << 31;
+    [[nodiscard]] static constexpr std::uint64_t refs(std::uint64_t state) noexcept {
+        return state & (dead - 1);
+    }
 
     struct entry : tree_hook, ring_hook {
         std::uintptr_t start = 0;
@@ -239,7 +267,7 @@ private:
         [[no_unique_address]] typename Monitor::token watch{};
         mr_keys keys;
         access rights = access::local_read;
-        std::atomic<std::uint32_t> state{0};
+        std::atomic<std::uint64_t> state{dead};
         std::atomic<bool> referenced{false};
     };
     static_assert(sizeof(entry) <= 192, "at most 192 bytes of metadata per registration");
@@ -257,8 +285,39 @@ private:
         return has(e.rights, want) && mon_.valid(e.watch);
     }
 
-    /// The entry whose range contains [start, end), if any: from the page
-    /// table, or the tree for addresses beyond the table's reach.
+    /// The hit path, without a lock: a referenced live entry that covers
+    /// [start, end) with rights `want`, or nullptr.
+    [[nodiscard]] entry* try_hit(std::uintptr_t start, std::uintptr_t end, access want) noexcept {
+        entry* e = pages_.find(start);
+        if (e == nullptr)
+            return nullptr;
+        std::uint64_t s = e->state.load(std::memory_order_acquire);
+        do {
+            if ((s & dead) != 0)
+                return nullptr; // leaving, or on the free list
+        } while (!e->state.compare_exchange_weak(
+            s, s + one_ref + one_hit, std::memory_order_acquire, std::memory_order_acquire));
+        // Held and live: its fields cannot change now. Is it still the one
+        // the page table pointed at when we looked?
+        if (e->start <= start && e->end >= end && usable(*e, want)) [[likely]] {
+            touch(*e);
+            if (((s >> hit_shift) + 1) >= hits_harvest) [[unlikely]]
+                harvest_hits(*e);
+            return e;
+        }
+        e->state.fetch_sub(one_hit, std::memory_order_relaxed); // not a hit after all
+        release(e);
+        return nullptr;
+    }
+
+    /// Moves an entry's hit count to the cache's counter before it overflows.
+    void harvest_hits(entry& e) noexcept {
+        const std::uint64_t h = e.state.load(std::memory_order_relaxed) >> hit_shift;
+        e.state.fetch_sub(h << hit_shift, std::memory_order_relaxed);
+        hits_.fetch_add(h, std::memory_order_relaxed);
+    }
+
+    /// The entry whose range contains [start, end), if any (the writer's view).
     [[nodiscard]] entry* lookup(std::uintptr_t start, std::uintptr_t end) noexcept {
         if (!pages_.covers(start, end))
             return find_containing(start, end);
@@ -296,11 +355,13 @@ private:
     handle miss(std::uintptr_t start, std::uintptr_t end, access want) {
         std::unique_lock lock(mutex_);
         misses_.fetch_add(1, std::memory_order_relaxed);
+        if (mon_.pending())
+            mon_.drain(&on_invalidated, this);
         if (!opt_.enable)
             return uncached(start, end, want);
         // Another thread may have registered it while we waited for the lock.
         if (entry* e = lookup(start, end); e != nullptr && usable(*e, want)) {
-            e->state.fetch_add(1, std::memory_order_relaxed);
+            e->state.fetch_add(one_ref, std::memory_order_relaxed);
             touch(*e);
             return handle(this, e);
         }
@@ -343,7 +404,7 @@ private:
                 destroy(fresh);
                 return uncached(start, end, want);
             }
-            fresh->state.store(dead | 1, std::memory_order_relaxed);
+            fresh->state.store(dead | one_ref, std::memory_order_relaxed);
             uncached_.fetch_add(1, std::memory_order_relaxed);
             return handle(this, fresh);
         }
@@ -355,15 +416,23 @@ private:
             }
             merges_.fetch_add(merged, std::memory_order_relaxed);
         }
+        fresh->state.store(one_ref, std::memory_order_release);
         if (pages_.covers(fresh->start, fresh->end)) {
             try {
                 pages_.insert(fresh->start, fresh->end, fresh);
             } catch (...) {
-                destroy(fresh);
+                // Pages inserted before the failure may have let a hit take
+                // a reference: the last reference destroys it.
+                const std::uint64_t prev = fresh->state.fetch_or(dead, std::memory_order_acq_rel);
+                if (refs(prev) == 1)
+                    destroy(fresh);
+                else
+                    fresh->state.fetch_sub(one_ref, std::memory_order_acq_rel);
                 throw;
             }
         }
-        fresh->state.store(1, std::memory_order_relaxed);
+        // Live (above): a racing hit that finds it in the page table may
+        // take a reference as soon as it is there.
         tree_.insert(*fresh);
         ring_.push_back(*fresh);
         count_.fetch_add(1, std::memory_order_relaxed);
@@ -376,7 +445,7 @@ private:
     /// release deregisters it.
     handle uncached(std::uintptr_t start, std::uintptr_t end, access want) {
         entry* e = make_entry(start, end, want);
-        e->state.store(dead | 1, std::memory_order_relaxed);
+        e->state.store(dead | one_ref, std::memory_order_relaxed);
         uncached_.fetch_add(1, std::memory_order_relaxed);
         return handle(this, e);
     }
@@ -384,7 +453,7 @@ private:
     /// Registers [start, end) and watches it; on a lack of resources, evicts
     /// every idle registration and tries once more.
     entry* make_entry(std::uintptr_t start, std::uintptr_t end, access rights) {
-        auto e = std::make_unique<entry>();
+        std::unique_ptr<entry, recycler> e(take_entry(), recycler{this});
         e->start = start;
         e->end = end;
         e->rights = rights;
@@ -433,7 +502,7 @@ private:
         for (std::size_t steps = 2 * ring_.size(); steps > 0 && evicted < most && !ring_.empty();
              --steps) {
             entry& e = ring_.front();
-            if (e.state.load(std::memory_order_acquire) == 0 &&
+            if (refs(e.state.load(std::memory_order_acquire)) == 0 &&
                 !e.referenced.exchange(false, std::memory_order_relaxed)) {
                 remove_locked(e);
                 evictions_.fetch_add(1, std::memory_order_relaxed);
@@ -464,8 +533,12 @@ private:
         ring_.erase(ring_.iterator_to(e));
         count_.fetch_sub(1, std::memory_order_relaxed);
         bytes_.fetch_sub(e.end - e.start, std::memory_order_relaxed);
-        const std::uint32_t prev = e.state.fetch_or(dead, std::memory_order_acq_rel);
-        if ((prev & ~dead) == 0)
+        const std::uint64_t prev = e.state.fetch_or(dead, std::memory_order_acq_rel);
+        if ((prev >> hit_shift) != 0) {
+            e.state.fetch_sub(prev & ~low_mask, std::memory_order_relaxed);
+            hits_.fetch_add(prev >> hit_shift, std::memory_order_relaxed);
+        }
+        if (refs(prev) == 0)
             destroy(&e);
     }
 
@@ -476,12 +549,31 @@ private:
             reg_.dereg(e->reg);
             mon_.unwatch(e->watch);
         }
-        delete e;
+        put_entry(e);
     }
 
+    /// Entries are type-stable (see Threads above): taken from the free
+    /// list, and given back to it; the state stays dead while there.
+    entry* take_entry() {
+        if (free_.empty())
+            return new entry;
+        entry& e = free_.front();
+        free_.pop_front();
+        return &e;
+    }
+    void put_entry(entry* e) noexcept {
+        e->state.store(dead, std::memory_order_relaxed);
+        e->referenced.store(false, std::memory_order_relaxed);
+        free_.push_front(*e);
+    }
+    struct recycler {
+        registration_cache* cache;
+        void operator()(entry* e) const noexcept { cache->put_entry(e); }
+    };
+
     void release(entry* e) noexcept {
-        const std::uint32_t prev = e->state.fetch_sub(1, std::memory_order_acq_rel);
-        if (prev == (dead | 1)) {
+        const std::uint64_t prev = e->state.fetch_sub(one_ref, std::memory_order_acq_rel);
+        if ((prev & low_mask) == (dead | one_ref)) {
             // The last reference to an entry that left the tree. The
             // registrar is used under the lock only.
             std::unique_lock lock(mutex_);
@@ -503,10 +595,11 @@ private:
     rcache_options opt_;
     std::uintptr_t page_;
     std::uint32_t fork_generation_ = fork_generation();
-    std::shared_mutex mutex_;
+    mutable std::mutex mutex_; ///< writers only: hits take no lock
     page_table<entry> pages_;
     tree_t tree_;
     ring_t ring_;
+    ring_t free_; ///< recycled entries (the ring hook is free while there)
     std::atomic<std::uint64_t> hits_{0}, misses_{0}, merges_{0}, evictions_{0}, invalidations_{0},
         registrations_{0}, uncached_{0}, count_{0}, bytes_{0};
 };

@@ -3,8 +3,15 @@
 
 #include <rdmax/error.hpp>
 #include <rdmax/mem/access.hpp>
+#include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/fork_policy.hpp>
 #include <rdmax/mem/memory_region.hpp>
+#include <rdmax/mem/rcache_options.hpp>
+#include <rdmax/mem/registrar.hpp>
+#include <rdmax/mem/registration_cache.hpp>
+#include <rdmax/mem/uffd_monitor.hpp>
+#include <rdmax/mem/verbs_cache.hpp>
 #include <rdmax/status.hpp>
 #include <rdmax/verbs/completion.hpp>
 #include <rdmax/verbs/completion_channel.hpp>

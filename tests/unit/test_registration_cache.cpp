@@ -357,3 +357,15 @@ TEST_CASE("threads: concurrent get and release over shared ranges, with invalida
     CHECK(c.registrar_ref().live == 0); // nothing leaked, nothing freed twice (ASan checks)
     CHECK(c.counters().hits + c.counters().misses == c.counters().lookups);
 }
+
+TEST_CASE("remote write or atomic is registered with local write, as verbs require") {
+    arena a(2);
+    cache_t c{counting_registrar{}};
+    auto h = c.get<access::remote_write>(a.at(0), page);
+    CHECK(has(h.rights(), access::local_write | access::remote_write));
+    CHECK(c.registrar_ref().regs == 1);
+    auto held = c.remote<access::remote_write>(a.at(0, 8), 100);
+    CHECK(held.buffer.addr == reinterpret_cast<std::uintptr_t>(a.at(0, 8)));
+    CHECK(held.buffer.length == 100);
+    CHECK(held.registration.rkey() == h.rkey());
+}

@@ -193,7 +193,37 @@ public:
                 }
             }
         }
-        return miss(start, end, A);
+        // Verbs refuse remote write or atomic without local write: grant it.
+        constexpr access registered_rights = valid(A) ? A : A | access::local_write;
+        return miss(start, end, registered_rights);
+    }
+
+    /// A buffer together with the cache reference that keeps its key valid:
+    /// what the data path takes when the user hands it a raw pointer range.
+    /// Keep it until the work request that uses `buffer` has completed.
+    template <class Buffer>
+    struct held {
+        handle registration;
+        Buffer buffer;
+    };
+
+    /// [addr, addr + len) as a local buffer (an SGE) with the cache's key:
+    ///     auto src = cache.local<access::local_read>(data, n);
+    ///     qp.write(src.buffer, peer, 0, wr_id); // keep src until it completes
+    /// Throws as get() does, or EINVAL above 4 GiB (one SGE's limit).
+    template <access A>
+    [[nodiscard]] held<local_buffer<A>> local(const void* addr, std::size_t len) {
+        handle h = get<A>(addr, len);
+        auto b = h.template local<A>(addr, len);
+        return {std::move(h), b};
+    }
+
+    /// [addr, addr + len) as the token a peer uses to address it.
+    template <access A>
+    [[nodiscard]] held<remote_buffer<A>> remote(const void* addr, std::size_t len) {
+        handle h = get<A>(addr, len);
+        auto b = h.template remote<A>(addr, len);
+        return {std::move(h), b};
     }
 
     /// Forgets every registration overlapping [addr, addr + len): idle ones are

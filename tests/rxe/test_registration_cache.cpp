@@ -1,0 +1,208 @@
+// The registration cache on a real device: RDMA moves the bytes the process
+// maps now, never those of memory it unmapped (the stale-data test, under every
+// monitor that applies), /proc/self/pagemap agrees, data goes out from raw
+// pointers through the cache, and fork() leaves the parent's registrations
+// moving the parent's bytes.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <rdmax/mem/verbs_cache.hpp>
+
+#include "../support/loopback.hpp"
+
+using namespace rdmax;
+using namespace rdmax::test;
+
+namespace {
+
+const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+constexpr rdmax::access rr = access::remote_read;
+constexpr rdmax::access rw = access::remote_write;
+constexpr rdmax::access lw = access::local_write;
+
+rcache_options with_monitor(monitor_kind k) {
+    rcache_options o;
+    o.monitor = k;
+    return o;
+}
+
+verbs_cache make_cache(const verbs::protection_domain& pd, monitor_kind k) {
+    return verbs_cache(verbs_registrar(pd), auto_monitor(k), with_monitor(k));
+}
+
+/// Anonymous pages at a fixed place, filled with a pattern.
+std::byte* map_at(void* where, std::size_t len, unsigned seed) {
+    void* p = mmap(where, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | (where != nullptr ? MAP_FIXED : 0), -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    auto* b = static_cast<std::byte*>(p);
+    fill_pattern(std::span(b, len), seed);
+    return b;
+}
+
+/// RDMA-reads [src, src + len) of this process, addressed through the cache,
+/// into `into`.
+template <class Cache>
+void read_through(loopback& lp, Cache& cache, const std::byte* src, std::size_t len,
+                  registered& into) {
+    auto token = cache.template remote<rr>(src, len);
+    REQUIRE(lp.a.read(into.mr.local(0, len), token.buffer, 0, 1) == status::ok);
+    REQUIRE(wait_send(lp.a).ok());
+}
+
+/// The physical frame behind each page of [p, p + len), from /proc/self/pagemap
+/// (frames read as 0 without CAP_SYS_ADMIN).
+std::vector<std::uint64_t> frames(const std::byte* p, std::size_t len) {
+    const int fd = open("/proc/self/pagemap", O_RDONLY);
+    REQUIRE(fd >= 0);
+    std::vector<std::uint64_t> out;
+    for (std::size_t off = 0; off < len; off += page) {
+        std::uint64_t entry = 0;
+        const auto at = static_cast<off_t>((reinterpret_cast<std::uintptr_t>(p) + off) / page * 8);
+        REQUIRE(pread(fd, &entry, sizeof entry, at) == static_cast<ssize_t>(sizeof entry));
+        REQUIRE((entry >> 63) == 1); // present
+        out.push_back(entry & ((std::uint64_t{1} << 55) - 1));
+    }
+    close(fd);
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("stale data: after munmap and mmap at the same address, RDMA reads the new bytes") {
+    constexpr std::size_t len = 4 * 4096;
+    loopback lp;
+    registered into(lp.pd, len);
+
+    // Every monitor that applies here: uffd by itself, manual with the
+    // application's invalidate(). (kmod: its monitor is not in this build.)
+    for (const monitor_kind k : {monitor_kind::uffd, monitor_kind::manual}) {
+        DYNAMIC_SECTION("monitor " << to_string(k)) {
+            auto cache = make_cache(lp.pd, k);
+            std::byte* buf = map_at(nullptr, len, 1);
+            read_through(lp, cache, buf, len, into);
+            CHECK(has_pattern(into.bytes, 1));
+
+            REQUIRE(munmap(buf, len) == 0);
+            if (k == monitor_kind::manual)
+                cache.invalidate(buf, len); // what the application owes this monitor
+            REQUIRE(map_at(buf, len, 2) == buf);
+            read_through(lp, cache, buf, len, into);
+            CHECK(has_pattern(into.bytes, 2));
+            CHECK(cache.counters().invalidations == 1);
+            CHECK(cache.counters().registrations == 2);
+            munmap(buf, len);
+        }
+    }
+}
+
+TEST_CASE("stale data: the test sees the bug when nothing invalidates (the control)") {
+    constexpr std::size_t len = 4096;
+    loopback lp;
+    registered into(lp.pd, len);
+    auto cache = make_cache(lp.pd, monitor_kind::manual);
+    std::byte* buf = map_at(nullptr, len, 1);
+    read_through(lp, cache, buf, len, into);
+    REQUIRE(munmap(buf, len) == 0);
+    REQUIRE(map_at(buf, len, 2) == buf);
+    read_through(lp, cache, buf, len, into); // a cached, stale registration
+    CHECK(has_pattern(into.bytes, 1));       // the old pages' bytes: what rdmax must prevent
+    CHECK_FALSE(has_pattern(into.bytes, 2));
+    munmap(buf, len);
+}
+
+TEST_CASE("pagemap: the pages behind a cached registration are the pages mapped now") {
+    constexpr std::size_t len = 4 * 4096;
+    loopback lp;
+    registered src(lp.pd, len);
+    auto cache = make_cache(lp.pd, monitor_kind::uffd);
+    std::byte* buf = map_at(nullptr, len, 1);
+    const auto before = frames(buf, len);
+
+    // RDMA writes into the cached registration land in the frames mapped now.
+    fill_pattern(src.bytes, 5);
+    {
+        auto dst = cache.remote<rw>(buf, len);
+        REQUIRE(lp.a.write(src.mr.local(), dst.buffer, 0, 1) == status::ok);
+        REQUIRE(wait_send(lp.a).ok());
+    }
+    CHECK(has_pattern(std::span(buf, len), 5));
+    CHECK(frames(buf, len) == before);
+
+    // New pages at the same address: the cache must register them anew, and
+    // the RDMA write must land in them.
+    REQUIRE(munmap(buf, len) == 0);
+    REQUIRE(map_at(buf, len, 2) == buf);
+    const auto after = frames(buf, len);
+    if (before[0] != 0) // frames are visible (root): they must differ somewhere
+        CHECK(after != before);
+    fill_pattern(src.bytes, 9);
+    {
+        auto dst = cache.remote<rw>(buf, len);
+        REQUIRE(lp.a.write(src.mr.local(), dst.buffer, 0, 2) == status::ok);
+        REQUIRE(wait_send(lp.a).ok());
+    }
+    CHECK(has_pattern(std::span(buf, len), 9));
+    CHECK(frames(buf, len) == after);
+    CHECK(cache.counters().invalidations == 1);
+    munmap(buf, len);
+}
+
+TEST_CASE("data path: write from any buffer; the cache supplies both keys") {
+    loopback lp;
+    auto cache = make_verbs_cache(lp.pd, with_monitor(monitor_kind::uffd));
+    std::vector<std::byte> out(10000), in(10000, std::byte{0});
+    fill_pattern(out, 3);
+    for (int round = 0; round < 3; ++round) {
+        auto src = cache.local<access::local_read>(out.data() + 100, 9000);
+        auto dst = cache.remote<rw>(in.data(), in.size());
+        REQUIRE(lp.a.write(src.buffer, dst.buffer, 100, 7) == status::ok);
+        REQUIRE(wait_send(lp.a).ok());
+    }
+    CHECK(has_pattern(std::span(in).subspan(100, 9000), 3 + 100));
+    CHECK(in[99] == std::byte{0});
+    const auto n = cache.counters();
+    CHECK(n.misses == 2); // the first round registered both buffers, the rest hit
+    CHECK(n.hits == 4);
+    // Bad input is refused before anything is posted.
+    CHECK_THROWS_AS(cache.local<lw>(out.data(), 0), rdmax::error);
+    auto small = cache.local<lw>(out.data(), 64);
+    CHECK_THROWS_AS(small.registration.local<lw>(out.data(), 1 << 20), rdmax::error);
+}
+
+TEST_CASE("fork: the parent's cached registration keeps moving the parent's bytes") {
+    constexpr std::size_t len = 2 * 4096;
+    loopback lp;
+    registered into(lp.pd, len);
+    auto cache = make_cache(lp.pd, monitor_kind::uffd);
+    std::byte* buf = map_at(nullptr, len, 1);
+    read_through(lp, cache, buf, len, into);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        fill_pattern(std::span(buf, len), 77); // the child's copy
+        bool refused = false;
+        try {
+            static_cast<void>(cache.get<rr>(buf, len));
+        } catch (const rdmax::error&) {
+            refused = true;
+        }
+        _exit(refused ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    fill_pattern(std::span(buf, len), 4); // the parent writes after fork
+    read_through(lp, cache, buf, len, into);
+    CHECK(has_pattern(into.bytes, 4));
+    CHECK(cache.counters().registrations == 1); // still the registration from before fork
+    munmap(buf, len);
+}

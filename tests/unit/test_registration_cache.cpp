@@ -369,3 +369,55 @@ TEST_CASE("remote write or atomic is registered with local write, as verbs requi
     CHECK(held.buffer.length == 100);
     CHECK(held.registration.rkey() == h.rkey());
 }
+
+TEST_CASE("session: repeated requests are served from its table; counters include them") {
+    arena a(8);
+    cache_t c{counting_registrar{}};
+    {
+        cache_t::session s(c);
+        for (int i = 0; i < 3000; ++i) {
+            auto h = s.get<lw>(a.at(1, 8), 100);
+            REQUIRE(h.start() == reinterpret_cast<std::uintptr_t>(a.at(1)));
+        }
+        auto held = s.local<lw>(a.at(1), page);
+        CHECK(held.buffer.length == page);
+        CHECK(c.registrar_ref().regs == 1);
+        CHECK_THROWS_AS(s.get<lw>(a.at(1), 0), rdmax::error);
+    }
+    const auto n = c.counters();
+    CHECK(n.misses == 1);
+    CHECK(n.hits == 3000);
+    CHECK(c.registrar_ref().live == 1); // the session gave its reference back: idle, cached
+    c.flush();
+    CHECK(c.registrar_ref().live == 0);
+}
+
+TEST_CASE("session: an invalidated registration is never served again, and is let go") {
+    arena a(8);
+    cache_t c{counting_registrar{}};
+    cache_t::session s(c);
+    const auto first = s.get<lw>(a.at(2), page).lkey();
+    c.invalidate(a.at(2), page);
+    CHECK(c.registrar_ref().live == 1); // the session still holds it...
+    auto h = s.get<lw>(a.at(2), page);
+    CHECK(h.lkey() != first); // ...but does not serve it
+    CHECK(c.registrar_ref().live == 1); // and let it go at this call
+    // Held through a session handle while invalidated: deregistered once both let go.
+    c.invalidate(a.at(2), page);
+    CHECK(c.registrar_ref().live == 1);
+    h.reset();
+    static_cast<void>(s.get<lw>(a.at(5), page)); // the next call sweeps
+    CHECK(c.registrar_ref().live == 1);             // only a.at(5)'s
+}
+
+TEST_CASE("session: rights it lacks, and ranges beyond its slot, go to the cache") {
+    arena a(8);
+    cache_t c{counting_registrar{}};
+    cache_t::session s(c);
+    auto h1 = s.get<lw>(a.at(0), page);
+    auto h2 = s.get<rr>(a.at(0), page); // wider rights: re-registered by the cache
+    CHECK(has(h2.rights(), lw | rr));
+    auto h3 = s.get<lw>(a.at(0), 3 * page); // larger: merged by the cache
+    CHECK(h3.end() == reinterpret_cast<std::uintptr_t>(a.at(3)));
+    CHECK(c.registrar_ref().regs == 3);
+}

@@ -249,7 +249,6 @@ private:
     queue_pair_base& qp_;
     send_slots::checkpoint start_;
     std::uint32_t count_ = 0;
-    bool posted_ = false;
 };
 
 /// What RC and UD queue pairs share: creation, receives, completions.

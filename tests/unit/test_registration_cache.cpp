@@ -400,14 +400,14 @@ TEST_CASE("session: an invalidated registration is never served again, and is le
     c.invalidate(a.at(2), page);
     CHECK(c.registrar_ref().live == 1); // the session still holds it...
     auto h = s.get<lw>(a.at(2), page);
-    CHECK(h.lkey() != first); // ...but does not serve it
+    CHECK(h.lkey() != first);           // ...but does not serve it
     CHECK(c.registrar_ref().live == 1); // and let it go at this call
     // Held through a session handle while invalidated: deregistered once both let go.
     c.invalidate(a.at(2), page);
     CHECK(c.registrar_ref().live == 1);
     h.reset();
     static_cast<void>(s.get<lw>(a.at(5), page)); // the next call sweeps
-    CHECK(c.registrar_ref().live == 1);             // only a.at(5)'s
+    CHECK(c.registrar_ref().live == 1);          // only a.at(5)'s
 }
 
 TEST_CASE("session: rights it lacks, and ranges beyond its slot, go to the cache") {

@@ -421,3 +421,14 @@ TEST_CASE("session: rights it lacks, and ranges beyond its slot, go to the cache
     CHECK(h3.end() == reinterpret_cast<std::uintptr_t>(a.at(3)));
     CHECK(c.registrar_ref().regs == 3);
 }
+
+TEST_CASE("invalidate: an empty range does nothing, a wrapping one is refused") {
+    arena a(2);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(a.at(0), page).reset();
+    c.invalidate(a.at(0, 8), 0);
+    CHECK(c.counters().invalidations == 0);
+    CHECK_THROWS_AS(c.invalidate(a.at(0), SIZE_MAX), rdmax::error);
+    c.invalidate(a.at(0, page - 1), 1); // the last byte of the page
+    CHECK(c.counters().invalidations == 1);
+}

@@ -342,8 +342,13 @@ public:
 
     /// Forgets every registration overlapping [addr, addr + len): idle ones are
     /// deregistered now, ones in use when their last handle goes.
+    /// An empty range invalidates nothing; one that wraps around is refused.
     void invalidate(const void* addr, std::size_t len) {
         const auto a = reinterpret_cast<std::uintptr_t>(addr);
+        if (a + len < a)
+            throw_error("registration_cache::invalidate", EINVAL, "the range wraps around");
+        if (len == 0)
+            return;
         std::unique_lock lock(mutex_);
         invalidate_locked(a & ~(page_ - 1), a + len);
     }

@@ -213,15 +213,11 @@ public:
         /// As registration_cache::local and remote.
         template <access A>
         [[nodiscard]] held<local_buffer<A>> local(const void* addr, std::size_t len) {
-            handle h = get<A>(addr, len);
-            auto b = h.template local<A>(addr, len);
-            return {std::move(h), b};
+            return hold_local<A>(get<A>(addr, len), addr, len);
         }
         template <access A>
         [[nodiscard]] held<remote_buffer<A>> remote(const void* addr, std::size_t len) {
-            handle h = get<A>(addr, len);
-            auto b = h.template remote<A>(addr, len);
-            return {std::move(h), b};
+            return hold_remote<A>(get<A>(addr, len), addr, len);
         }
 
     private:
@@ -327,17 +323,13 @@ public:
     /// Throws as get() does, or EINVAL above 4 GiB (one SGE's limit).
     template <access A>
     [[nodiscard]] held<local_buffer<A>> local(const void* addr, std::size_t len) {
-        handle h = get<A>(addr, len);
-        auto b = h.template local<A>(addr, len);
-        return {std::move(h), b};
+        return hold_local<A>(get<A>(addr, len), addr, len);
     }
 
     /// [addr, addr + len) as the token a peer uses to address it.
     template <access A>
     [[nodiscard]] held<remote_buffer<A>> remote(const void* addr, std::size_t len) {
-        handle h = get<A>(addr, len);
-        auto b = h.template remote<A>(addr, len);
-        return {std::move(h), b};
+        return hold_remote<A>(get<A>(addr, len), addr, len);
     }
 
     /// Forgets every registration overlapping [addr, addr + len): idle ones are
@@ -393,6 +385,18 @@ public:
     static constexpr std::size_t entry_bytes = sizeof(entry);
 
 private:
+    /// A handle and the buffer it covers, for local() and remote().
+    template <access A>
+    static held<local_buffer<A>> hold_local(handle h, const void* addr, std::size_t len) {
+        auto b = h.template local<A>(addr, len);
+        return {std::move(h), b};
+    }
+    template <access A>
+    static held<remote_buffer<A>> hold_remote(handle h, const void* addr, std::size_t len) {
+        auto b = h.template remote<A>(addr, len);
+        return {std::move(h), b};
+    }
+
     using ring_hook = boost::intrusive::list_base_hook<>;
     using tree_hook = boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>>;
 

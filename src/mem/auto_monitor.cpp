@@ -33,21 +33,27 @@ auto_monitor::auto_monitor(monitor_kind requested) {
         kind_ = monitor_kind::uffd;
         return;
     case monitor_kind::kmod:
-        if (::access(kmod_device, R_OK) != 0)
+        if (::access(kmod_device, F_OK) != 0)
             throw_error("registration cache monitor", ENODEV,
                         fmt::format("RDMAX_RCACHE_MONITOR=kmod, but {} is missing (load "
                                     "kmod/rdmax.ko)",
                                     kmod_device));
-        throw_error("registration cache monitor", ENOTSUP,
-                    "the kernel module's monitor is not in this version of rdmax; use uffd");
+        kmod_.emplace(); // throws, saying why, if the module cannot be used
+        kind_ = monitor_kind::kmod;
+        return;
     case monitor_kind::automatic: break;
     }
+    if (kmod_monitor::available()) {
+        kmod_.emplace();
+        kind_ = monitor_kind::kmod;
+        return;
+    }
     if (uffd_monitor::available()) {
-        notice_once(no_kmod_notice,
-                    fmt::format("{} {}: the registration cache watches memory with userfaultfd",
-                                kmod_device,
-                                ::access(kmod_device, R_OK) == 0 ? "is not used by this build"
-                                                                 : "is not loaded"));
+        notice_once(
+            no_kmod_notice,
+            fmt::format("{} {}: the registration cache watches memory with userfaultfd",
+                        kmod_device,
+                        ::access(kmod_device, F_OK) == 0 ? "cannot be used" : "is not loaded"));
         uffd_.emplace();
         kind_ = monitor_kind::uffd;
         return;

@@ -3,7 +3,7 @@
 // (RDMAX_RCACHE_MONITOR), for caches whose users should not have to pick one
 // at compile time.
 //
-//   kmod    the rdmax kernel module (/dev/rdmax); an error if it is missing
+//   kmod    the rdmax kernel module (kmod_monitor.hpp); an error if it is missing
 //   uffd    userfaultfd (uffd_monitor.hpp); an error if unavailable
 //   manual  nothing watched: the application calls invalidate()
 //   none    nothing watched, and so nothing cached: every get() registers
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 
+#include <rdmax/mem/kmod_monitor.hpp>
 #include <rdmax/mem/monitor.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
@@ -22,7 +23,12 @@ namespace rdmax {
 
 class auto_monitor {
 public:
-    using token = uffd_monitor::token;
+    /// Which part is used depends on the kind: kmod's {slot, generation},
+    /// or the range for uffd and manual (end 0: not watched).
+    struct token {
+        uffd_monitor::token range;
+        kmod_monitor::token kmod;
+    };
 
     /// Resolves `requested`; throws rdmax::error when a monitor asked for by
     /// name cannot be had, saying why.
@@ -34,29 +40,42 @@ public:
     [[nodiscard]] bool caching() const noexcept { return kind_ != monitor_kind::none; }
 
     [[nodiscard]] token watch(std::uintptr_t start, std::size_t len) {
+        if (kmod_)
+            return {{}, kmod_->watch(start, len)};
         if (uffd_)
-            return uffd_->watch(start, len);
-        return {start, start + len};
+            return {uffd_->watch(start, len), {}};
+        return {{start, start + len}, {}};
     }
     void unwatch(token t) noexcept {
-        if (uffd_)
-            uffd_->unwatch(t);
+        if (kmod_)
+            kmod_->unwatch(t.kmod);
+        else if (uffd_)
+            uffd_->unwatch(t.range);
     }
-    [[nodiscard]] bool valid(token t) const noexcept { return t.end != 0; }
+    [[nodiscard]] bool valid(token t) const noexcept {
+        return kind_ == monitor_kind::kmod ? kmod_->valid(t.kmod) : t.range.end != 0;
+    }
     void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept {
-        if (uffd_)
+        if (kmod_)
+            kmod_->drain(sink, ctx);
+        else if (uffd_)
             uffd_->drain(sink, ctx);
     }
-    [[nodiscard]] bool pending() const noexcept { return uffd_ && uffd_->pending(); }
+    [[nodiscard]] bool pending() const noexcept {
+        return kind_ == monitor_kind::kmod ? kmod_->pending() : uffd_ && uffd_->pending();
+    }
 
     [[nodiscard]] const uffd_monitor* uffd() const noexcept { return uffd_ ? &*uffd_ : nullptr; }
+    [[nodiscard]] const kmod_monitor* kmod() const noexcept { return kmod_ ? &*kmod_ : nullptr; }
 
 private:
     monitor_kind kind_ = monitor_kind::none;
     std::optional<uffd_monitor> uffd_;
+    std::optional<kmod_monitor> kmod_;
 };
 
 static_assert(monitor<auto_monitor>);
 static_assert(monitor<uffd_monitor>);
+static_assert(monitor<kmod_monitor>);
 
 } // namespace rdmax

@@ -1,0 +1,70 @@
+#pragma once
+// kmod_monitor: the registration cache's monitor built on the rdmax kernel
+// module (/dev/rdmax, kmod/).
+//
+// The module watches each cached range with an MMU notifier and, before an
+// unmap or a page replacement returns, makes the range's generation odd in a
+// status area that this process maps read-only. So valid() is one acquire
+// load and a compare, no system call, and it already knows when munmap()
+// returns; drain() reads the module's events (at most one per range) so that
+// the cache can deregister what went away. Unlike userfaultfd, it watches any
+// memory (file mappings too), and munmap never waits for a thread of ours.
+//
+// In a forked child the file is the parent's (the module answers EBADF):
+// nothing is asked of it there.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rdmax {
+
+class kmod_monitor {
+public:
+    struct token {
+        std::uint32_t slot = 0;
+        std::uint64_t generation = 0; ///< 0: not watched
+    };
+
+    /// Whether /dev/rdmax opens and speaks this ABI (computed once).
+    [[nodiscard]] static bool available() noexcept;
+
+    /// Opens /dev/rdmax and maps its status area; throws rdmax::error naming
+    /// what failed (a missing device, another ABI version, ...).
+    kmod_monitor();
+    kmod_monitor(kmod_monitor&&) noexcept;
+    kmod_monitor& operator=(kmod_monitor&&) noexcept;
+    ~kmod_monitor();
+
+    /// Watches the pages of [start, start + len). Memory that is not mapped,
+    /// or a full table, gives a token for which valid() is false (the cache
+    /// then registers per use); other failures throw.
+    [[nodiscard]] token watch(std::uintptr_t start, std::size_t len);
+    void unwatch(token t) noexcept;
+    /// One acquire load of the range's generation in the status area.
+    [[nodiscard]] bool valid(token t) const noexcept {
+        return t.generation != 0 &&
+               __atomic_load_n(&generations_[t.slot], __ATOMIC_ACQUIRE) == t.generation;
+    }
+    /// Reports the ranges the module saw go away as sink(ctx, start, end).
+    void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept;
+    /// True when the module has queued events (one load).
+    [[nodiscard]] bool pending() const noexcept {
+        return __atomic_load_n(pending_, __ATOMIC_ACQUIRE) != 0;
+    }
+
+    /// The file descriptor, for tests and for poll().
+    [[nodiscard]] int fd() const noexcept { return fd_; }
+
+private:
+    void close_all() noexcept;
+
+    int fd_ = -1;
+    const void* map_ = nullptr;
+    std::size_t map_bytes_ = 0;
+    // __u64 in the module's interface (unsigned long long on Linux).
+    const unsigned long long* generations_ = nullptr;
+    const unsigned long long* pending_ = nullptr;
+    std::uint32_t fork_generation_ = 0;
+};
+
+} // namespace rdmax

@@ -1,0 +1,517 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * rdmax: tells a process, the moment it happens, that memory it registered
+ * for RDMA was unmapped or had its pages replaced, so that a registration
+ * cache never hands out a registration over pages the process no longer maps.
+ *
+ * One mmu_interval_notifier per watched range. Its invalidate callback may run
+ * where sleeping is forbidden, so it takes one spinlock and allocates nothing:
+ * it makes the range's generation odd in the status area (read-only to user
+ * space), bumps the global counter, queues at most one event per range and
+ * wakes readers, all before the unmap returns. Unlike a deferred worker, this
+ * means that when munmap() returns, user space already sees the change.
+ *
+ * What user space can write holds nothing the module relies on: slot numbers
+ * come from an xarray and generations from the module's own copy; the status
+ * area is only ever mapped read-only.
+ */
+#include <linux/fs.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/mmu_notifier.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/poll.h>
+#include <linux/sched/mm.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <linux/uaccess.h>
+#include <linux/vmalloc.h>
+#include <linux/wait.h>
+#include <linux/xarray.h>
+
+#include "rdmax_kmod.h"
+
+static unsigned int max_regions = 65536;
+module_param(max_regions, uint, 0444);
+MODULE_PARM_DESC(max_regions, "ranges one open file may watch (default 65536)");
+
+static struct kmem_cache *region_cache;
+static atomic64_t live_regions_all = ATOMIC64_INIT(0);
+static atomic64_t files_open = ATOMIC64_INIT(0);
+
+struct rdmax_file;
+
+struct rdmax_region {
+	struct mmu_interval_notifier notifier;
+	struct rdmax_file *file;
+	u64 start, end, cookie;
+	u64 generation; /* the module's copy; odd once invalidated */
+	u32 slot;
+	/* The queued event (at most one per region), under file->lock. */
+	bool queued;
+	u32 kind;
+	u64 hit_start, hit_end;
+	struct list_head event_link;
+};
+
+struct rdmax_file {
+	struct mm_struct *mm; /* mmgrab()bed: the structure, not the address space */
+	struct mutex ioctl_lock; /* MONITOR / UNMONITOR */
+	spinlock_t lock; /* generations, the event queue, invalidate seqs */
+	struct xarray regions; /* slot -> region */
+	struct list_head events;
+	wait_queue_head_t wait;
+	struct rdmax_status *status; /* vmalloc_user(), mapped read-only */
+	size_t status_bytes;
+	u64 live, monitors, unmonitors, invalidations, events_read;
+};
+
+static __u64 *generation_of(struct rdmax_file *f, u32 slot)
+{
+	return (__u64 *)((char *)f->status + RDMAX_STATUS_GENERATIONS) + slot;
+}
+
+/* Events that leave the pages where they were do not invalidate: mprotect
+ * (PROTECTION_VMA), fork's copy-on-write write protection (PROTECTION_PAGE)
+ * and soft-dirty tracking. Everything else may change the pages behind the
+ * range, so it does.
+ */
+static bool changes_pages(enum mmu_notifier_event event)
+{
+	switch (event) {
+	case MMU_NOTIFY_PROTECTION_VMA:
+	case MMU_NOTIFY_PROTECTION_PAGE:
+	case MMU_NOTIFY_SOFT_DIRTY:
+		return false;
+	default:
+		return true;
+	}
+}
+
+static u32 event_kind(enum mmu_notifier_event event)
+{
+	switch (event) {
+	case MMU_NOTIFY_UNMAP:
+		return RDMAX_EVENT_UNMAP;
+	case MMU_NOTIFY_CLEAR:
+		return RDMAX_EVENT_CLEAR;
+	case MMU_NOTIFY_RELEASE:
+		return RDMAX_EVENT_RELEASE;
+	case MMU_NOTIFY_MIGRATE:
+		return RDMAX_EVENT_MIGRATE;
+	default:
+		return RDMAX_EVENT_OTHER;
+	}
+}
+
+static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
+			     const struct mmu_notifier_range *range,
+			     unsigned long cur_seq)
+{
+	struct rdmax_region *r =
+		container_of(notifier, struct rdmax_region, notifier);
+	struct rdmax_file *f = r->file;
+	bool wake = false;
+
+	spin_lock(&f->lock);
+	mmu_interval_set_seq(notifier, cur_seq);
+	if (changes_pages(range->event)) {
+		if (!(r->generation & 1)) {
+			r->generation |= 1;
+			smp_store_release(&*generation_of(f, r->slot),
+					  r->generation);
+			f->invalidations++;
+			WRITE_ONCE(f->status->invalidations, f->invalidations);
+		}
+		if (!r->queued) {
+			r->queued = true;
+			r->kind = event_kind(range->event);
+			r->hit_start = max_t(u64, range->start, r->start);
+			r->hit_end = min_t(u64, range->end, r->end);
+			list_add_tail(&r->event_link, &f->events);
+			WRITE_ONCE(f->status->pending_events,
+				   f->status->pending_events + 1);
+			wake = true;
+		}
+	}
+	spin_unlock(&f->lock);
+	if (wake)
+		wake_up_interruptible(&f->wait);
+	return true;
+}
+
+static const struct mmu_interval_notifier_ops rdmax_notifier_ops = {
+	.invalidate = rdmax_invalidate,
+};
+
+/* Whether VMAs cover every byte of [start, end). Under mmap_read_lock. */
+static bool range_mapped(struct mm_struct *mm, unsigned long start,
+			 unsigned long end)
+{
+	unsigned long at = start;
+
+	while (at < end) {
+		struct vm_area_struct *vma = find_vma(mm, at);
+
+		if (!vma || vma->vm_start > at)
+			return false;
+		at = vma->vm_end;
+	}
+	return true;
+}
+
+static void dequeue_locked(struct rdmax_file *f, struct rdmax_region *r)
+{
+	if (r->queued) {
+		list_del(&r->event_link);
+		r->queued = false;
+		WRITE_ONCE(f->status->pending_events,
+			   f->status->pending_events - 1);
+	}
+}
+
+/* Stops watching r and frees it; r is no longer in f->regions. May sleep. */
+static void region_free(struct rdmax_file *f, struct rdmax_region *r)
+{
+	/* Waits for a running invalidate of r to finish. */
+	mmu_interval_notifier_remove(&r->notifier);
+	spin_lock(&f->lock);
+	dequeue_locked(f, r);
+	spin_unlock(&f->lock);
+	kmem_cache_free(region_cache, r);
+	atomic64_dec(&live_regions_all);
+}
+
+static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
+{
+	struct rdmax_monitor req;
+	struct rdmax_region *r;
+	unsigned long seq;
+	u32 slot;
+	bool mapped, changed;
+	int ret;
+
+	if (copy_from_user(&req, arg, sizeof(req)))
+		return -EFAULT;
+	if (req.reserved || !req.len || !PAGE_ALIGNED(req.addr) ||
+	    !PAGE_ALIGNED(req.len) || req.addr + req.len < req.addr)
+		return -EINVAL;
+	if (req.addr + req.len > TASK_SIZE)
+		return -EFAULT;
+
+	r = kmem_cache_alloc(region_cache, GFP_KERNEL);
+	if (!r)
+		return -ENOMEM;
+	memset(r, 0, sizeof(*r));
+	r->file = f;
+	r->start = req.addr;
+	r->end = req.addr + req.len;
+	r->cookie = req.cookie;
+	INIT_LIST_HEAD(&r->event_link);
+
+	mutex_lock(&f->ioctl_lock);
+	ret = xa_alloc(&f->regions, &slot, r, XA_LIMIT(0, max_regions - 1),
+		       GFP_KERNEL);
+	if (ret) {
+		mutex_unlock(&f->ioctl_lock);
+		kmem_cache_free(region_cache, r);
+		return ret == -EBUSY ? -ENOSPC : ret;
+	}
+	r->slot = slot;
+	/* A generation no earlier use of this slot had: stale tokens never match. */
+	spin_lock(&f->lock);
+	r->generation = (READ_ONCE(*generation_of(f, slot)) | 1) + 1;
+	smp_store_release(&*generation_of(f, slot), r->generation);
+	spin_unlock(&f->lock);
+	atomic64_inc(&live_regions_all);
+
+	ret = mmu_interval_notifier_insert(&r->notifier, f->mm, r->start,
+					   req.len, &rdmax_notifier_ops);
+	if (ret) {
+		xa_erase(&f->regions, slot);
+		mutex_unlock(&f->ioctl_lock);
+		kmem_cache_free(region_cache, r);
+		atomic64_dec(&live_regions_all);
+		return ret;
+	}
+	/* The range must be mapped, and stay so while we look: a munmap that
+	 * races with MONITOR either ran before the notifier (the range is not
+	 * mapped: EFAULT) or after it (the callback saw it: EAGAIN).
+	 */
+	seq = mmu_interval_read_begin(&r->notifier);
+	mmap_read_lock(f->mm);
+	mapped = range_mapped(f->mm, r->start, r->end);
+	mmap_read_unlock(f->mm);
+	spin_lock(&f->lock);
+	changed = mmu_interval_read_retry(&r->notifier, seq);
+	spin_unlock(&f->lock);
+	if (!mapped || changed) {
+		ret = mapped ? -EAGAIN : -EFAULT;
+		goto undo;
+	}
+	req.slot = slot;
+	req.generation = r->generation;
+	if (copy_to_user(arg, &req, sizeof(req))) {
+		ret = -EFAULT;
+		goto undo;
+	}
+	f->live++;
+	f->monitors++;
+	mutex_unlock(&f->ioctl_lock);
+	return 0;
+
+undo:
+	xa_erase(&f->regions, slot);
+	mutex_unlock(&f->ioctl_lock);
+	region_free(f, r);
+	return ret;
+}
+
+static long rdmax_do_unmonitor(struct rdmax_file *f, void __user *arg)
+{
+	struct rdmax_unmonitor req;
+	struct rdmax_region *r;
+
+	if (copy_from_user(&req, arg, sizeof(req)))
+		return -EFAULT;
+	if (req.reserved)
+		return -EINVAL;
+	mutex_lock(&f->ioctl_lock);
+	r = xa_load(&f->regions, req.slot);
+	if (!r) {
+		mutex_unlock(&f->ioctl_lock);
+		return -EINVAL; /* no such slot */
+	}
+	if (req.generation != (r->generation & ~1ULL)) {
+		mutex_unlock(&f->ioctl_lock);
+		return -ESTALE; /* an earlier use of this slot */
+	}
+	xa_erase(&f->regions, req.slot);
+	f->live--;
+	f->unmonitors++;
+	mutex_unlock(&f->ioctl_lock);
+	region_free(f, r);
+	return 0;
+}
+
+static long rdmax_do_query(struct rdmax_file *f, void __user *arg)
+{
+	struct rdmax_query q;
+
+	memset(&q, 0, sizeof(q));
+	q.abi_version = RDMAX_KMOD_ABI_VERSION;
+	q.max_regions = max_regions;
+	q.status_bytes = f->status_bytes;
+	mutex_lock(&f->ioctl_lock);
+	q.live_regions = f->live;
+	q.monitors = f->monitors;
+	q.unmonitors = f->unmonitors;
+	mutex_unlock(&f->ioctl_lock);
+	spin_lock(&f->lock);
+	q.invalidations = f->invalidations;
+	q.events_read = f->events_read;
+	spin_unlock(&f->lock);
+	q.module_live_regions = atomic64_read(&live_regions_all);
+	q.module_files = atomic64_read(&files_open);
+	return copy_to_user(arg, &q, sizeof(q)) ? -EFAULT : 0;
+}
+
+/* A forked child inherits the file but not the address space it watches. */
+static bool foreign(const struct rdmax_file *f)
+{
+	return current->mm != f->mm;
+}
+
+static long rdmax_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	struct rdmax_file *f = file->private_data;
+
+	if (foreign(f))
+		return -EBADF;
+	switch (cmd) {
+	case RDMAX_IOC_MONITOR:
+		return rdmax_do_monitor(f, (void __user *)arg);
+	case RDMAX_IOC_UNMONITOR:
+		return rdmax_do_unmonitor(f, (void __user *)arg);
+	case RDMAX_IOC_QUERY:
+		return rdmax_do_query(f, (void __user *)arg);
+	default:
+		return -ENOTTY;
+	}
+}
+
+static ssize_t rdmax_read(struct file *file, char __user *buf, size_t count,
+			  loff_t *pos)
+{
+	struct rdmax_file *f = file->private_data;
+	struct rdmax_event batch[16];
+	size_t n = 0, most = min_t(size_t, count / sizeof(batch[0]),
+				   ARRAY_SIZE(batch));
+
+	if (foreign(f))
+		return -EBADF;
+	if (most == 0)
+		return -EINVAL;
+	for (;;) {
+		spin_lock(&f->lock);
+		while (n < most && !list_empty(&f->events)) {
+			struct rdmax_region *r = list_first_entry(
+				&f->events, struct rdmax_region, event_link);
+
+			batch[n].cookie = r->cookie;
+			batch[n].slot = r->slot;
+			batch[n].kind = r->kind;
+			batch[n].start = r->hit_start;
+			batch[n].end = r->hit_end;
+			batch[n].generation = r->generation & ~1ULL;
+			n++;
+			dequeue_locked(f, r);
+		}
+		f->events_read += n;
+		spin_unlock(&f->lock);
+		if (n > 0)
+			break;
+		if (file->f_flags & O_NONBLOCK)
+			return -EAGAIN;
+		if (wait_event_interruptible(f->wait,
+					     READ_ONCE(f->status->pending_events)))
+			return -ERESTARTSYS;
+	}
+	if (copy_to_user(buf, batch, n * sizeof(batch[0])))
+		return -EFAULT;
+	return n * sizeof(batch[0]);
+}
+
+static __poll_t rdmax_poll(struct file *file, poll_table *wait)
+{
+	struct rdmax_file *f = file->private_data;
+
+	if (foreign(f))
+		return EPOLLERR;
+	poll_wait(file, &f->wait, wait);
+	return READ_ONCE(f->status->pending_events) ? EPOLLIN | EPOLLRDNORM : 0;
+}
+
+static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct rdmax_file *f = file->private_data;
+
+	if (foreign(f))
+		return -EBADF;
+	if (vma->vm_flags & VM_WRITE)
+		return -EPERM; /* the status area is the module's to write */
+	if (vma->vm_pgoff != 0 ||
+	    vma->vm_end - vma->vm_start > PAGE_ALIGN(f->status_bytes))
+		return -EINVAL;
+	/* Nor may mprotect() make it writable later. */
+	vma->vm_flags &= ~VM_MAYWRITE;
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	return remap_vmalloc_range(vma, f->status, 0);
+}
+
+static int rdmax_open(struct inode *inode, struct file *file)
+{
+	struct rdmax_file *f;
+
+	if (!current->mm)
+		return -EINVAL;
+	f = kzalloc(sizeof(*f), GFP_KERNEL);
+	if (!f)
+		return -ENOMEM;
+	f->status_bytes = PAGE_ALIGN(RDMAX_STATUS_GENERATIONS +
+				     (size_t)max_regions * sizeof(__u64));
+	f->status = vmalloc_user(f->status_bytes);
+	if (!f->status) {
+		kfree(f);
+		return -ENOMEM;
+	}
+	f->status->abi_version = RDMAX_KMOD_ABI_VERSION;
+	f->status->max_regions = max_regions;
+	mutex_init(&f->ioctl_lock);
+	spin_lock_init(&f->lock);
+	xa_init_flags(&f->regions, XA_FLAGS_ALLOC);
+	INIT_LIST_HEAD(&f->events);
+	init_waitqueue_head(&f->wait);
+	f->mm = current->mm;
+	mmgrab(f->mm);
+	file->private_data = f;
+	atomic64_inc(&files_open);
+	return nonseekable_open(inode, file);
+}
+
+/* On close, and at process exit (after the address space is gone: the
+ * notifiers saw RELEASE; mmgrab kept the structure they hang on).
+ */
+static int rdmax_release(struct inode *inode, struct file *file)
+{
+	struct rdmax_file *f = file->private_data;
+	struct rdmax_region *r;
+	unsigned long slot;
+
+	xa_for_each(&f->regions, slot, r) {
+		xa_erase(&f->regions, slot);
+		region_free(f, r);
+	}
+	xa_destroy(&f->regions);
+	mmdrop(f->mm);
+	vfree(f->status);
+	kfree(f);
+	atomic64_dec(&files_open);
+	return 0;
+}
+
+static const struct file_operations rdmax_fops = {
+	.owner = THIS_MODULE,
+	.open = rdmax_open,
+	.release = rdmax_release,
+	.unlocked_ioctl = rdmax_ioctl,
+	.read = rdmax_read,
+	.poll = rdmax_poll,
+	.mmap = rdmax_mmap,
+	.llseek = no_llseek,
+};
+
+static struct miscdevice rdmax_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "rdmax",
+	.fops = &rdmax_fops,
+	.mode = 0666,
+};
+
+/* A constructor keeps SLUB from merging this cache with others, so that
+ * /proc/slabinfo shows rdmax_region on its own (the leak test reads it).
+ */
+static void region_ctor(void *p)
+{
+	memset(p, 0, sizeof(struct rdmax_region));
+}
+
+static int __init rdmax_init(void)
+{
+	int ret;
+
+	BUILD_BUG_ON(sizeof(struct rdmax_status) != RDMAX_STATUS_GENERATIONS);
+	if (max_regions == 0 || max_regions > (1U << 24))
+		return -EINVAL;
+	region_cache = kmem_cache_create("rdmax_region",
+					 sizeof(struct rdmax_region), 0, 0,
+					 region_ctor);
+	if (!region_cache)
+		return -ENOMEM;
+	ret = misc_register(&rdmax_misc);
+	if (ret)
+		kmem_cache_destroy(region_cache);
+	return ret;
+}
+
+static void __exit rdmax_exit(void)
+{
+	misc_deregister(&rdmax_misc);
+	kmem_cache_destroy(region_cache);
+}
+
+module_init(rdmax_init);
+module_exit(rdmax_exit);
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("rdmax: MMU-notifier invalidation of RDMA registration caches");

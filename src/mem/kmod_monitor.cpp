@@ -1,0 +1,142 @@
+// The user-space side of /dev/rdmax. See kmod_monitor.hpp and
+// kmod/uapi/rdmax_kmod.h.
+#include <cerrno>
+#include <cstddef>
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/mem/fork_policy.hpp>
+#include <rdmax/mem/kmod_monitor.hpp>
+
+#include "rdmax_kmod.h"
+
+namespace rdmax {
+
+bool kmod_monitor::available() noexcept {
+    static const bool yes = [] {
+        const int fd = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            return false;
+        rdmax_query q{};
+        const bool ok =
+            ioctl(fd, RDMAX_IOC_QUERY, &q) == 0 && q.abi_version == RDMAX_KMOD_ABI_VERSION;
+        close(fd);
+        return ok;
+    }();
+    return yes;
+}
+
+kmod_monitor::kmod_monitor()
+    : fork_generation_(fork_generation()) {
+    fd_ = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0)
+        throw_error("open", errno, RDMAX_KMOD_DEVICE " (load kmod/rdmax.ko)");
+    rdmax_query q{};
+    if (ioctl(fd_, RDMAX_IOC_QUERY, &q) != 0) {
+        const int e = errno;
+        close_all();
+        throw_error("ioctl(RDMAX_IOC_QUERY)", e);
+    }
+    if (q.abi_version != RDMAX_KMOD_ABI_VERSION) {
+        close_all();
+        throw_error("kmod_monitor", EPROTO,
+                    fmt::format("/dev/rdmax speaks ABI {}, this library {}", q.abi_version,
+                                RDMAX_KMOD_ABI_VERSION));
+    }
+    map_bytes_ = q.status_bytes;
+    void* p = mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) {
+        const int e = errno;
+        close_all();
+        throw_error("mmap", e, "the /dev/rdmax status area");
+    }
+    map_ = p;
+    const auto* status = static_cast<const rdmax_status*>(p);
+    generations_ =
+        reinterpret_cast<const __u64*>(static_cast<const char*>(p) + RDMAX_STATUS_GENERATIONS);
+    pending_ = &status->pending_events;
+}
+
+kmod_monitor::kmod_monitor(kmod_monitor&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1))
+    , map_(std::exchange(o.map_, nullptr))
+    , map_bytes_(std::exchange(o.map_bytes_, 0))
+    , generations_(std::exchange(o.generations_, nullptr))
+    , pending_(std::exchange(o.pending_, nullptr))
+    , fork_generation_(o.fork_generation_) {}
+
+kmod_monitor& kmod_monitor::operator=(kmod_monitor&& o) noexcept {
+    if (this != &o) {
+        close_all();
+        fd_ = std::exchange(o.fd_, -1);
+        map_ = std::exchange(o.map_, nullptr);
+        map_bytes_ = std::exchange(o.map_bytes_, 0);
+        generations_ = std::exchange(o.generations_, nullptr);
+        pending_ = std::exchange(o.pending_, nullptr);
+        fork_generation_ = o.fork_generation_;
+    }
+    return *this;
+}
+
+kmod_monitor::~kmod_monitor() {
+    close_all();
+}
+
+void kmod_monitor::close_all() noexcept {
+    if (map_ != nullptr)
+        munmap(const_cast<void*>(map_), map_bytes_);
+    if (fd_ >= 0)
+        close(fd_); // the module stops watching every range of this file
+    map_ = nullptr;
+    fd_ = -1;
+}
+
+kmod_monitor::token kmod_monitor::watch(std::uintptr_t start, std::size_t len) {
+    if (fork_generation() != fork_generation_)
+        throw_error("kmod_monitor::watch", EPERM, "the monitor belongs to the parent process");
+    rdmax_monitor req{};
+    req.addr = start;
+    req.len = len;
+    req.cookie = start;
+    for (int attempt = 0; attempt < 8; ++attempt) {
+        if (ioctl(fd_, RDMAX_IOC_MONITOR, &req) == 0)
+            return {req.slot, req.generation};
+        if (errno == EAGAIN) // the range changed while the module set up its watch
+            continue;
+        if (errno == EFAULT || errno == ENOSPC)
+            return {}; // not mapped (the registration will say so), or a full table
+        throw_error("ioctl(RDMAX_IOC_MONITOR)", errno,
+                    fmt::format("{} bytes at {:#x}", len, start));
+    }
+    return {};
+}
+
+void kmod_monitor::unwatch(token t) noexcept {
+    if (t.generation == 0 || fd_ < 0 || fork_generation() != fork_generation_)
+        return;
+    rdmax_unmonitor req{};
+    req.slot = t.slot;
+    req.generation = t.generation;
+    ioctl(fd_, RDMAX_IOC_UNMONITOR, &req);
+}
+
+void kmod_monitor::drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept {
+    if (fd_ < 0 || fork_generation() != fork_generation_)
+        return;
+    rdmax_event events[16];
+    for (;;) {
+        const ssize_t n = read(fd_, events, sizeof events);
+        if (n <= 0)
+            return; // EAGAIN: nothing more
+        for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(rdmax_event); ++i)
+            sink(ctx, events[i].start, events[i].end);
+    }
+}
+
+} // namespace rdmax

@@ -317,6 +317,8 @@ void do_invalidate(cache_t& c, model& m, input& in) {
     const std::uintptr_t lo = arena_base() + first * page + in.trim();
     const std::uintptr_t hi = std::max(lo, arena_base() + (first + count) * page - in.trim());
     c.invalidate(reinterpret_cast<const void*>(lo), hi - lo);
+    if (hi == lo)
+        return; // an empty range invalidates nothing
     // Every page [lo, hi) touches is invalidated now (the cache may drop more).
     const auto now = static_cast<std::uint32_t>(c.registrar_ref().regs);
     for (std::uintptr_t p = (lo - arena_base()) / page; p < (hi - arena_base() + page - 1) / page;

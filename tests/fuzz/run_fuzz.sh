@@ -20,7 +20,8 @@ budget=(-max_total_time="$secs")
 # -max_total_time is the budget; -timeout=10 fails one input that hangs;
 # the outer timeout is the deadline should the fuzzer itself stop honouring
 # either (meson's own test timeout is the last resort).
-timeout --kill-after=10 $((secs + 60)) "$fuzzer" "${budget[@]}" -timeout=10 \
+# -error_exitcode: libFuzzer's default, 77, is what meson reads as SKIP.
+timeout --kill-after=10 $((secs + 60)) "$fuzzer" "${budget[@]}" -timeout=10 -error_exitcode=1 \
     -max_len=4096 -print_final_stats=1 -artifact_prefix="$work/artifacts/$name-" \
     "$work/corpus" "$seeds"
 rc=$?
@@ -31,4 +32,6 @@ elif [ "$rc" != 0 ]; then
     find "$work/artifacts" -name "$name-*" -newer "$work/started" -print 2>/dev/null
     echo "reproduce with: $fuzzer ARTIFACT"
 fi
+# Never 77 (SKIP) for a failure, whoever returned it.
+[ "$rc" = 77 ] && rc=1
 exit "$rc"

@@ -80,9 +80,15 @@ TEST_CASE("stale data: after munmap and mmap at the same address, RDMA reads the
     loopback lp;
     registered into(lp.pd, len);
 
-    // Every monitor that applies here: uffd by itself, manual with the
-    // application's invalidate(). (kmod: its monitor is not in this build.)
-    for (const monitor_kind k : {monitor_kind::uffd, monitor_kind::manual}) {
+    // Every monitor that applies here: kmod (where the module is loaded, as
+    // in the VM) and uffd by themselves, manual with the application's
+    // invalidate().
+    std::vector<monitor_kind> kinds{monitor_kind::uffd, monitor_kind::manual};
+    if (kmod_monitor::available())
+        kinds.insert(kinds.begin(), monitor_kind::kmod);
+    else
+        WARN("the rdmax module is not loaded: the kmod monitor is not tried here");
+    for (const monitor_kind k : kinds) {
         DYNAMIC_SECTION("monitor " << to_string(k)) {
             auto cache = make_cache(lp.pd, k);
             std::byte* buf = map_at(nullptr, len, 1);

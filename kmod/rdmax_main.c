@@ -56,7 +56,8 @@ struct rdmax_region {
 };
 
 struct rdmax_file {
-	struct mm_struct *mm; /* mmgrab()bed: the structure, not the address space */
+	/* mmgrab()bed: the structure, not the address space */
+	struct mm_struct *mm;
 	struct mutex ioctl_lock; /* MONITOR / UNMONITOR */
 	spinlock_t lock; /* generations, the event queue, invalidate seqs */
 	struct xarray regions; /* slot -> region */
@@ -119,7 +120,7 @@ static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
 	if (changes_pages(range->event)) {
 		if (!(r->generation & 1)) {
 			r->generation |= 1;
-			smp_store_release(&*generation_of(f, r->slot),
+			smp_store_release(generation_of(f, r->slot),
 					  r->generation);
 			f->invalidations++;
 			WRITE_ONCE(f->status->invalidations, f->invalidations);
@@ -219,10 +220,11 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 		return ret == -EBUSY ? -ENOSPC : ret;
 	}
 	r->slot = slot;
-	/* A generation no earlier use of this slot had: stale tokens never match. */
+	/* A generation no use of this slot had before: old tokens never match.
+	 */
 	spin_lock(&f->lock);
 	r->generation = (READ_ONCE(*generation_of(f, slot)) | 1) + 1;
-	smp_store_release(&*generation_of(f, slot), r->generation);
+	smp_store_release(generation_of(f, slot), r->generation);
 	spin_unlock(&f->lock);
 	atomic64_inc(&live_regions_all);
 
@@ -374,8 +376,8 @@ static ssize_t rdmax_read(struct file *file, char __user *buf, size_t count,
 			break;
 		if (file->f_flags & O_NONBLOCK)
 			return -EAGAIN;
-		if (wait_event_interruptible(f->wait,
-					     READ_ONCE(f->status->pending_events)))
+		if (wait_event_interruptible(
+			    f->wait, READ_ONCE(f->status->pending_events)))
 			return -ERESTARTSYS;
 	}
 	if (copy_to_user(buf, batch, n * sizeof(batch[0])))
@@ -449,7 +451,7 @@ static int rdmax_release(struct inode *inode, struct file *file)
 	struct rdmax_region *r;
 	unsigned long slot;
 
-	xa_for_each(&f->regions, slot, r) {
+	xa_for_each (&f->regions, slot, r) {
 		xa_erase(&f->regions, slot);
 		region_free(f, r);
 	}
@@ -494,9 +496,8 @@ static int __init rdmax_init(void)
 	BUILD_BUG_ON(sizeof(struct rdmax_status) != RDMAX_STATUS_GENERATIONS);
 	if (max_regions == 0 || max_regions > (1U << 24))
 		return -EINVAL;
-	region_cache = kmem_cache_create("rdmax_region",
-					 sizeof(struct rdmax_region), 0, 0,
-					 region_ctor);
+	region_cache = kmem_cache_create(
+		"rdmax_region", sizeof(struct rdmax_region), 0, 0, region_ctor);
 	if (!region_cache)
 		return -ENOMEM;
 	ret = misc_register(&rdmax_misc);
@@ -514,4 +515,5 @@ static void __exit rdmax_exit(void)
 module_init(rdmax_init);
 module_exit(rdmax_exit);
 MODULE_LICENSE("GPL");
-MODULE_DESCRIPTION("rdmax: MMU-notifier invalidation of RDMA registration caches");
+MODULE_DESCRIPTION(
+	"rdmax: MMU-notifier invalidation of RDMA registration caches");

@@ -20,7 +20,8 @@
 #define RDMAX_KMOD_ABI_VERSION 1
 #define RDMAX_KMOD_DEVICE "/dev/rdmax"
 
-/* MONITOR: in addr, len (page-aligned, len > 0) and cookie; out slot and generation. */
+/* MONITOR: in addr, len (page-aligned, len > 0) and cookie; out slot and
+ * generation. */
 struct rdmax_monitor {
 	__u64 addr;
 	__u64 len;
@@ -40,21 +41,24 @@ struct rdmax_unmonitor {
 /* QUERY: limits and counters. */
 struct rdmax_query {
 	__u32 abi_version;
-	__u32 max_regions;   /* slots per open file */
-	__u64 status_bytes;  /* size of the status area to mmap */
-	__u64 live_regions;  /* watched by this file now */
-	__u64 monitors;      /* MONITOR calls that succeeded, this file */
+	__u32 max_regions;  /* slots per open file */
+	__u64 status_bytes; /* size of the status area to mmap */
+	__u64 live_regions; /* watched by this file now */
+	__u64 monitors;	    /* MONITOR calls that succeeded, this file */
 	__u64 unmonitors;
 	__u64 invalidations; /* ranges made invalid */
 	__u64 events_read;
-	__u64 module_live_regions; /* every file of every process: a leak shows here */
-	__u64 module_files;        /* files open now */
+	__u64 module_live_regions; /* every file of every process: a leak shows
+				      here */
+	__u64 module_files;	   /* files open now */
 };
 
 /* What happened to a range. */
 enum rdmax_event_kind {
-	RDMAX_EVENT_UNMAP = 1,   /* munmap, mremap away, mmap MAP_FIXED over it, brk shrink */
-	RDMAX_EVENT_CLEAR = 2,   /* pages dropped or replaced: MADV_DONTNEED, ... */
+	RDMAX_EVENT_UNMAP =
+		1, /* munmap, mremap away, mmap MAP_FIXED over it, brk shrink */
+	RDMAX_EVENT_CLEAR =
+		2, /* pages dropped or replaced: MADV_DONTNEED, ... */
 	RDMAX_EVENT_RELEASE = 3, /* the address space is going away */
 	RDMAX_EVENT_MIGRATE = 4, /* pages moved */
 	RDMAX_EVENT_OTHER = 5,

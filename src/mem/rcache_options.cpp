@@ -58,6 +58,14 @@ rcache_options rcache_options::with_env() const {
         else
             malformed("RDMAX_RCACHE_ENABLE", v, "0 or 1");
     }
+    if (auto v = env("RDMAX_RCACHE_ODP"); !v.empty()) {
+        if (v == "1" || v == "yes" || v == "true")
+            o.on_demand = true;
+        else if (v == "0" || v == "no" || v == "false")
+            o.on_demand = false;
+        else
+            malformed("RDMAX_RCACHE_ODP", v, "0 or 1");
+    }
     if (auto v = env("RDMAX_RCACHE_MAX_COUNT"); !v.empty())
         o.max_count = parse_size("RDMAX_RCACHE_MAX_COUNT", v);
     if (auto v = env("RDMAX_RCACHE_MAX_BYTES"); !v.empty())

@@ -249,6 +249,14 @@ TEST_CASE("options read RDMAX_RCACHE_* and refuse malformed values") {
     setenv("RDMAX_RCACHE_MAX_BYTES", "12Q", 1);
     CHECK_THROWS_WITH(rcache_options{}.with_env(),
                       Catch::Matchers::Contains("RDMAX_RCACHE_MAX_BYTES"));
+    setenv("RDMAX_RCACHE_MAX_BYTES", "1G", 1);
+    setenv("RDMAX_RCACHE_ODP", "1", 1);
+    CHECK(rcache_options{}.with_env().on_demand);
+    setenv("RDMAX_RCACHE_ODP", "maybe", 1);
+    CHECK_THROWS_WITH(rcache_options{}.with_env(), Catch::Matchers::Contains("RDMAX_RCACHE_ODP"));
+    setenv("RDMAX_RCACHE_MONITOR", "auto", 1);
+    unsetenv("RDMAX_RCACHE_ODP");
+    CHECK(rcache_options{}.with_env().monitor == monitor_kind::automatic);
     for (const char* v : {"RDMAX_RCACHE_ENABLE", "RDMAX_RCACHE_MAX_COUNT", "RDMAX_RCACHE_MAX_BYTES",
                           "RDMAX_RCACHE_MONITOR"})
         unsetenv(v);

@@ -31,11 +31,17 @@ struct rcache_options {
     /// use are never evicted, so the cache may exceed them while they are.
     std::size_t max_count = 4096;
     std::size_t max_bytes = std::size_t{1} << 34; // 16 GiB of pinned memory
+    /// Register with IBV_ACCESS_ON_DEMAND: nothing is pinned, and the device
+    /// follows the process's page tables. Only where the device has on-demand
+    /// paging (make_verbs_cache refuses otherwise); soft-RoCE has it from
+    /// Linux 6.15 on.
+    bool on_demand = false;
     /// Which monitor auto_monitor uses (see auto_monitor.hpp).
     monitor_kind monitor = monitor_kind::automatic;
 
     /// These options with RDMAX_RCACHE_ENABLE (0/1), RDMAX_RCACHE_MAX_COUNT,
-    /// RDMAX_RCACHE_MAX_BYTES (a number, with K/M/G/T suffix allowed) and
+    /// RDMAX_RCACHE_MAX_BYTES (a number, with K/M/G/T suffix allowed),
+    /// RDMAX_RCACHE_ODP (0/1) and
     /// RDMAX_RCACHE_MONITOR (auto|kmod|uffd|manual|none) applied; a malformed
     /// value throws rdmax::error naming the variable.
     [[nodiscard]] rcache_options with_env() const;

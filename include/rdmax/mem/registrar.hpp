@@ -34,16 +34,18 @@ concept registrar =
         { R::keys(h) } noexcept -> std::same_as<mr_keys>;
     };
 
-/// Registers with ibv_reg_mr in one protection domain.
+/// Registers with ibv_reg_mr in one protection domain; with `on_demand`,
+/// adds IBV_ACCESS_ON_DEMAND (the device must have on-demand paging).
 class verbs_registrar {
 public:
     using handle = ibv_mr*;
 
-    explicit verbs_registrar(const verbs::protection_domain& pd) noexcept
-        : pd_(&pd) {}
+    explicit verbs_registrar(const verbs::protection_domain& pd, bool on_demand = false) noexcept
+        : pd_(&pd)
+        , extra_(on_demand ? IBV_ACCESS_ON_DEMAND : 0) {}
 
     [[nodiscard]] handle reg(void* addr, std::size_t len, access rights) {
-        ibv_mr* mr = ibv_reg_mr(pd_->get(), addr, len, to_ibv(rights));
+        ibv_mr* mr = ibv_reg_mr(pd_->get(), addr, len, to_ibv(rights) | extra_);
         if (mr == nullptr)
             throw_error("ibv_reg_mr", errno, fmt::format("{} bytes at {}", len, addr));
         return mr;
@@ -53,6 +55,7 @@ public:
 
 private:
     const verbs::protection_domain* pd_;
+    int extra_;
 };
 
 /// Registers nothing; counts calls and can be told to fail. For unit tests.

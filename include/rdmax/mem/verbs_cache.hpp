@@ -7,10 +7,16 @@
 //     auto src = cache.local<rdmax::access::local_read>(data, n);
 //     qp.write(src.buffer, peer, 0, wr_id); // keep src until the write completes
 
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
 #include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/registration_cache.hpp>
+#include <rdmax/verbs/context.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 
 namespace rdmax {
@@ -18,12 +24,18 @@ namespace rdmax {
 using verbs_cache = registration_cache<verbs_registrar, auto_monitor>;
 
 /// A cache for `pd`. The options default to rcache_options{}.with_env(); a
-/// malformed RDMAX_RCACHE_* value, or a monitor asked for by name that this
-/// process cannot have, throws rdmax::error saying which and why.
+/// malformed RDMAX_RCACHE_* value, a monitor asked for by name that this
+/// process cannot have, or on-demand registration on a device without
+/// on-demand paging throws rdmax::error saying which and why.
 [[nodiscard]] inline verbs_cache
 make_verbs_cache(const verbs::protection_domain& pd,
                  rcache_options opt = rcache_options{}.with_env()) {
-    return verbs_cache(verbs_registrar(pd), auto_monitor(opt.monitor), opt);
+    if (opt.on_demand && !pd.device().limits().on_demand_paging)
+        throw_error("make_verbs_cache", ENOTSUP,
+                    fmt::format("{} has no on-demand paging (IBV_ODP_SUPPORT): register pinned "
+                                "(RDMAX_RCACHE_ODP=0)",
+                                pd.device().name()));
+    return verbs_cache(verbs_registrar(pd, opt.on_demand), auto_monitor(opt.monitor), opt);
 }
 
 } // namespace rdmax

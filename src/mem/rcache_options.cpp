@@ -46,26 +46,23 @@ std::size_t parse_size(const char* name, std::string_view text) {
     return value << shift;
 }
 
+/// "1", "yes", "true" or "0", "no", "false".
+bool parse_flag(const char* name, std::string_view v) {
+    if (v == "1" || v == "yes" || v == "true")
+        return true;
+    if (v == "0" || v == "no" || v == "false")
+        return false;
+    malformed(name, v, "0 or 1");
+}
+
 } // namespace
 
 rcache_options rcache_options::with_env() const {
     rcache_options o = *this;
-    if (auto v = env("RDMAX_RCACHE_ENABLE"); !v.empty()) {
-        if (v == "1" || v == "yes" || v == "true")
-            o.enable = true;
-        else if (v == "0" || v == "no" || v == "false")
-            o.enable = false;
-        else
-            malformed("RDMAX_RCACHE_ENABLE", v, "0 or 1");
-    }
-    if (auto v = env("RDMAX_RCACHE_ODP"); !v.empty()) {
-        if (v == "1" || v == "yes" || v == "true")
-            o.on_demand = true;
-        else if (v == "0" || v == "no" || v == "false")
-            o.on_demand = false;
-        else
-            malformed("RDMAX_RCACHE_ODP", v, "0 or 1");
-    }
+    if (auto v = env("RDMAX_RCACHE_ENABLE"); !v.empty())
+        o.enable = parse_flag("RDMAX_RCACHE_ENABLE", v);
+    if (auto v = env("RDMAX_RCACHE_ODP"); !v.empty())
+        o.on_demand = parse_flag("RDMAX_RCACHE_ODP", v);
     if (auto v = env("RDMAX_RCACHE_MAX_COUNT"); !v.empty())
         o.max_count = parse_size("RDMAX_RCACHE_MAX_COUNT", v);
     if (auto v = env("RDMAX_RCACHE_MAX_BYTES"); !v.empty())

@@ -1,0 +1,65 @@
+#pragma once
+// Options and counters of registered_arena, with their RDMAX_ARENA_*
+// environment overrides.
+
+#include <cstddef>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+#include <rdmax/mem/access.hpp>
+
+namespace rdmax {
+
+struct arena_options {
+    /// Bytes of each registered area (one memory region, one key): a power of
+    /// two of at least 2 MiB, so that areas can sit on huge pages. Larger
+    /// requests get an area of their own.
+    std::size_t area_bytes = std::size_t{16} << 20;
+    /// Registered bytes kept for reuse when nothing uses them; areas wholly
+    /// free above this go back to the system (deregistered, then unmapped) in
+    /// the background.
+    std::size_t high_watermark = std::size_t{256} << 20;
+    /// Back areas with 2 MiB pages: MAP_HUGETLB where the system has reserved
+    /// some, else transparent huge pages (MADV_HUGEPAGE).
+    bool huge_pages = true;
+    /// Trim when the system is short of memory (a PSI trigger on
+    /// /proc/pressure/memory, where the kernel has one).
+    bool trim_under_pressure = true;
+    /// Rights of every area's registration.
+    access rights = access_all;
+
+    /// These options with RDMAX_ARENA_AREA_BYTES, RDMAX_ARENA_HIGH_WATERMARK
+    /// (sizes, K/M/G/T suffixes allowed), RDMAX_ARENA_HUGE_PAGES and
+    /// RDMAX_ARENA_PSI (0/1) applied; a malformed value throws rdmax::error
+    /// naming the variable.
+    [[nodiscard]] arena_options with_env() const;
+};
+
+struct arena_counters {
+    std::uint64_t allocations = 0;
+    std::uint64_t frees = 0;
+    std::uint64_t areas_registered = 0; ///< ever
+    std::uint64_t areas_released = 0;   ///< ever: deregistered and unmapped
+    std::uint64_t huge_page_areas = 0;  ///< of those registered, on 2 MiB pages
+    std::uint64_t trims = 0;            ///< trim() calls, pressure-triggered ones included
+    std::uint64_t pressure_events = 0;
+    std::uint64_t registered_bytes = 0; ///< now
+    std::uint64_t allocated_bytes = 0;  ///< now, in blocks handed out (rounded up)
+};
+
+} // namespace rdmax
+
+template <>
+struct fmt::formatter<rdmax::arena_counters> {
+    constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+    auto format(const rdmax::arena_counters& c, fmt::format_context& ctx) const {
+        return fmt::format_to(ctx.out(),
+                              "allocations {} frees {} areas registered {} released {} (huge "
+                              "pages {}) trims {} pressure events {} registered {} bytes, "
+                              "allocated {} bytes",
+                              c.allocations, c.frees, c.areas_registered, c.areas_released,
+                              c.huge_page_areas, c.trims, c.pressure_events, c.registered_bytes,
+                              c.allocated_bytes);
+    }
+};

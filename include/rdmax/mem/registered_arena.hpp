@@ -1,0 +1,559 @@
+#pragma once
+// basic_registered_arena<Registrar>: memory that is registered before anyone
+// asks for it (seed 000's pre-registration, LITE's one key per area).
+//
+// Areas of area_bytes (aligned to their size, on 2 MiB pages where the system
+// allows) are registered whole: one memory region, so one key, per area. An
+// area is cut into 64 KiB spans; a span serves one size class (64 B to 32 KiB,
+// powers of two) from its own free list, and larger requests take runs of
+// whole spans; requests larger than an area get an area of their own. The key
+// of any pointer into the arena is found in O(1): a page table indexed by the
+// area number.
+//
+// Lazy unmap: freed blocks stay mapped and registered and are reused. An
+// area goes back to the system only when every block of it is free, and only
+// above the high watermark (by a background thread), on trim(), or under
+// memory pressure; it is deregistered before it is unmapped, so no
+// registration ever outlives the pages it covers. Nothing is MADV_DONTNEED'd
+// inside a registered area: that would leave the registration on the old pages.
+//
+// Threads: allocate and deallocate take one spinlock for a few dozen
+// instructions, and make no system call unless a new area is needed (which
+// registers it outside the lock).
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <memory_resource>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/mem/access.hpp>
+#include <rdmax/mem/arena_options.hpp>
+#include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/page_table.hpp>
+#include <rdmax/mem/registrar.hpp>
+
+namespace rdmax {
+
+namespace detail {
+
+/// Maps and unmaps areas (src/mem/arena_memory.cpp).
+struct area_mapping {
+    std::byte* base = nullptr;
+    std::size_t bytes = 0;
+    bool huge = false;
+};
+/// `bytes` (a multiple of 2 MiB) aligned to `align`; throws rdmax::error.
+[[nodiscard]] area_mapping map_area(std::size_t bytes, std::size_t align, bool huge_pages);
+void unmap_area(const area_mapping& m) noexcept;
+
+/// A test-and-test-and-set lock that never sleeps in the kernel: the
+/// sections it guards are a few dozen instructions long.
+class spin_lock {
+public:
+    void lock() noexcept {
+        while (flag_.exchange(true, std::memory_order_acquire))
+            while (flag_.load(std::memory_order_relaxed))
+                pause();
+    }
+    void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+
+private:
+    static void pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    std::atomic<bool> flag_{false};
+};
+
+} // namespace detail
+
+template <registrar Registrar>
+class basic_registered_arena {
+public:
+    /// A block handed out: its memory and the keys of the area it lies in.
+    struct block {
+        std::byte* data = nullptr;
+        std::size_t size = 0; ///< what was asked for (the block may be larger)
+        std::uint32_t lkey = 0;
+        std::uint32_t rkey = 0;
+    };
+
+    static constexpr std::size_t span_bytes = std::size_t{64} << 10;
+    static constexpr std::size_t smallest = 64;
+    static constexpr unsigned classes = 10; ///< 64 B .. 32 KiB
+
+    explicit basic_registered_arena(Registrar reg, arena_options opt = {})
+        : reg_(std::move(reg))
+        , opt_(checked(opt))
+        , areas_by_address_(static_cast<unsigned>(__builtin_ctzl(opt_.area_bytes))) {
+        trimmer_ = std::thread([this] { trim_loop(); });
+    }
+    basic_registered_arena(const basic_registered_arena&) = delete;
+    basic_registered_arena& operator=(const basic_registered_arena&) = delete;
+
+    /// Every block must have been given back (or be no longer used).
+    ~basic_registered_arena() {
+        {
+            std::lock_guard g(trim_mutex_);
+            stopping_ = true;
+        }
+        trim_cv_.notify_one();
+        trimmer_.join();
+        for (auto& a : areas_)
+            if (a)
+                release(*a);
+    }
+
+    /// `bytes` of registered memory aligned to `alignment` (a power of two,
+    /// at most 64 KiB). Throws std::bad_alloc for zero or absurd sizes, and
+    /// rdmax::error when a new area cannot be mapped or registered.
+    [[nodiscard]] block allocate(std::size_t bytes,
+                                 std::size_t alignment = alignof(std::max_align_t)) {
+        if (bytes == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0 ||
+            alignment > span_bytes || bytes > (std::size_t{1} << 46))
+            throw std::bad_alloc();
+        const std::size_t need = bytes < alignment ? alignment : bytes;
+        for (;;) {
+            {
+                std::lock_guard g(lock_);
+                if (std::byte* p = try_allocate_locked(need)) {
+                    area& a = *area_of(p);
+                    allocations_.fetch_add(1, std::memory_order_relaxed);
+                    return {p, bytes, a.keys.lkey, a.keys.rkey};
+                }
+            }
+            add_area(need); // no room: a new area, registered outside the lock
+        }
+    }
+
+    /// Gives back a block from allocate() (`bytes` as asked for).
+    void deallocate(void* p, std::size_t bytes) noexcept {
+        if (p == nullptr)
+            return;
+        bool wake = false;
+        {
+            std::lock_guard g(lock_);
+            free_locked(static_cast<std::byte*>(p), bytes);
+            wake = idle_bytes_ > opt_.high_watermark;
+        }
+        frees_.fetch_add(1, std::memory_order_relaxed);
+        if (wake && !trim_requested_.exchange(true, std::memory_order_relaxed))
+            trim_cv_.notify_one(); // rare: crossing the watermark
+    }
+
+    /// The keys of the area holding p, in O(1); nullopt if p is not in the arena.
+    [[nodiscard]] std::optional<mr_keys> keys_of(const void* p) const noexcept {
+        const area* a = area_of(p);
+        if (a == nullptr)
+            return std::nullopt;
+        return a->keys;
+    }
+
+    /// [p, p + n) as a local buffer with the arena's key; throws if it is not
+    /// inside one area or the arena's rights lack A.
+    template <access A>
+    [[nodiscard]] local_buffer<A> local(const void* p, std::size_t n) const {
+        const area& a = checked_area<A>(p, n, "local");
+        return {static_cast<std::byte*>(const_cast<void*>(p)), static_cast<std::uint32_t>(n),
+                a.keys.lkey};
+    }
+    /// The token a peer needs to address [p, p + n).
+    template <access A>
+    [[nodiscard]] remote_buffer<A> remote(const void* p, std::size_t n) const {
+        const area& a = checked_area<A>(p, n, "remote");
+        return {reinterpret_cast<std::uintptr_t>(p), n, a.keys.rkey, 0};
+    }
+
+    /// Gives every wholly free area back to the system now (deregistered,
+    /// then unmapped). Returns the bytes released.
+    std::size_t trim() { return trim_down_to(0, true); }
+
+    /// Called by a memory-pressure watcher: as trim(), counted apart.
+    std::size_t trim_for_pressure() {
+        pressure_events_.fetch_add(1, std::memory_order_relaxed);
+        return trim();
+    }
+
+    [[nodiscard]] arena_counters counters() const noexcept {
+        arena_counters c;
+        c.allocations = allocations_.load(std::memory_order_relaxed);
+        c.frees = frees_.load(std::memory_order_relaxed);
+        c.areas_registered = areas_registered_.load(std::memory_order_relaxed);
+        c.areas_released = areas_released_.load(std::memory_order_relaxed);
+        c.huge_page_areas = huge_areas_.load(std::memory_order_relaxed);
+        c.trims = trims_.load(std::memory_order_relaxed);
+        c.pressure_events = pressure_events_.load(std::memory_order_relaxed);
+        c.registered_bytes = registered_bytes_.load(std::memory_order_relaxed);
+        c.allocated_bytes = allocated_bytes_.load(std::memory_order_relaxed);
+        return c;
+    }
+    [[nodiscard]] const arena_options& options() const noexcept { return opt_; }
+    [[nodiscard]] Registrar& registrar_ref() noexcept { return reg_; }
+
+    /// Bytes in areas that hold no block (kept registered for reuse).
+    [[nodiscard]] std::size_t idle_bytes() const noexcept {
+        std::lock_guard g(lock_);
+        return idle_bytes_;
+    }
+
+    /// A std::pmr::memory_resource over this arena, so that a
+    /// std::pmr::vector<std::byte> lives in registered memory.
+    class resource : public std::pmr::memory_resource {
+    public:
+        explicit resource(basic_registered_arena& a) noexcept
+            : arena_(&a) {}
+        [[nodiscard]] basic_registered_arena& arena() const noexcept { return *arena_; }
+
+    private:
+        void* do_allocate(std::size_t bytes, std::size_t alignment) override {
+            return arena_->allocate(bytes == 0 ? 1 : bytes, alignment).data;
+        }
+        void do_deallocate(void* p, std::size_t bytes, std::size_t) override {
+            arena_->deallocate(p, bytes == 0 ? 1 : bytes);
+        }
+        [[nodiscard]] bool do_is_equal(const std::pmr::memory_resource& o) const noexcept override {
+            const auto* r = dynamic_cast<const resource*>(&o);
+            return r != nullptr && r->arena_ == arena_;
+        }
+        basic_registered_arena* arena_;
+    };
+
+private:
+    // A span's state: a size class (0..classes-1), or one of these.
+    static constexpr std::uint8_t span_free = 0xff;
+    static constexpr std::uint8_t span_run_head = 0xfe; ///< first span of a run
+    static constexpr std::uint8_t span_run_tail = 0xfd;
+
+    struct area;
+    struct span {
+        area* owner = nullptr;
+        std::uint8_t state = span_free;
+        std::uint32_t used = 0; ///< blocks handed out (class spans)
+        std::uint32_t bump = 0; ///< blocks never handed out start here
+        std::uint32_t run = 0;  ///< spans in the run (run heads)
+        void* free = nullptr;   ///< freed blocks, linked through themselves
+        span* next_partial = nullptr;
+        span* prev_partial = nullptr;
+        bool in_partial = false;
+    };
+
+    struct area {
+        detail::area_mapping m;
+        typename Registrar::handle reg{};
+        mr_keys keys;
+        std::vector<span> spans;
+        std::size_t free_spans = 0;
+        std::size_t hint = 0; ///< where the search for a free span starts
+        bool dedicated = false;
+        [[nodiscard]] bool idle() const noexcept { return free_spans == spans.size(); }
+    };
+
+    static arena_options checked(arena_options o) {
+        if (o.area_bytes < (std::size_t{2} << 20) || (o.area_bytes & (o.area_bytes - 1)) != 0)
+            throw_error("registered_arena", EINVAL,
+                        "area_bytes must be a power of two of at least 2 MiB");
+        return o;
+    }
+
+    static unsigned class_of(std::size_t n) noexcept {
+        unsigned c = 0;
+        while ((smallest << c) < n)
+            ++c;
+        return c;
+    }
+
+    [[nodiscard]] area* area_of(const void* p) const noexcept {
+        const auto a = reinterpret_cast<std::uintptr_t>(p);
+        if (!areas_by_address_.covers(a, a + 1))
+            return nullptr;
+        return areas_by_address_.find(a);
+    }
+
+    template <access A>
+    const area& checked_area(const void* p, std::size_t n, const char* what) const {
+        const area* a = area_of(p);
+        const auto at = reinterpret_cast<std::uintptr_t>(p);
+        const auto base = a != nullptr ? reinterpret_cast<std::uintptr_t>(a->m.base) : 0;
+        if (a == nullptr || n == 0 || n > UINT32_MAX || n > base + a->m.bytes - at)
+            throw_error("registered_arena", ERANGE,
+                        fmt::format("{}({}, {}) is not inside one area of the arena", what, p, n));
+        if (!has(opt_.rights, A))
+            throw_error(
+                "registered_arena", EACCES,
+                fmt::format("{}: the arena's registrations lack the rights asked for", what));
+        return *a;
+    }
+
+    static std::byte* span_base(const span& s) noexcept {
+        return s.owner->m.base + static_cast<std::size_t>(&s - s.owner->spans.data()) * span_bytes;
+    }
+    /// Back to free, still knowing its area.
+    static void reset(span& s) noexcept {
+        area* owner = s.owner;
+        s = span{};
+        s.owner = owner;
+    }
+
+    void partial_push(unsigned c, span& s) noexcept {
+        s.in_partial = true;
+        s.prev_partial = nullptr;
+        s.next_partial = partial_[c];
+        if (partial_[c] != nullptr)
+            partial_[c]->prev_partial = &s;
+        partial_[c] = &s;
+    }
+    void partial_remove(unsigned c, span& s) noexcept {
+        if (s.prev_partial != nullptr)
+            s.prev_partial->next_partial = s.next_partial;
+        else
+            partial_[c] = s.next_partial;
+        if (s.next_partial != nullptr)
+            s.next_partial->prev_partial = s.prev_partial;
+        s.in_partial = false;
+    }
+
+    /// n contiguous free spans in a shared area; nullptr if none has them.
+    span* take_spans(std::size_t n) noexcept {
+        for (auto& ap : areas_) {
+            if (!ap || ap->dedicated || ap->free_spans < n)
+                continue;
+            area& a = *ap;
+            const std::size_t total = a.spans.size();
+            for (std::size_t k = 0; k < total; ++k) {
+                const std::size_t i = (a.hint + k) % total;
+                if (i + n > total)
+                    continue;
+                std::size_t j = 0;
+                while (j < n && a.spans[i + j].state == span_free)
+                    ++j;
+                if (j == n) {
+                    if (a.idle())
+                        idle_bytes_ -= a.m.bytes;
+                    a.free_spans -= n;
+                    a.hint = (i + n) % total;
+                    return &a.spans[i];
+                }
+                k += j; // skip past the used span
+            }
+        }
+        return nullptr;
+    }
+
+    std::byte* try_allocate_locked(std::size_t need) {
+        if (need > opt_.area_bytes / 2)
+            return take_dedicated(need);
+        if (need > (smallest << (classes - 1))) { // a run of whole spans
+            const std::size_t n = (need + span_bytes - 1) / span_bytes;
+            span* s = take_spans(n);
+            if (s == nullptr)
+                return nullptr;
+            s->state = span_run_head;
+            s->run = static_cast<std::uint32_t>(n);
+            for (std::size_t j = 1; j < n; ++j)
+                s[j].state = span_run_tail;
+            allocated_bytes_.fetch_add(n * span_bytes, std::memory_order_relaxed);
+            return span_base(*s);
+        }
+        const unsigned c = class_of(need);
+        const std::size_t size = smallest << c;
+        span* s = partial_[c];
+        if (s == nullptr) {
+            s = take_spans(1);
+            if (s == nullptr)
+                return nullptr;
+            reset(*s);
+            s->state = static_cast<std::uint8_t>(c);
+            partial_push(c, *s);
+        }
+        std::byte* p;
+        if (s->free != nullptr) {
+            p = static_cast<std::byte*>(s->free);
+            s->free = *static_cast<void**>(s->free);
+        } else {
+            p = span_base(*s) + std::size_t{s->bump} * size;
+            ++s->bump;
+        }
+        ++s->used;
+        if (s->used == span_bytes / size)
+            partial_remove(c, *s);
+        allocated_bytes_.fetch_add(size, std::memory_order_relaxed);
+        return p;
+    }
+
+    std::byte* take_dedicated(std::size_t need) {
+        for (auto& ap : areas_) // an idle dedicated area that fits
+            if (ap && ap->dedicated && ap->idle() && ap->m.bytes >= need &&
+                ap->m.bytes - need < opt_.area_bytes) {
+                ap->free_spans = 0;
+                idle_bytes_ -= ap->m.bytes;
+                allocated_bytes_.fetch_add(ap->m.bytes, std::memory_order_relaxed);
+                return ap->m.base;
+            }
+        return nullptr;
+    }
+
+    void free_locked(std::byte* p, std::size_t bytes) noexcept {
+        area* a = area_of(p);
+        if (a == nullptr)
+            return; // not ours: ignore rather than corrupt
+        if (a->dedicated) {
+            a->free_spans = a->spans.size();
+            idle_bytes_ += a->m.bytes;
+            allocated_bytes_.fetch_sub(a->m.bytes, std::memory_order_relaxed);
+            return;
+        }
+        static_cast<void>(bytes);
+        const std::size_t index = static_cast<std::size_t>(p - a->m.base) / span_bytes;
+        span& s = a->spans[index];
+        if (s.state == span_run_head) {
+            const std::size_t n = s.run;
+            for (std::size_t j = 0; j < n; ++j)
+                reset((&s)[j]);
+            give_back_spans(*a, n);
+            allocated_bytes_.fetch_sub(n * span_bytes, std::memory_order_relaxed);
+            return;
+        }
+        if (s.state >= classes)
+            return; // a tail or a free span: not a block start
+        const unsigned c = s.state;
+        const std::size_t size = smallest << c;
+        *reinterpret_cast<void**>(p) = s.free;
+        s.free = p;
+        if (!s.in_partial)
+            partial_push(c, s);
+        --s.used;
+        allocated_bytes_.fetch_sub(size, std::memory_order_relaxed);
+        if (s.used == 0) {
+            partial_remove(c, s);
+            reset(s);
+            give_back_spans(*a, 1);
+        }
+    }
+
+    void give_back_spans(area& a, std::size_t n) noexcept {
+        a.free_spans += n;
+        if (a.idle())
+            idle_bytes_ += a.m.bytes;
+    }
+
+    /// Maps and registers an area big enough for `need`, outside the lock.
+    void add_area(std::size_t need) {
+        const bool dedicated = need > opt_.area_bytes / 2;
+        const std::size_t two_mib = std::size_t{2} << 20;
+        const std::size_t bytes =
+            dedicated ? (need + two_mib - 1) / two_mib * two_mib : opt_.area_bytes;
+        auto fresh = std::make_unique<area>();
+        fresh->m = detail::map_area(bytes, opt_.area_bytes, opt_.huge_pages);
+        try {
+            fresh->reg = reg_.reg(fresh->m.base, fresh->m.bytes, opt_.rights);
+        } catch (...) {
+            detail::unmap_area(fresh->m);
+            throw;
+        }
+        fresh->keys = Registrar::keys(fresh->reg);
+        fresh->dedicated = dedicated;
+        fresh->spans.resize(dedicated ? 1 : bytes / span_bytes);
+        for (span& sp : fresh->spans)
+            sp.owner = fresh.get();
+        fresh->free_spans = fresh->spans.size();
+        const auto base = reinterpret_cast<std::uintptr_t>(fresh->m.base);
+        std::lock_guard g(lock_);
+        try {
+            areas_by_address_.insert(base, base + fresh->m.bytes, fresh.get());
+            areas_.push_back(std::move(fresh));
+        } catch (...) {
+            areas_by_address_.erase(base, base + fresh->m.bytes);
+            reg_.dereg(fresh->reg);
+            detail::unmap_area(fresh->m);
+            throw;
+        }
+        idle_bytes_ += areas_.back()->m.bytes;
+        areas_registered_.fetch_add(1, std::memory_order_relaxed);
+        registered_bytes_.fetch_add(areas_.back()->m.bytes, std::memory_order_relaxed);
+        if (areas_.back()->m.huge)
+            huge_areas_.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    /// Deregisters, then unmaps: the registration never outlives its pages.
+    void release(area& a) noexcept {
+        reg_.dereg(a.reg);
+        detail::unmap_area(a.m);
+        areas_released_.fetch_add(1, std::memory_order_relaxed);
+        registered_bytes_.fetch_sub(a.m.bytes, std::memory_order_relaxed);
+    }
+
+    /// Releases idle areas until idle bytes are at most `keep`.
+    std::size_t trim_down_to(std::size_t keep, bool count) {
+        if (count)
+            trims_.fetch_add(1, std::memory_order_relaxed);
+        std::vector<std::unique_ptr<area>> going;
+        {
+            std::lock_guard g(lock_);
+            for (auto& ap : areas_) {
+                if (idle_bytes_ <= keep)
+                    break;
+                if (ap && ap->idle()) {
+                    const auto base = reinterpret_cast<std::uintptr_t>(ap->m.base);
+                    areas_by_address_.erase(base, base + ap->m.bytes);
+                    idle_bytes_ -= ap->m.bytes;
+                    going.push_back(std::move(ap));
+                }
+            }
+            std::erase(areas_, nullptr);
+        }
+        std::size_t released = 0;
+        for (auto& a : going) { // outside the lock: these are system calls
+            released += a->m.bytes;
+            release(*a);
+        }
+        return released;
+    }
+
+    void trim_loop() {
+        std::unique_lock g(trim_mutex_);
+        for (;;) {
+            trim_cv_.wait(
+                g, [this] { return stopping_ || trim_requested_.load(std::memory_order_relaxed); });
+            if (stopping_)
+                return;
+            trim_requested_.store(false, std::memory_order_relaxed);
+            g.unlock();
+            trim_down_to(opt_.high_watermark, false);
+            g.lock();
+        }
+    }
+
+    Registrar reg_;
+    arena_options opt_;
+    mutable detail::spin_lock lock_;
+    std::vector<std::unique_ptr<area>> areas_;
+    page_table<area> areas_by_address_;
+    std::array<span*, classes> partial_{};
+    std::size_t idle_bytes_ = 0;
+
+    std::mutex trim_mutex_;
+    std::condition_variable trim_cv_;
+    bool stopping_ = false;
+    std::atomic<bool> trim_requested_{false};
+    std::thread trimmer_;
+
+    std::atomic<std::uint64_t> allocations_{0}, frees_{0}, areas_registered_{0}, areas_released_{0},
+        huge_areas_{0}, trims_{0}, pressure_events_{0}, registered_bytes_{0}, allocated_bytes_{0};
+};
+
+/// The arena over verbs memory regions in one protection domain.
+using registered_arena = basic_registered_arena<verbs_registrar>;
+
+} // namespace rdmax

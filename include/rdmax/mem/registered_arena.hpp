@@ -128,10 +128,9 @@ public:
         for (;;) {
             {
                 std::lock_guard g(lock_);
-                if (std::byte* p = try_allocate_locked(need)) {
-                    area& a = *area_of(p);
+                if (const found f = try_allocate_locked(need); f.at != nullptr) {
                     allocations_.fetch_add(1, std::memory_order_relaxed);
-                    return {p, bytes, a.keys.lkey, a.keys.rkey};
+                    return {f.at, bytes, f.in->keys.lkey, f.in->keys.rkey};
                 }
             }
             add_area(need); // no room: a new area, registered outside the lock
@@ -351,20 +350,25 @@ private:
         return nullptr;
     }
 
-    std::byte* try_allocate_locked(std::size_t need) {
+    struct found {
+        std::byte* at = nullptr;
+        const area* in = nullptr;
+    };
+
+    found try_allocate_locked(std::size_t need) {
         if (need > opt_.area_bytes / 2)
             return take_dedicated(need);
         if (need > (smallest << (classes - 1))) { // a run of whole spans
             const std::size_t n = (need + span_bytes - 1) / span_bytes;
             span* s = take_spans(n);
             if (s == nullptr)
-                return nullptr;
+                return {};
             s->state = span_run_head;
             s->run = static_cast<std::uint32_t>(n);
             for (std::size_t j = 1; j < n; ++j)
                 s[j].state = span_run_tail;
             allocated_bytes_.fetch_add(n * span_bytes, std::memory_order_relaxed);
-            return span_base(*s);
+            return {span_base(*s), s->owner};
         }
         const unsigned c = class_of(need);
         const std::size_t size = smallest << c;
@@ -372,7 +376,7 @@ private:
         if (s == nullptr) {
             s = take_spans(1);
             if (s == nullptr)
-                return nullptr;
+                return {};
             reset(*s);
             s->state = static_cast<std::uint8_t>(c);
             partial_push(c, *s);
@@ -389,19 +393,19 @@ private:
         if (s->used == span_bytes / size)
             partial_remove(c, *s);
         allocated_bytes_.fetch_add(size, std::memory_order_relaxed);
-        return p;
+        return {p, s->owner};
     }
 
-    std::byte* take_dedicated(std::size_t need) {
+    found take_dedicated(std::size_t need) {
         for (auto& ap : areas_) // an idle dedicated area that fits
             if (ap && ap->dedicated && ap->idle() && ap->m.bytes >= need &&
                 ap->m.bytes - need < opt_.area_bytes) {
                 ap->free_spans = 0;
                 idle_bytes_ -= ap->m.bytes;
                 allocated_bytes_.fetch_add(ap->m.bytes, std::memory_order_relaxed);
-                return ap->m.base;
+                return {ap->m.base, ap.get()};
             }
-        return nullptr;
+        return {};
     }
 
     void free_locked(std::byte* p, std::size_t bytes) noexcept {

@@ -19,6 +19,7 @@ enum class [[nodiscard]] status : std::uint8_t {
     queue_full,        ///< no send-queue slot free: poll completions first
     batch_full,        ///< a chain holds as many work requests as it can
     post_failed,       ///< ibv_post_send / ibv_post_recv refused (see the QP's last_errno)
+    not_permitted,     ///< the remote handle does not grant this access
 };
 
 [[nodiscard]] constexpr std::string_view to_string(status s) noexcept {
@@ -34,6 +35,7 @@ enum class [[nodiscard]] status : std::uint8_t {
     case status::queue_full: return "send queue full: poll completions first";
     case status::batch_full: return "work-request chain full";
     case status::post_failed: return "the device refused the post";
+    case status::not_permitted: return "the handle does not grant this access";
     }
     return "unknown status";
 }

@@ -246,3 +246,18 @@ TEST_CASE("arena: 100000 random allocations and frees against a model; no overla
     a.trim();
     CHECK(a.registrar_ref().live == 0);
 }
+
+TEST_CASE("arena: memory pressure trims idle areas") {
+    arena_options o = small();
+    o.trim_under_pressure = true;
+    arena_t a{counting_registrar{}, o};
+    auto b = a.allocate(1500000);
+    a.deallocate(b.data, b.size);
+    CHECK(a.registrar_ref().live == 1);
+    detail::simulate_memory_pressure(); // what the PSI watcher does on an event
+    CHECK(a.registrar_ref().live == 0);
+    CHECK(a.counters().pressure_events == 1);
+    std::string why;
+    if (!memory_pressure_subscription::available(&why))
+        WARN("no PSI trigger here: " << why);
+}

@@ -13,9 +13,9 @@
 // Lazy unmap: freed blocks stay mapped and registered and are reused. An
 // area goes back to the system only when every block of it is free, and only
 // above the high watermark (by a background thread), on trim(), or under
-// memory pressure; it is deregistered before it is unmapped, so no
-// registration ever outlives the pages it covers. Nothing is MADV_DONTNEED'd
-// inside a registered area: that would leave the registration on the old pages.
+// memory pressure (a PSI trigger, memory_pressure.hpp); it is deregistered before it is unmapped,
+// so no registration ever outlives the pages it covers. Nothing is MADV_DONTNEED'd inside a
+// registered area: that would leave the registration on the old pages.
 //
 // Threads: allocate and deallocate take one spinlock for a few dozen
 // instructions, and make no system call unless a new area is needed (which
@@ -40,6 +40,7 @@
 #include <rdmax/mem/access.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/memory_pressure.hpp>
 #include <rdmax/mem/page_table.hpp>
 #include <rdmax/mem/registrar.hpp>
 
@@ -99,12 +100,15 @@ public:
         , opt_(checked(opt))
         , areas_by_address_(static_cast<unsigned>(__builtin_ctzl(opt_.area_bytes))) {
         trimmer_ = std::thread([this] { trim_loop(); });
+        if (opt_.trim_under_pressure)
+            pressure_.emplace([this] { trim_for_pressure(); });
     }
     basic_registered_arena(const basic_registered_arena&) = delete;
     basic_registered_arena& operator=(const basic_registered_arena&) = delete;
 
     /// Every block must have been given back (or be no longer used).
     ~basic_registered_arena() {
+        pressure_.reset(); // no pressure call from here on
         {
             std::lock_guard g(trim_mutex_);
             stopping_ = true;
@@ -552,6 +556,7 @@ private:
     bool stopping_ = false;
     std::atomic<bool> trim_requested_{false};
     std::thread trimmer_;
+    std::optional<memory_pressure_subscription> pressure_;
 
     std::atomic<std::uint64_t> allocations_{0}, frees_{0}, areas_registered_{0}, areas_released_{0},
         huge_areas_{0}, trims_{0}, pressure_events_{0}, registered_bytes_{0}, allocated_bytes_{0};

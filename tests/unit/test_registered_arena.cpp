@@ -1,6 +1,7 @@
 // registered_arena with the counting registrar: blocks inside registered areas,
 // keys in O(1), size classes, runs and dedicated areas, lazy unmap (watermark,
 // trim), the pmr adapter, threads, and a randomized run against a plain model.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -188,8 +189,10 @@ TEST_CASE("arena: two threads allocate and free concurrently") {
                 mine.push_back(b);
             } else {
                 const auto k = rng() % mine.size();
-                for (std::size_t j = 0; j < mine[k].size; ++j)
-                    REQUIRE(mine[k].data[j] == static_cast<std::byte>(seed));
+                const auto& b = mine[k];
+                REQUIRE(std::all_of(b.data, b.data + b.size, [&](std::byte x) {
+                    return x == static_cast<std::byte>(seed);
+                }));
                 a.deallocate(mine[k].data, mine[k].size);
                 mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(k));
             }
@@ -232,8 +235,10 @@ TEST_CASE("arena: 100000 random allocations and frees against a model; no overla
             auto it = model.begin();
             std::advance(it, static_cast<std::ptrdiff_t>(rng() % model.size()));
             auto* p = reinterpret_cast<std::byte*>(it->first);
-            for (std::size_t j = 0; j < std::min<std::size_t>(it->second.size, 256); ++j)
-                REQUIRE(p[j] == static_cast<std::byte>(it->second.fill)); // nobody wrote over it
+            const std::size_t n = std::min<std::size_t>(it->second.size, 256);
+            REQUIRE(std::all_of(p, p + n, [&](std::byte x) { // nobody wrote over it
+                return x == static_cast<std::byte>(it->second.fill);
+            }));
             a.deallocate(p, it->second.size);
             model.erase(it);
         }

@@ -22,9 +22,10 @@ struct memory_pressure_subscription::entry {
 
 namespace {
 
-/// 100 ms of "some" stall within any 1 s window: a system that is swapping
-/// or reclaiming hard, not one that is merely busy.
-constexpr std::string_view trigger = "some 100000 1000000";
+/// 150 ms of "some" stall within any 2 s window: a system that is swapping
+/// or reclaiming hard, not one that is merely busy. (Without CAP_SYS_RESOURCE
+/// the kernel takes only windows that are multiples of 2 s.)
+constexpr std::string_view trigger = "some 150000 2000000";
 
 class watcher {
 public:

@@ -1,7 +1,7 @@
 #pragma once
 // memory_pressure: tells its subscribers when the system is short of memory,
-// from a PSI trigger on /proc/pressure/memory ("some" stall of 100 ms within
-// any 1 s), watched by one background thread per process. Arenas subscribe
+// from a PSI trigger on /proc/pressure/memory ("some" stall of 150 ms within
+// any 2 s), watched by one background thread per process. Arenas subscribe
 // to give idle registered areas back (registered_arena.hpp).
 //
 // Where the kernel has no PSI (or it is disabled: Debian boots with psi=0

@@ -19,7 +19,8 @@
 //
 // Threads: allocate and deallocate take one spinlock for a few dozen
 // instructions, and make no system call unless a new area is needed (which
-// registers it outside the lock).
+// registers it outside the spinlock; calls to the registrar are serialized,
+// so it need not be thread-safe).
 
 #include <array>
 #include <atomic>
@@ -194,7 +195,7 @@ public:
         c.allocations = allocations_.load(std::memory_order_relaxed);
         c.frees = frees_.load(std::memory_order_relaxed);
         c.areas_registered = areas_registered_.load(std::memory_order_relaxed);
-        c.areas_released = areas_released_.load(std::memory_order_relaxed);
+        c.areas_released = areas_released_.load(std::memory_order_acquire);
         c.huge_page_areas = huge_areas_.load(std::memory_order_relaxed);
         c.trims = trims_.load(std::memory_order_relaxed);
         c.pressure_events = pressure_events_.load(std::memory_order_relaxed);
@@ -465,6 +466,7 @@ private:
         auto fresh = std::make_unique<area>();
         fresh->m = detail::map_area(bytes, opt_.area_bytes, opt_.huge_pages);
         try {
+            std::lock_guard r(registrar_mutex_);
             fresh->reg = reg_.reg(fresh->m.base, fresh->m.bytes, opt_.rights);
         } catch (...) {
             detail::unmap_area(fresh->m);
@@ -483,7 +485,10 @@ private:
             areas_.push_back(std::move(fresh));
         } catch (...) {
             areas_by_address_.erase(base, base + fresh->m.bytes);
-            reg_.dereg(fresh->reg);
+            {
+                std::lock_guard r(registrar_mutex_);
+                reg_.dereg(fresh->reg);
+            }
             detail::unmap_area(fresh->m);
             throw;
         }
@@ -496,9 +501,13 @@ private:
 
     /// Deregisters, then unmaps: the registration never outlives its pages.
     void release(area& a) noexcept {
-        reg_.dereg(a.reg);
+        {
+            std::lock_guard r(registrar_mutex_);
+            reg_.dereg(a.reg);
+        }
         detail::unmap_area(a.m);
-        areas_released_.fetch_add(1, std::memory_order_relaxed);
+        // Release: whoever sees the count sees the deregistration done.
+        areas_released_.fetch_add(1, std::memory_order_release);
         registered_bytes_.fetch_sub(a.m.bytes, std::memory_order_relaxed);
     }
 
@@ -544,6 +553,7 @@ private:
     }
 
     Registrar reg_;
+    std::mutex registrar_mutex_; ///< registrars need not be thread-safe; areas are rare
     arena_options opt_;
     mutable detail::spin_lock lock_;
     std::vector<std::unique_ptr<area>> areas_;

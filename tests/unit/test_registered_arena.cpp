@@ -269,3 +269,18 @@ TEST_CASE("arena: memory pressure trims idle areas") {
     if (!memory_pressure_subscription::available(&why))
         WARN("no PSI trigger here: " << why);
 }
+
+TEST_CASE("arena: a dedicated area of any size is found whole (not only whole area units)") {
+    arena_options o = small();
+    o.area_bytes = 4 * mib;
+    arena_t a{counting_registrar{}, o};
+    for (const std::size_t size : {3 * mib, 6 * mib, 10 * mib + 12345}) {
+        auto b = a.allocate(size); // 4, 6 and 12 MiB dedicated areas
+        CHECK(a.keys_of(b.data + size - 1)->lkey == b.lkey);
+        CHECK(a.local<access::local_write>(b.data, size).lkey == b.lkey);
+        std::memset(b.data + size - 4096, 1, 4096);
+        a.deallocate(b.data, b.size);
+    }
+    a.trim();
+    CHECK(a.registrar_ref().live == 0);
+}

@@ -481,10 +481,10 @@ private:
         const auto base = reinterpret_cast<std::uintptr_t>(fresh->m.base);
         std::lock_guard g(lock_);
         try {
-            areas_by_address_.insert(base, base + fresh->m.bytes, fresh.get());
+            areas_by_address_.insert(base, table_end(*fresh), fresh.get());
             areas_.push_back(std::move(fresh));
         } catch (...) {
-            areas_by_address_.erase(base, base + fresh->m.bytes);
+            areas_by_address_.erase(base, table_end(*fresh));
             {
                 std::lock_guard r(registrar_mutex_);
                 reg_.dereg(fresh->reg);
@@ -497,6 +497,15 @@ private:
         registered_bytes_.fetch_add(areas_.back()->m.bytes, std::memory_order_relaxed);
         if (areas_.back()->m.huge)
             huge_areas_.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    /// Where an area's entry in the table ends: its end rounded up to a whole
+    /// area_bytes (the table's unit). A dedicated area is a multiple of 2 MiB
+    /// only; the rest of its last unit belongs to no other area, since areas
+    /// start on multiples of area_bytes.
+    [[nodiscard]] std::uintptr_t table_end(const area& a) const noexcept {
+        const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(a.m.base) + a.m.bytes;
+        return (end + opt_.area_bytes - 1) & ~(opt_.area_bytes - 1);
     }
 
     /// Deregisters, then unmaps: the registration never outlives its pages.
@@ -523,7 +532,7 @@ private:
                     break;
                 if (ap && ap->idle()) {
                     const auto base = reinterpret_cast<std::uintptr_t>(ap->m.base);
-                    areas_by_address_.erase(base, base + ap->m.bytes);
+                    areas_by_address_.erase(base, table_end(*ap));
                     idle_bytes_ -= ap->m.bytes;
                     going.push_back(std::move(ap));
                 }

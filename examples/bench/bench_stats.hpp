@@ -1,12 +1,20 @@
 #pragma once
 // What the benchmarks that are not perftest look-alikes share: medians with
-// their range, and --json FILE as one JSON list.
+// their range, --json FILE as one JSON list, sizes with K/M/G suffixes,
+// touched anonymous mappings, the timing of ibv_reg_mr + ibv_dereg_mr, and
+// --plot FILE.png through gnuplot.
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <sys/mman.h>
 #include <vector>
 
 #include <fmt/format.h>
@@ -64,5 +72,180 @@ private:
     std::string path_;
     std::vector<std::string> records_;
 };
+
+// ---- sizes and memory ---------------------------------------------------------------------
+
+inline constexpr std::size_t kib = 1024;
+inline constexpr std::size_t mib = 1024 * kib;
+
+/// "4 KiB", "16 MiB", "100 B".
+inline std::string human_bytes(std::size_t b) {
+    if (b >= mib && b % mib == 0)
+        return fmt::format("{} MiB", b / mib);
+    if (b >= kib && b % kib == 0)
+        return fmt::format("{} KiB", b / kib);
+    return fmt::format("{} B", b);
+}
+
+/// A byte count with an optional binary K/M/G suffix, from 1 to `most`.
+inline std::size_t parse_size(const char* text, std::string_view flag, std::size_t most) {
+    std::string_view s(text);
+    std::size_t unit = 1;
+    if (!s.empty()) {
+        switch (s.back()) {
+        case 'k':
+        case 'K': unit = kib; break;
+        case 'm':
+        case 'M': unit = mib; break;
+        case 'g':
+        case 'G': unit = 1024 * mib; break;
+        default: break;
+        }
+        if (unit != 1)
+            s.remove_suffix(1);
+    }
+    std::size_t value = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec != std::errc{} || end != s.data() + s.size() || value == 0 || value > most / unit)
+        fail(fmt::format("{} wants a size from 1 to {}, not '{}'", flag, human_bytes(most), text));
+    return value * unit;
+}
+
+/// An anonymous private mapping, unmapped at the end.
+class mapping {
+public:
+    /// `touch`: fault every page in now (so that registering it later pins
+    /// pages that exist instead of faulting them in inside the timed call).
+    mapping(std::size_t bytes, bool touch)
+        : bytes_(bytes) {
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | (touch ? MAP_POPULATE : MAP_NORESERVE), -1, 0);
+        if (p == MAP_FAILED)
+            fail(fmt::format("cannot map {} bytes: {}", bytes, std::strerror(errno)));
+        data_ = static_cast<std::byte*>(p);
+        if (touch)
+            std::memset(data_, 0x5a, bytes);
+    }
+    mapping(const mapping&) = delete;
+    mapping& operator=(const mapping&) = delete;
+    ~mapping() { munmap(data_, bytes_); }
+
+    [[nodiscard]] std::byte* data() const noexcept { return data_; }
+
+private:
+    std::size_t bytes_;
+    std::byte* data_ = nullptr;
+};
+
+// ---- ibv_reg_mr ---------------------------------------------------------------------------
+
+/// Registrations per size: all of `n` up to 1 MiB, proportionally fewer above
+/// (ibv_reg_mr's cost grows with the pages it pins), never below min(n, 9).
+inline std::uint32_t reg_iterations(std::uint32_t n, std::size_t bytes) {
+    if (bytes <= mib)
+        return n;
+    const auto scaled = static_cast<std::uint32_t>(std::uint64_t{n} * mib / bytes);
+    return std::max(scaled, std::min(n, 9u));
+}
+
+/// Cycles of each ibv_reg_mr and each ibv_dereg_mr, one pair per iteration.
+struct reg_cycles {
+    std::vector<std::uint64_t> reg, dereg;
+};
+
+/// `iterations` times ibv_reg_mr then ibv_dereg_mr of [buffer, buffer + bytes)
+/// (already touched), each timed apart, after one untimed round (the
+/// provider's first call may set things up).
+inline reg_cycles time_registration(const verbs::protection_domain& pd, std::byte* buffer,
+                                    std::size_t bytes, access rights, std::uint32_t iterations) {
+    const auto fail_reg = [&](const char* verb) {
+        fail(fmt::format("{} of {} bytes failed: {}", verb, bytes, std::strerror(errno)));
+    };
+    if (ibv_mr* mr = ibv_reg_mr(pd.get(), buffer, bytes, to_ibv(rights)); mr != nullptr)
+        ibv_dereg_mr(mr);
+    else
+        fail_reg("ibv_reg_mr");
+    reg_cycles out;
+    out.reg.reserve(iterations);
+    out.dereg.reserve(iterations);
+    for (std::uint32_t i = 0; i < iterations; ++i) {
+        const std::uint64_t t0 = cycles();
+        ibv_mr* mr = ibv_reg_mr(pd.get(), buffer, bytes, to_ibv(rights));
+        const std::uint64_t t1 = cycles();
+        if (mr == nullptr)
+            fail_reg("ibv_reg_mr");
+        if (ibv_dereg_mr(mr) != 0)
+            fail_reg("ibv_dereg_mr");
+        const std::uint64_t t2 = cycles();
+        out.reg.push_back(t1 - t0);
+        out.dereg.push_back(t2 - t1);
+    }
+    return out;
+}
+
+// ---- --plot -------------------------------------------------------------------------------
+
+/// One line of a plot: its title and a y per x (NaN or <= 0: no point).
+struct plot_series {
+    std::string title;
+    std::vector<double> y;
+};
+
+/// Writes a log-log PNG of the series against x with gnuplot. Where gnuplot
+/// is not installed, says so on stderr and returns false: a missing plot is
+/// not a failed run. A gnuplot that fails is a failure.
+inline bool log_log_plot(const std::string& png, const std::string& title,
+                         const std::string& xlabel, const std::string& ylabel,
+                         const std::vector<double>& x, const std::vector<plot_series>& series) {
+    if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        fmt::print(stderr,
+                   "gnuplot is not installed: no plot written to {} (apt-get install "
+                   "gnuplot-nox)\n",
+                   png);
+        return false;
+    }
+    std::FILE* gp = popen("gnuplot", "w");
+    if (gp == nullptr)
+        fail(fmt::format("cannot run gnuplot: {}", std::strerror(errno)));
+    const auto quoted = [](std::string_view s) {
+        std::string q;
+        for (const char c : s) {
+            if (c == '"' || c == '\\')
+                q += '\\';
+            q += c;
+        }
+        return q;
+    };
+    // A margin either side, so that the first and last sizes keep their tics.
+    const auto [least, most] = std::minmax_element(x.begin(), x.end());
+    const double lo = x.empty() ? 1 : *least / 1.5, hi = x.empty() ? 2 : *most * 1.5;
+    fmt::print(gp,
+               "set terminal pngcairo size 1000,650 noenhanced\n"
+               "set output \"{}\"\n"
+               "set title \"{}\"\n"
+               "set xlabel \"{}\"\nset ylabel \"{}\"\n"
+               "set logscale xy\nset grid xtics ytics mxtics mytics\n"
+               "set key top left\nset xrange [{}:{}]\nset format y \"%g\"\n"
+               "set xtics (\"64\" 64, \"1K\" 1024, \"4K\" 4096, \"16K\" 16384, \"64K\" 65536, "
+               "\"256K\" 262144, \"1M\" 1048576, \"4M\" 4194304, \"16M\" 16777216, \"64M\" "
+               "67108864, \"256M\" 268435456)\n",
+               quoted(png), quoted(title), quoted(xlabel), quoted(ylabel), lo, hi);
+    for (std::size_t s = 0; s < series.size(); ++s) {
+        fmt::print(gp, "$d{} << EOD\n", s);
+        for (std::size_t i = 0; i < x.size() && i < series[s].y.size(); ++i)
+            if (series[s].y[i] > 0)
+                fmt::print(gp, "{} {}\n", x[i], series[s].y[i]);
+        fmt::print(gp, "EOD\n");
+    }
+    fmt::print(gp, "plot ");
+    for (std::size_t s = 0; s < series.size(); ++s)
+        fmt::print(gp, "{}$d{} using 1:2 with linespoints lw 2 pt 7 title \"{}\"",
+                   s == 0 ? "" : ", ", s, quoted(series[s].title));
+    fmt::print(gp, "\n");
+    const int status = pclose(gp);
+    if (status != 0)
+        fail(fmt::format("gnuplot failed writing {} (status {})", png, status));
+    return true;
+}
 
 } // namespace rdmax::bench

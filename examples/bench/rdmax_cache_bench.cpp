@@ -60,9 +60,6 @@ constexpr std::string_view tool = "rdmax_cache_bench";
 /// The rights every registration here asks for (a typical RDMA buffer's).
 constexpr access rights = access::local_write | access::remote_write | access::remote_read;
 
-constexpr std::size_t kib = 1024;
-constexpr std::size_t mib = 1024 * kib;
-
 /// --reg sizes; -s cuts the list.
 constexpr std::array<std::size_t, 5> reg_sizes = {4 * kib, 64 * kib, 1 * mib, 16 * mib, 256 * mib};
 /// --lookup: the random pattern's cache populations.
@@ -103,31 +100,6 @@ void print_usage() {
         tool, default_lookups, default_reg_iterations, fewest_iterations);
 }
 
-/// A byte count with an optional binary K/M/G suffix.
-std::size_t parse_size(const char* text, std::string_view flag) {
-    std::string_view s(text);
-    std::size_t unit = 1;
-    if (!s.empty()) {
-        switch (s.back()) {
-        case 'k':
-        case 'K': unit = kib; break;
-        case 'm':
-        case 'M': unit = mib; break;
-        case 'g':
-        case 'G': unit = 1024 * mib; break;
-        default: break;
-        }
-        if (unit != 1)
-            s.remove_suffix(1);
-    }
-    std::size_t value = 0;
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-    if (ec != std::errc{} || end != s.data() + s.size() || value == 0 ||
-        value > reg_sizes.back() / unit)
-        fail(fmt::format("{} wants a size from 1 to 256M, not '{}'", flag, text));
-    return value * unit;
-}
-
 cache_options parse_options(int argc, char** argv) {
     cache_options o;
     enum : int { opt_json = 1000, opt_lookup, opt_reg, opt_batches };
@@ -151,7 +123,7 @@ cache_options parse_options(int argc, char** argv) {
             case opt_lookup: o.lookup = true; break;
             case opt_reg: o.reg = true; break;
             case 'd': o.device = optarg; break;
-            case 's': o.max_size = parse_size(optarg, "-s"); break;
+            case 's': o.max_size = parse_size(optarg, "-s", reg_sizes.back()); break;
             case 'n':
                 o.iterations = bench::detail::parse_number<std::uint32_t>(
                     optarg, "-n", fewest_iterations, 1'000'000'000);
@@ -180,40 +152,6 @@ cache_options parse_options(int argc, char** argv) {
 }
 
 // ---- helpers ------------------------------------------------------------------------------
-
-/// An anonymous private mapping, unmapped at the end.
-class mapping {
-public:
-    /// `touch`: fault every page in now (so that registering it later pins
-    /// pages that exist instead of faulting them in inside the timed call).
-    mapping(std::size_t bytes, bool touch)
-        : bytes_(bytes) {
-        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | (touch ? MAP_POPULATE : MAP_NORESERVE), -1, 0);
-        if (p == MAP_FAILED)
-            fail(fmt::format("cannot map {} bytes: {}", bytes, std::strerror(errno)));
-        data_ = static_cast<std::byte*>(p);
-        if (touch)
-            std::memset(data_, 0x5a, bytes);
-    }
-    mapping(const mapping&) = delete;
-    mapping& operator=(const mapping&) = delete;
-    ~mapping() { munmap(data_, bytes_); }
-
-    [[nodiscard]] std::byte* data() const noexcept { return data_; }
-
-private:
-    std::size_t bytes_;
-    std::byte* data_ = nullptr;
-};
-
-std::string human_bytes(std::size_t b) {
-    if (b >= mib && b % mib == 0)
-        return fmt::format("{} MiB", b / mib);
-    if (b >= kib && b % kib == 0)
-        return fmt::format("{} KiB", b / kib);
-    return fmt::format("{} B", b);
-}
 
 // ---- the baseline -------------------------------------------------------------------------
 
@@ -473,47 +411,18 @@ struct reg_result {
     double reg_us = 0, dereg_us = 0, both_us = 0, hit_us = 0;
 };
 
-/// Registrations per size: all of -n up to 1 MiB, proportionally fewer above
-/// (ibv_reg_mr's cost grows with the pages it pins), never below the floor.
-std::uint32_t reg_iterations(std::uint32_t n, std::size_t bytes) {
-    if (bytes <= mib)
-        return n;
-    const auto scaled = static_cast<std::uint32_t>(std::uint64_t{n} * mib / bytes);
-    return std::max(scaled, std::min(n, 9u));
-}
-
 reg_result measure_reg(const cache_options& opt, const verbs::protection_domain& pd,
                        std::byte* buffer, std::size_t bytes) {
     reg_result r;
     r.bytes = bytes;
     r.iterations =
         reg_iterations(opt.iterations != 0 ? opt.iterations : default_reg_iterations, bytes);
-    const auto fail_reg = [&](const char* verb) {
-        fail(fmt::format("{} of {} bytes failed: {}", verb, bytes, std::strerror(errno)));
-    };
     fmt::print(stderr, "[reg] {}: {} x ibv_reg_mr + ibv_dereg_mr\n", human_bytes(bytes),
                r.iterations);
 
     cycle_rate rate;
     rate.start();
-    // One untimed round first (the provider's first call may set things up).
-    if (ibv_mr* mr = ibv_reg_mr(pd.get(), buffer, bytes, to_ibv(rights)); mr != nullptr)
-        ibv_dereg_mr(mr);
-    else
-        fail_reg("ibv_reg_mr");
-    std::vector<std::uint64_t> reg_cycles, dereg_cycles;
-    for (std::uint32_t i = 0; i < r.iterations; ++i) {
-        const std::uint64_t t0 = cycles();
-        ibv_mr* mr = ibv_reg_mr(pd.get(), buffer, bytes, to_ibv(rights));
-        const std::uint64_t t1 = cycles();
-        if (mr == nullptr)
-            fail_reg("ibv_reg_mr");
-        if (ibv_dereg_mr(mr) != 0)
-            fail_reg("ibv_dereg_mr");
-        const std::uint64_t t2 = cycles();
-        reg_cycles.push_back(t1 - t0);
-        dereg_cycles.push_back(t2 - t1);
-    }
+    const reg_cycles reg = time_registration(pd, buffer, bytes, rights, r.iterations);
 
     fmt::print(stderr, "[reg] {}: {} x {} cache hits\n", human_bytes(bytes), opt.batches,
                hits_per_batch);
@@ -548,10 +457,10 @@ reg_result measure_reg(const cache_options& opt, const verbs::protection_domain&
     if (per_us <= 0)
         fail("the cycle counter did not advance");
     std::vector<double> reg_us, dereg_us, both_us, hit_us;
-    for (std::size_t i = 0; i < reg_cycles.size(); ++i) {
-        reg_us.push_back(static_cast<double>(reg_cycles[i]) / per_us);
-        dereg_us.push_back(static_cast<double>(dereg_cycles[i]) / per_us);
-        both_us.push_back(static_cast<double>(reg_cycles[i] + dereg_cycles[i]) / per_us);
+    for (std::size_t i = 0; i < reg.reg.size(); ++i) {
+        reg_us.push_back(static_cast<double>(reg.reg[i]) / per_us);
+        dereg_us.push_back(static_cast<double>(reg.dereg[i]) / per_us);
+        both_us.push_back(static_cast<double>(reg.reg[i] + reg.dereg[i]) / per_us);
     }
     for (const std::uint64_t c : hit_cycles)
         hit_us.push_back(static_cast<double>(c) / per_us / hits_per_batch);

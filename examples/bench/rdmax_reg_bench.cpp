@@ -48,15 +48,7 @@
 #include <thread>
 #include <vector>
 
-// FIXME(registered_arena): allocate() dereferences area_of(p), which may return
-// nullptr, so GCC 12 at -O2 reports -Wnull-dereference (an error here) once the
-// template is instantiated; nothing else in the tree instantiates it yet.
-// Silenced for the arena's header only until the arena says a found block's
-// area is never null.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wnull-dereference"
 #include <rdmax/mem/registered_arena.hpp>
-#pragma GCC diagnostic pop
 #include <rdmax/mem/verbs_cache.hpp>
 
 #include "bench_common.hpp"

@@ -33,6 +33,7 @@
 #include <new>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -134,7 +135,7 @@ public:
             {
                 std::lock_guard g(lock_);
                 if (const found f = try_allocate_locked(need); f.at != nullptr) {
-                    allocations_.fetch_add(1, std::memory_order_relaxed);
+                    ++allocations_;
                     return {f.at, bytes, f.in->keys.lkey, f.in->keys.rkey};
                 }
             }
@@ -150,9 +151,9 @@ public:
         {
             std::lock_guard g(lock_);
             free_locked(static_cast<std::byte*>(p), bytes);
+            ++frees_;
             wake = idle_bytes_ > opt_.high_watermark;
         }
-        frees_.fetch_add(1, std::memory_order_relaxed);
         if (wake && !trim_requested_.exchange(true, std::memory_order_relaxed))
             trim_cv_.notify_one(); // rare: crossing the watermark
     }
@@ -192,15 +193,20 @@ public:
 
     [[nodiscard]] arena_counters counters() const noexcept {
         arena_counters c;
-        c.allocations = allocations_.load(std::memory_order_relaxed);
-        c.frees = frees_.load(std::memory_order_relaxed);
+        {
+            // These change under the lock, with the blocks: no atomics on
+            // the allocation path.
+            std::lock_guard g(lock_);
+            c.allocations = allocations_;
+            c.frees = frees_;
+            c.allocated_bytes = allocated_bytes_;
+        }
         c.areas_registered = areas_registered_.load(std::memory_order_relaxed);
         c.areas_released = areas_released_.load(std::memory_order_acquire);
         c.huge_page_areas = huge_areas_.load(std::memory_order_relaxed);
         c.trims = trims_.load(std::memory_order_relaxed);
         c.pressure_events = pressure_events_.load(std::memory_order_relaxed);
         c.registered_bytes = registered_bytes_.load(std::memory_order_relaxed);
-        c.allocated_bytes = allocated_bytes_.load(std::memory_order_relaxed);
         return c;
     }
     [[nodiscard]] const arena_options& options() const noexcept { return opt_; }
@@ -365,6 +371,11 @@ private:
             return take_dedicated(need);
         if (need > (smallest << (classes - 1))) { // a run of whole spans
             const std::size_t n = (need + span_bytes - 1) / span_bytes;
+            if (n < run_cache_.size() && run_cache_[n] != nullptr) { // a run freed lately
+                span* s = std::exchange(run_cache_[n], nullptr);
+                allocated_bytes_ += n * span_bytes;
+                return {span_base(*s), s->owner};
+            }
             span* s = take_spans(n);
             if (s == nullptr)
                 return {};
@@ -372,7 +383,7 @@ private:
             s->run = static_cast<std::uint32_t>(n);
             for (std::size_t j = 1; j < n; ++j)
                 s[j].state = span_run_tail;
-            allocated_bytes_.fetch_add(n * span_bytes, std::memory_order_relaxed);
+            allocated_bytes_ += n * span_bytes;
             return {span_base(*s), s->owner};
         }
         const unsigned c = class_of(need);
@@ -397,7 +408,7 @@ private:
         ++s->used;
         if (s->used == span_bytes / size)
             partial_remove(c, *s);
-        allocated_bytes_.fetch_add(size, std::memory_order_relaxed);
+        allocated_bytes_ += size;
         return {p, s->owner};
     }
 
@@ -407,7 +418,7 @@ private:
                 ap->m.bytes - need < opt_.area_bytes) {
                 ap->free_spans = 0;
                 idle_bytes_ -= ap->m.bytes;
-                allocated_bytes_.fetch_add(ap->m.bytes, std::memory_order_relaxed);
+                allocated_bytes_ += ap->m.bytes;
                 return {ap->m.base, ap.get()};
             }
         return {};
@@ -420,7 +431,7 @@ private:
         if (a->dedicated) {
             a->free_spans = a->spans.size();
             idle_bytes_ += a->m.bytes;
-            allocated_bytes_.fetch_sub(a->m.bytes, std::memory_order_relaxed);
+            allocated_bytes_ -= a->m.bytes;
             return;
         }
         static_cast<void>(bytes);
@@ -428,10 +439,14 @@ private:
         span& s = a->spans[index];
         if (s.state == span_run_head) {
             const std::size_t n = s.run;
+            allocated_bytes_ -= n * span_bytes;
+            if (n < run_cache_.size() && run_cache_[n] == nullptr) {
+                run_cache_[n] = &s; // kept whole for the next run of that length
+                return;
+            }
             for (std::size_t j = 0; j < n; ++j)
                 reset((&s)[j]);
             give_back_spans(*a, n);
-            allocated_bytes_.fetch_sub(n * span_bytes, std::memory_order_relaxed);
             return;
         }
         if (s.state >= classes)
@@ -443,8 +458,11 @@ private:
         if (!s.in_partial)
             partial_push(c, s);
         --s.used;
-        allocated_bytes_.fetch_sub(size, std::memory_order_relaxed);
-        if (s.used == 0) {
+        allocated_bytes_ -= size;
+        // An empty span goes back to its area, unless it is the class's only
+        // one with room: a block allocated and freed over and over would
+        // otherwise take and return a span each time. trim() takes it back.
+        if (s.used == 0 && !(partial_[c] == &s && s.next_partial == nullptr)) {
             partial_remove(c, s);
             reset(s);
             give_back_spans(*a, 1);
@@ -522,11 +540,33 @@ private:
 
     /// Releases idle areas until idle bytes are at most `keep`.
     std::size_t trim_down_to(std::size_t keep, bool count) {
+        // One trim at a time, so that trim() returns only when the areas it
+        // found idle are gone, even those the background thread took first.
+        std::lock_guard one(trim_serial_);
         if (count)
             trims_.fetch_add(1, std::memory_order_relaxed);
         std::vector<std::unique_ptr<area>> going;
         {
             std::lock_guard g(lock_);
+            // Runs and empty spans kept for reuse go back to their areas first.
+            for (span*& r : run_cache_)
+                if (r != nullptr) {
+                    const std::size_t n = r->run;
+                    for (std::size_t j = 0; j < n; ++j)
+                        reset(r[j]);
+                    give_back_spans(*r->owner, n);
+                    r = nullptr;
+                }
+            for (unsigned c = 0; c < classes; ++c)
+                for (span* sp = partial_[c]; sp != nullptr;) {
+                    span* next = sp->next_partial;
+                    if (sp->used == 0) {
+                        partial_remove(c, *sp);
+                        reset(*sp);
+                        give_back_spans(*sp->owner, 1);
+                    }
+                    sp = next;
+                }
             for (auto& ap : areas_) {
                 if (idle_bytes_ <= keep)
                     break;
@@ -568,8 +608,12 @@ private:
     std::vector<std::unique_ptr<area>> areas_;
     page_table<area> areas_by_address_;
     std::array<span*, classes> partial_{};
+    /// One freed run per length up to 1 MiB, kept whole: reusing it costs
+    /// nothing, where searching and resetting costs a step per span.
+    std::array<span*, 17> run_cache_{};
     std::size_t idle_bytes_ = 0;
 
+    std::mutex trim_serial_; ///< held through a whole trim, releases included
     std::mutex trim_mutex_;
     std::condition_variable trim_cv_;
     bool stopping_ = false;
@@ -577,8 +621,9 @@ private:
     std::thread trimmer_;
     std::optional<memory_pressure_subscription> pressure_;
 
-    std::atomic<std::uint64_t> allocations_{0}, frees_{0}, areas_registered_{0}, areas_released_{0},
-        huge_areas_{0}, trims_{0}, pressure_events_{0}, registered_bytes_{0}, allocated_bytes_{0};
+    std::uint64_t allocations_ = 0, frees_ = 0, allocated_bytes_ = 0; ///< under lock_
+    std::atomic<std::uint64_t> areas_registered_{0}, areas_released_{0}, huge_areas_{0}, trims_{0},
+        pressure_events_{0}, registered_bytes_{0};
 };
 
 /// The arena over verbs memory regions in one protection domain.

@@ -696,12 +696,14 @@ struct result {
     std::uint32_t iters;
     double seconds; ///< median per allreduce
     double min_seconds;
+    double registration_seconds = 0; ///< per-call: median ibv_reg_mr + dereg time per call
 };
 
 /// Everything one run keeps across sizes: the ring and the exchange counter.
 struct run {
     ring& R;
-    std::uint64_t seq = 0; ///< token exchanges and calls, counted alike by all ranks
+    std::uint64_t seq = 0;            ///< token exchanges and calls, counted alike by all ranks
+    std::vector<double> registration; ///< per-call: time in (de)registration, each call
 
     /// Sends my tokens left and returns my right neighbour's.
     tokens exchange(const token& data, const token& staging) {
@@ -729,13 +731,24 @@ struct run {
 
     std::vector<double> per_call(std::uint64_t bytes, std::uint32_t iters) {
         std::vector<float> data(bytes / sizeof(float)), staging(data.size());
+        registration.clear();
         return repeat(data, iters, mode::per_call, [&](std::uint64_t call) {
             // What naive code does: register, hand out the keys, use, deregister.
-            const memory_region<vec_rights> dmr(R.pd(), data.data(), bytes);
-            const memory_region<vec_rights> smr(R.pd(), staging.data(), bytes);
-            R.send_tokens({dmr.remote(), smr.remote(), call});
+            // The (de)registration time is kept apart, to set it beside
+            // rdmax_reg_bench's measure of the same calls.
+            const auto r0 = steady::now();
+            std::optional<memory_region<vec_rights>> dmr, smr;
+            dmr.emplace(R.pd(), data.data(), bytes);
+            smr.emplace(R.pd(), staging.data(), bytes);
+            const auto r1 = steady::now();
+            R.send_tokens({dmr->remote(), smr->remote(), call});
             const tokens right = R.receive_tokens(call);
-            ring_allreduce(R, data, staging, dmr.lkey(), right, call);
+            ring_allreduce(R, data, staging, dmr->lkey(), right, call);
+            const auto r2 = steady::now();
+            dmr.reset();
+            smr.reset();
+            registration.push_back(
+                std::chrono::duration<double>((r1 - r0) + (steady::now() - r2)).count());
         });
     }
 
@@ -771,12 +784,14 @@ struct run {
 void print_table(std::span<const result> rs) {
     if (rs.empty())
         return;
-    fmt::print("\n{:>10} {:>5} {:>9} {:>6} {:>13} {:>13} {:>10}\n", "bytes", "ranks", "mode",
-               "iters", "median us", "min us", "MB/s");
+    fmt::print("\n{:>10} {:>5} {:>9} {:>6} {:>13} {:>13} {:>10} {:>12}\n", "bytes", "ranks", "mode",
+               "iters", "median us", "min us", "MB/s", "(de)reg us");
     for (const auto& x : rs)
-        fmt::print("{:>10} {:>5} {:>9} {:>6} {:>13.1f} {:>13.1f} {:>10.2f}\n", x.bytes, x.ranks,
-                   name_of(x.m), x.iters, x.seconds * 1e6, x.min_seconds * 1e6,
-                   static_cast<double>(x.bytes) / x.seconds / 1e6);
+        fmt::print("{:>10} {:>5} {:>9} {:>6} {:>13.1f} {:>13.1f} {:>10.2f} {:>12}\n", x.bytes,
+                   x.ranks, name_of(x.m), x.iters, x.seconds * 1e6, x.min_seconds * 1e6,
+                   static_cast<double>(x.bytes) / x.seconds / 1e6,
+                   x.m == mode::per_call ? fmt::format("{:.1f}", x.registration_seconds * 1e6)
+                                         : std::string("-"));
 }
 
 void print_ratios(std::span<const result> rs) {
@@ -818,7 +833,7 @@ void write_json(const std::string& path, std::span<const result> rs) {
 
 int main_rank(const options& o) {
     ring R(o);
-    run x{R};
+    run x{R, 0, {}};
     const bool lead = o.rank == 0;
     if (lead)
         fmt::print("allreduce: {} ranks in a ring on {}, sizes {} to {} bytes\n", o.ranks,
@@ -837,6 +852,8 @@ int main_rank(const options& o) {
                 const std::vector<double> t = one_size(bytes, iters);
                 all.push_back(
                     {bytes, o.ranks, m, iters, median(t), *std::min_element(t.begin(), t.end())});
+                if (m == mode::per_call)
+                    all.back().registration_seconds = median(x.registration);
             }
             if (lead)
                 print_table(std::span(all).subspan(first));

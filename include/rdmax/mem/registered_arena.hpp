@@ -608,9 +608,9 @@ private:
     std::vector<std::unique_ptr<area>> areas_;
     page_table<area> areas_by_address_;
     std::array<span*, classes> partial_{};
-    /// One freed run per length up to 1 MiB, kept whole: reusing it costs
-    /// nothing, where searching and resetting costs a step per span.
-    std::array<span*, 17> run_cache_{};
+    /// One freed run per length (up to half an area), kept whole: reusing it
+    /// costs nothing, where searching and resetting costs a step per span.
+    std::vector<span*> run_cache_ = std::vector<span*>(opt_.area_bytes / 2 / span_bytes + 1);
     std::size_t idle_bytes_ = 0;
 
     std::mutex trim_serial_; ///< held through a whole trim, releases included

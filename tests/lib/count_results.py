@@ -28,6 +28,10 @@ def main(argv):
             records = []
             counts["failed"] += 1
             problems.append(f"no test log ({err.__class__.__name__}): the phase did not run its tests")
+        if not records and not problems:
+            # A log without a test means the phase selected nothing: never a pass.
+            counts["failed"] += 1
+            problems.append("the test log lists no test: the phase ran nothing")
         for rec in records:
             name, result = rec.get("name", "?"), rec.get("result", "?")
             suite = name.split(" / ")[0].split(":")[-1]

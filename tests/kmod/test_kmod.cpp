@@ -2,8 +2,7 @@
 // watched range invalidates it before the call returns; what does not change
 // the pages does not; fork, close and exit; races of MONITOR with munmap; no
 // leaks; every bad input gets its errno; the status area stays read-only; and
-// the registration cache's kmod monitor on top. main() exits 77 (SKIP)
-// without the module.
+// the registration cache's kmod monitor on top. SKIP (77) without the module.
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -25,13 +24,9 @@
 #include <rdmax/mem/kmod_monitor.hpp>
 #include <rdmax/mem/registration_cache.hpp>
 
-#include "rdmax_kmod.h"
-
-// This test has its own main(): the session header first (Catch2 2 needs it so).
-// clang-format off
-#include "../support/catch_session.hpp"
 #include "../support/catch.hpp"
-// clang-format on
+#include "../support/skip_reason.hpp"
+#include "rdmax_kmod.h"
 
 namespace {
 
@@ -429,11 +424,9 @@ TEST_CASE("kmod: the cache's kmod monitor: unmap seen by one load, file mappings
     munmap(p, 4 * page);
 }
 
-int main(int argc, char** argv) {
-    if (!rdmax::kmod_monitor::available()) {
-        fmt::print("SKIP: /dev/rdmax is absent or speaks another ABI: the rdmax module is not "
-                   "loaded (kmod/build, then tests/vm/run --suite kmod)\n");
-        return 77;
-    }
-    return Catch::Session().run(argc, argv);
+std::optional<std::string> rdmax::test::skip_reason() {
+    if (rdmax::kmod_monitor::available())
+        return std::nullopt;
+    return "/dev/rdmax is absent or speaks another ABI: the rdmax module is not loaded "
+           "(kmod/build, then tests/vm/run --suite kmod)";
 }

@@ -1,6 +1,6 @@
 // On-demand registration through the cache: nothing pinned, and the device
 // follows the process's pages, so data written after munmap + mmap at the same
-// address arrives even with nothing invalidated. main() exits 77 (SKIP) with
+// address arrives even with nothing invalidated. SKIP (77) with
 // the reason where the device has no on-demand paging (soft-RoCE before Linux
 // 6.15, so the VM's 6.1 kernel).
 #include <cstring>
@@ -10,11 +10,8 @@
 
 #include <rdmax/mem/verbs_cache.hpp>
 
-// This test has its own main(): the session header first (Catch2 2 needs it so).
-// clang-format off
-#include "../support/catch_session.hpp"
 #include "../support/loopback.hpp"
-// clang-format on
+#include "../support/skip_reason.hpp"
 
 using namespace rdmax;
 using namespace rdmax::test;
@@ -51,17 +48,13 @@ TEST_CASE("on-demand: the registration follows new pages at the same address") {
     munmap(buf, len);
 }
 
-int main(int argc, char** argv) {
-    if (auto why = test::device_unavailable()) {
-        fmt::print("SKIP: {}\n", *why);
-        return test::exit_skip;
-    }
-    const auto ctx = test::open_test_device();
-    if (!ctx.limits().on_demand_paging) {
-        fmt::print("SKIP: {} reports no on-demand paging (IBV_ODP_SUPPORT); soft-RoCE has it "
-                   "from Linux 6.15, this kernel is older\n",
-                   ctx.name());
-        return test::exit_skip;
-    }
-    return Catch::Session().run(argc, argv);
+std::optional<std::string> rdmax::test::skip_reason() {
+    if (auto why = device_unavailable())
+        return why;
+    const auto ctx = open_test_device();
+    if (!ctx.limits().on_demand_paging)
+        return fmt::format("{} reports no on-demand paging (IBV_ODP_SUPPORT); soft-RoCE has it "
+                           "from Linux 6.15, this kernel is older",
+                           ctx.name());
+    return std::nullopt;
 }

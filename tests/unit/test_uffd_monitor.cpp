@@ -1,8 +1,8 @@
 // The userfaultfd monitor under the registration cache (counting registrar):
 // every way the kernel takes pages away from a cached range invalidates it,
 // memory it cannot watch is never cached, the pending queue stays bounded in
-// a munmap loop, and a forked child's cache is inert. main() exits 77 (SKIP)
-// where userfaultfd is unavailable.
+// a munmap loop, and a forked child's cache is inert. SKIP (77) where
+// userfaultfd is unavailable.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,18 +11,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
-
 #include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/pending_invalidations.hpp>
 #include <rdmax/mem/registration_cache.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 
-// This test has its own main(): the session header first (Catch2 2 needs it so).
-// clang-format off
-#include "../support/catch_session.hpp"
 #include "../support/catch.hpp"
-// clang-format on
+#include "../support/skip_reason.hpp"
 
 using namespace rdmax;
 using cache_t = registration_cache<counting_registrar, uffd_monitor>;
@@ -238,14 +233,13 @@ TEST_CASE("auto_monitor: resolves names, and none turns caching off") {
     CHECK(off.registrar_ref().live == 0);
 }
 
-int main(int argc, char** argv) {
-    if (!uffd_monitor::available()) {
-        try {
-            uffd_monitor probe;
-        } catch (const std::exception& e) {
-            fmt::print("SKIP: {}\n", e.what());
-        }
-        return 77;
+std::optional<std::string> rdmax::test::skip_reason() {
+    if (uffd_monitor::available())
+        return std::nullopt;
+    try {
+        uffd_monitor probe; // throws, saying why
+    } catch (const std::exception& e) {
+        return e.what();
     }
-    return Catch::Session().run(argc, argv);
+    return "userfaultfd is unavailable";
 }

@@ -1,33 +1,21 @@
-#include <cerrno>
-#include <charconv>
-#include <cstdlib>
-#include <string>
-#include <string_view>
-
-#include <fmt/format.h>
-
-#include <rdmax/error.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 
 #include "../env_knobs.hpp"
 
 namespace rdmax {
 
-using detail::env;
-using detail::malformed;
-using detail::parse_flag;
-using detail::parse_size;
-
 rcache_options rcache_options::with_env() const {
+    using namespace detail;
+    constexpr const char* who = "rcache_options::with_env";
     rcache_options o = *this;
     if (auto v = env("RDMAX_RCACHE_ENABLE"); !v.empty())
-        o.enable = parse_flag("rcache_options::with_env", "RDMAX_RCACHE_ENABLE", v);
+        o.enable = parse_flag(who, "RDMAX_RCACHE_ENABLE", v);
     if (auto v = env("RDMAX_RCACHE_ODP"); !v.empty())
-        o.on_demand = parse_flag("rcache_options::with_env", "RDMAX_RCACHE_ODP", v);
+        o.on_demand = parse_flag(who, "RDMAX_RCACHE_ODP", v);
     if (auto v = env("RDMAX_RCACHE_MAX_COUNT"); !v.empty())
-        o.max_count = parse_size("rcache_options::with_env", "RDMAX_RCACHE_MAX_COUNT", v);
+        o.max_count = parse_size(who, "RDMAX_RCACHE_MAX_COUNT", v);
     if (auto v = env("RDMAX_RCACHE_MAX_BYTES"); !v.empty())
-        o.max_bytes = parse_size("rcache_options::with_env", "RDMAX_RCACHE_MAX_BYTES", v);
+        o.max_bytes = parse_size(who, "RDMAX_RCACHE_MAX_BYTES", v);
     if (auto v = env("RDMAX_RCACHE_MONITOR"); !v.empty()) {
         if (v == "auto")
             o.monitor = monitor_kind::automatic;
@@ -40,8 +28,7 @@ rcache_options rcache_options::with_env() const {
         else if (v == "none")
             o.monitor = monitor_kind::none;
         else
-            malformed("rcache_options::with_env", "RDMAX_RCACHE_MONITOR", v,
-                      "auto, kmod, uffd, manual or none");
+            malformed(who, "RDMAX_RCACHE_MONITOR", v, "auto, kmod, uffd, manual or none");
     }
     return o;
 }

@@ -12,6 +12,14 @@
 #include <rdmax/mem/registration_cache.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
+#include <rdmax/sched/deficit_round_robin.hpp>
+#include <rdmax/sched/priority.hpp>
+#include <rdmax/sched/priority_scheduler.hpp>
+#include <rdmax/sched/queue_pair_port.hpp>
+#include <rdmax/sched/scheduler_options.hpp>
+#include <rdmax/sched/scheduling_policy.hpp>
+#include <rdmax/sched/send_port.hpp>
+#include <rdmax/sched/strict_priority.hpp>
 #include <rdmax/status.hpp>
 #include <rdmax/verbs/completion.hpp>
 #include <rdmax/verbs/completion_channel.hpp>

@@ -20,6 +20,7 @@ enum class [[nodiscard]] status : std::uint8_t {
     batch_full,        ///< a chain holds as many work requests as it can
     post_failed,       ///< ibv_post_send / ibv_post_recv refused (see the QP's last_errno)
     not_permitted,     ///< the remote handle does not grant this access
+    qp_failed,         ///< an earlier request failed: the queue pair is in the error state
 };
 
 [[nodiscard]] constexpr std::string_view to_string(status s) noexcept {
@@ -36,6 +37,8 @@ enum class [[nodiscard]] status : std::uint8_t {
     case status::batch_full: return "work-request chain full";
     case status::post_failed: return "the device refused the post";
     case status::not_permitted: return "the handle does not grant this access";
+    case status::qp_failed:
+        return "an earlier request failed: the queue pair is in the error state";
     }
     return "unknown status";
 }

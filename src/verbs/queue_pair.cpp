@@ -558,10 +558,21 @@ status send_batch::atomic(ibv_wr_opcode op, ibv_sge result, std::uint64_t raddr,
 }
 
 status send_batch::post() noexcept {
-    if (count_ == 0)
+    if (count_ == 0) {
+        accepted_ = 0;
         return status::ok;
+    }
     ibv_send_wr* bad = nullptr;
     const int rc = ibv_post_send(qp_.qp_, qp_.wrs_.data(), &bad);
+    accepted_ = count_;
+    if (rc != 0 && bad != nullptr)
+        for (std::uint32_t i = 0; i < count_; ++i)
+            if (&qp_.wrs_[i] == bad) {
+                accepted_ = i;
+                break;
+            }
+    if (rc != 0 && bad == nullptr)
+        accepted_ = 0;
     count_ = 0;
     if (rc != 0) {
         qp_.last_errno_ = rc;

@@ -32,6 +32,10 @@
 #include <rdmax/verbs/send_slots.hpp>
 #include <rdmax/verbs/shared_receive_queue.hpp>
 
+namespace rdmax::sched {
+class queue_pair_port;
+} // namespace rdmax::sched
+
 namespace rdmax::verbs {
 
 /// Transport tags.
@@ -195,8 +199,14 @@ public:
 
     /// Posts every staged request with one ibv_post_send.
     status post() noexcept;
+    /// How many requests of the last post()ed chain the device took: all of
+    /// them after a success, those before the refused one after a failure.
+    [[nodiscard]] std::uint32_t accepted() const noexcept { return accepted_; }
 
 private:
+    // The scheduler stages slices it has already checked against typed buffers.
+    friend class rdmax::sched::queue_pair_port;
+
     template <access L>
     static ibv_sge as_sge(const local_buffer<L>& b) noexcept {
         return {reinterpret_cast<std::uint64_t>(b.addr), b.length, b.lkey};
@@ -249,6 +259,7 @@ private:
     queue_pair_base& qp_;
     send_slots::checkpoint start_;
     std::uint32_t count_ = 0;
+    std::uint32_t accepted_ = 0;
 };
 
 /// What RC and UD queue pairs share: creation, receives, completions.
@@ -268,6 +279,8 @@ public:
     [[nodiscard]] std::uint32_t send_depth() const noexcept { return slots_.depth(); }
     [[nodiscard]] std::uint32_t send_slots_free() const noexcept { return slots_.available(); }
     [[nodiscard]] std::uint32_t max_message() const noexcept { return max_msg_; }
+    /// RDMA reads and atomics this end may have outstanding (as granted).
+    [[nodiscard]] std::uint32_t max_rd_atomic() const noexcept { return rd_atomic_; }
     /// The errno of the last refused ibv_post_send / ibv_post_recv.
     [[nodiscard]] int last_errno() const noexcept { return last_errno_; }
     /// The state this object moved the QP to (a QP the device put into the error
@@ -338,6 +351,7 @@ protected:
 
     friend class send_batch;
     friend class connection;
+    friend class rdmax::sched::queue_pair_port; // enter_error() when a post is refused
     friend class listener;
     status post_recv_sges(ibv_sge* sges, std::uint32_t n, std::uint64_t wr_id) noexcept;
     void destroy() noexcept;

@@ -1,0 +1,74 @@
+#pragma once
+// Options and counters of priority_scheduler, with their RDMAX_SCHED_*
+// environment overrides.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+namespace rdmax::sched {
+
+struct scheduler_options {
+    /// Slice size while a more urgent level has work (or had some within
+    /// `hold`): small, so that urgent work waits for little. Justitia starts
+    /// at 5 KB; the default here was measured on soft-RoCE (see the README).
+    std::uint32_t small_slice = 16 * 1024;
+    /// Slice size while nothing more urgent is around: large, so that a bulk
+    /// transfer costs few work requests and completions (Justitia: 1 MB).
+    std::uint32_t large_slice = 1024 * 1024;
+    /// Bytes in flight (posted, not known complete) above which nothing more
+    /// is posted. A new request waits at least for these bytes, and the link
+    /// stays busy only if they cover the bandwidth-delay product; so size it
+    /// from that product as measured on the link, not from a data sheet. The
+    /// default was measured on soft-RoCE (see the README).
+    std::uint64_t budget_bytes = 64 * 1024;
+    /// Work requests in flight above which nothing more is posted (clamped to
+    /// half the send queue).
+    std::uint32_t budget_wqes = 16;
+    /// How long a level counts as active after its last request completed:
+    /// urgent traffic comes and goes, and a bulk transfer must not switch to
+    /// large slices in every gap between two urgent requests.
+    std::chrono::microseconds hold{10'000};
+    /// Requests queued or in flight at once; submissions beyond are refused
+    /// (status::queue_full). Preallocated: no allocation per request.
+    std::uint32_t max_requests = 1024;
+
+    /// These options with RDMAX_SCHED_SMALL_SLICE, RDMAX_SCHED_LARGE_SLICE,
+    /// RDMAX_SCHED_BUDGET_BYTES (sizes, K/M/G suffixes allowed),
+    /// RDMAX_SCHED_BUDGET_WQES, RDMAX_SCHED_HOLD_US and
+    /// RDMAX_SCHED_MAX_REQUESTS applied; a malformed value throws
+    /// rdmax::error naming the variable.
+    [[nodiscard]] scheduler_options with_env() const;
+};
+
+struct scheduler_counters {
+    std::uint64_t requests = 0;        ///< submitted
+    std::uint64_t completed = 0;       ///< finished successfully
+    std::uint64_t failed = 0;          ///< finished with an error (flushes included)
+    std::uint64_t slices = 0;          ///< work requests posted
+    std::uint64_t small_slices = 0;    ///< of those, cut at the small size
+    std::uint64_t signaled = 0;        ///< of those, signaled
+    std::uint64_t bytes = 0;           ///< posted
+    std::uint64_t doorbells = 0;       ///< ibv_post_send calls
+    std::uint64_t budget_stalls = 0;   ///< times work waited for the budget
+    std::uint64_t max_in_flight = 0;   ///< most bytes ever in flight
+    std::uint64_t in_flight_bytes = 0; ///< now
+};
+
+} // namespace rdmax::sched
+
+template <>
+struct fmt::formatter<rdmax::sched::scheduler_counters> {
+    constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
+    auto format(const rdmax::sched::scheduler_counters& c, fmt::format_context& ctx) const {
+        return fmt::format_to(ctx.out(),
+                              "requests {} completed {} failed {} slices {} (small {}, signaled "
+                              "{}) bytes {} doorbells {} budget stalls {} max in flight {} "
+                              "bytes, in flight {} bytes",
+                              c.requests, c.completed, c.failed, c.slices, c.small_slices,
+                              c.signaled, c.bytes, c.doorbells, c.budget_stalls, c.max_in_flight,
+                              c.in_flight_bytes);
+    }
+};

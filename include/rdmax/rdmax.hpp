@@ -12,6 +12,7 @@
 #include <rdmax/mem/registration_cache.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
+#include <rdmax/sched/coarse_clock.hpp>
 #include <rdmax/sched/deficit_round_robin.hpp>
 #include <rdmax/sched/priority.hpp>
 #include <rdmax/sched/priority_scheduler.hpp>

@@ -250,9 +250,22 @@ mode_result plain_mode(const verbs::context& ctx, const hol_options& o, double c
     auto dst = t.dst_mr.remote();
     const auto bulk_src = *t.src_mr.local().sub(0, o.bulk_bytes);
     const auto urgent_src = *t.src_mr.local().sub(o.bulk_bytes, o.urgent_bytes);
+    // A write longer than the port's largest message (8 MiB on soft-RoCE) is
+    // posted as plain code would: a chain of the largest messages, one
+    // doorbell, the last one signaled.
+    const std::uint64_t most = t.a.max_message();
     auto post = [&](bool bulk, std::uint64_t id) {
-        return bulk ? t.a.write(bulk_src, dst, 0, id)
-                    : t.a.write(urgent_src, dst, o.bulk_bytes, id);
+        if (!bulk)
+            return t.a.write(urgent_src, dst, o.bulk_bytes, id);
+        verbs::send_batch b = t.a.batch();
+        for (std::uint64_t at = 0; at < o.bulk_bytes; at += most) {
+            const std::uint64_t len = std::min<std::uint64_t>(most, o.bulk_bytes - at);
+            const bool last = at + len == o.bulk_bytes;
+            if (status s = b.write(*bulk_src.sub(at, len), dst, at, id, {.signaled = last});
+                s != status::ok)
+                return s;
+        }
+        return b.post();
     };
     auto poll = [&](std::span<verbs::completion> out) { return t.a.poll_send(out); };
     return run_mode(idle ? "idle" : "plain", o, cyc, idle ? 0 : o.bulk_count,

@@ -3,6 +3,7 @@
 // fences, read limits, failures, and no allocation per request.
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -249,6 +250,22 @@ TEST_CASE("an urgent request waits only for the bytes in flight, and bulk slices
             CHECK(log[i].bytes_ahead <= budget + 4096);
         }
     CHECK(urgent_posts == 20);
+}
+
+TEST_CASE("a level that never had work does not count as active, however long the hold") {
+    // `hold` longer than the steady clock has run (on Linux, the time since
+    // boot: a machine or VM booted less than `hold` ago). Nothing more urgent
+    // ever had work, so a lone bulk request must use large slices.
+    auto o = options(4096, 64 * 1024, 256 * 1024);
+    o.hold = std::chrono::duration_cast<std::chrono::microseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch()) +
+             std::chrono::hours(1);
+    sim_scheduler<> s(o, {});
+    REQUIRE(s.write(bulk, local(0, 1 << 20), remote(), 0, 1) == status::ok);
+    const auto got = run(s, 65536);
+    REQUIRE(got.size() == 1);
+    CHECK(s.counters().small_slices == 0);
+    CHECK(s.port().log.size() == 16);
 }
 
 TEST_CASE("strict priority: more urgent levels go first, FIFO within a level") {

@@ -89,6 +89,8 @@ public:
         , ring_(opts_.budget_wqes) {
         for (request& r : pool_)
             free_.push_front(r);
+        // Never active: not the clock's epoch, which is only the boot.
+        last_active_.fill(clock::time_point::min());
     }
     basic_priority_scheduler(const basic_priority_scheduler&) = delete;
     basic_priority_scheduler& operator=(const basic_priority_scheduler&) = delete;
@@ -274,7 +276,7 @@ private:
     /// A more urgent level than `level` has work, or had some within `hold`.
     [[nodiscard]] bool contended(std::size_t level, clock::time_point now) const noexcept {
         for (std::size_t l = 0; l < level; ++l)
-            if (live_[l] != 0 || now - last_active_[l] < opts_.hold)
+            if (live_[l] != 0 || last_active_[l] > now - opts_.hold)
                 return true;
         return false;
     }

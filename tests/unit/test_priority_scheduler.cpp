@@ -482,3 +482,25 @@ TEST_CASE("the data path allocates nothing") {
     }
     CHECK(allocations.load() == before);
 }
+
+TEST_CASE("a small urgent request goes at once, past a full byte budget") {
+    const std::uint64_t budget = 16 * 1024;
+    sim_scheduler<> s(options(4096, 4096, budget), {});
+    REQUIRE(s.write(bulk, local(0, 1 << 20), remote(), 0, 1) == status::ok);
+    REQUIRE(s.port().max_queued_bytes >= budget); // the budget is full
+    const std::size_t before = s.port().log.size();
+    REQUIRE(s.write(urgent, local(0, 64), remote(), 1 << 30, 2) == status::ok);
+    // Posted by the submission itself, behind only what was in flight.
+    REQUIRE(s.port().log.size() == before + 1);
+    CHECK(s.port().log.back().slice.length == 64);
+    CHECK(s.port().log.back().bytes_ahead <= budget + 4096);
+    // A large urgent request is not let through: it waits for the budget.
+    REQUIRE(s.write(urgent, local(0, 8192), remote(), 1 << 30, 3) == status::ok);
+    CHECK(s.port().log.size() == before + 1);
+    // Nor is a small request of a level below a busy one.
+    REQUIRE(s.write(normal, local(0, 64), remote(), 1 << 30, 4) == status::ok);
+    CHECK(s.port().log.size() == before + 1);
+    const auto got = run(s, 4096);
+    REQUIRE(got.size() == 4);
+    CHECK(got[0].wr_id == 2);
+}

@@ -8,6 +8,10 @@
 // the bytes and work requests in flight are under a budget. So a new request
 // waits for at most the budget's bytes, plus one slice, whatever is queued.
 //
+// A small request (at most one small slice) of the most urgent level that has
+// work is not held by the byte budget: it goes at once, and waits only for
+// the bytes already in flight.
+//
 // What is guaranteed:
 // - one completion per request, with the caller's wr_id, once all its slices
 //   completed (or at once on failure, when the slices it did post are done);
@@ -299,17 +303,31 @@ private:
         const auto now = clock::now();
         std::uint64_t chain_first = next_slice_;
         for (;;) {
-            if (in_flight_bytes_ >= opts_.budget_bytes || in_flight_wqes_ >= opts_.budget_wqes) {
+            if (in_flight_wqes_ >= opts_.budget_wqes || port_.slots_free() == 0) {
                 if (any_queued())
                     ++counters_.budget_stalls;
                 break;
             }
-            if (port_.slots_free() == 0)
-                break;
+            // Over the byte budget only a small request of the most urgent
+            // level with work may still go: it adds next to nothing to the
+            // wait of what follows, and it then waits for the bytes in flight
+            // only, not also for the budget to come back.
+            const bool over_budget = in_flight_bytes_ >= opts_.budget_bytes;
             level_mask ready = 0;
-            for (std::size_t l = 0; l < priority_levels; ++l)
-                if (!queues_[l].empty() && startable(queues_[l].front()))
+            for (std::size_t l = 0; l < priority_levels; ++l) {
+                if (queues_[l].empty())
+                    continue;
+                const request& r = queues_[l].front();
+                if (over_budget && (r.length - r.posted > opts_.small_slice || contended(l, now)))
+                    continue;
+                if (startable(r))
                     ready |= level_mask{1} << l;
+            }
+            if (over_budget && ready == 0) {
+                if (any_queued())
+                    ++counters_.budget_stalls;
+                break;
+            }
             const int picked = policy_.pick(ready);
             if (picked < 0)
                 break;
@@ -568,7 +586,7 @@ class priority_scheduler : public basic_priority_scheduler<Policy, queue_pair_po
 public:
     explicit priority_scheduler(verbs::queue_pair<verbs::rc>& qp,
                                 scheduler_options opts = scheduler_options{}.with_env(),
-                                Policy policy = {})
+                                Policy policy = Policy())
         : basic_priority_scheduler<Policy, queue_pair_port>(opts, std::move(policy), qp) {}
 };
 

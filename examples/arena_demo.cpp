@@ -20,8 +20,8 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/registered_arena.hpp>
-#include <rdmax/mem/remote_handle.hpp>
 #include <rdmax/rdmax.hpp>
 
 namespace {

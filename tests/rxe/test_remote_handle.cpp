@@ -170,6 +170,33 @@ TEST_CASE("window: after revocation the peer's use fails with an error, not a ha
                       [](std::byte b) { return b == std::byte{0}; }));
 }
 
+TEST_CASE("window: once the connection has failed, revocation deallocates the window") {
+    loopback lp;
+    window_memory mine(lp.pd, 8192);
+    registered local(lp.pd, 4096);
+    handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
+    const remote_handle first = issuer.issue(mine.mr, mine.bytes.data(), 4096, access::remote_read);
+    const remote_handle second =
+        issuer.issue(mine.mr, mine.bytes.data() + 4096, 4096, access::remote_read);
+    REQUIRE(issuer.revoke(first));
+    // The peer's use of the revoked handle is an access error: both queue
+    // pairs of the connection go to the error state.
+    REQUIRE(read(lp.a, local.mr.local(), first, 0, 1) == status::ok);
+    expect_refused_at_peer(lp.a);
+    // The owner's queue pair can no longer invalidate (its work is flushed):
+    // the window is deallocated instead, promptly, not at the deadline.
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(issuer.revoke(second));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+    const handle_counters c = issuer.counters();
+    CHECK(c.revoked_mw == 1);
+    CHECK(c.revoked_mw_dealloc == 1);
+    CHECK(c.live == 0);
+    // A window is no longer issued on a broken queue pair: the bind fails and says so.
+    CHECK_THROWS_AS(issuer.issue(mine.mr, mine.bytes.data(), 4096, access::remote_read),
+                    rdmax::error);
+}
+
 TEST_CASE("window: a re-issued handle has a fresh key; the stale one never matches") {
     loopback lp;
     window_memory mine(lp.pd, 8192);

@@ -102,7 +102,12 @@ remote_handle handle_issuer::issue_mr(const void* addr, std::size_t len, access 
     if (mr == nullptr)
         throw_error("ibv_reg_mr", errno, fmt::format("a handle's window of {} bytes", len));
     std::lock_guard g(mutex_);
-    issued_.emplace(mr->rkey, issued{revoke_by::memory_region, mr, nullptr});
+    try {
+        issued_.emplace(mr->rkey, issued{revoke_by::memory_region, mr, nullptr});
+    } catch (...) {
+        ibv_dereg_mr(mr);
+        throw;
+    }
     ++counters_.issued_mr;
     if (fallback)
         ++counters_.fallbacks;

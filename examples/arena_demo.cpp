@@ -10,18 +10,24 @@
 //    queue pair in this process, connected to the first) reads through it;
 //    an out-of-bounds read and a write are refused before anything is posted;
 //    after the owner revokes the handle, the peer's read fails with an error.
+//    Where the device has type-2 memory windows, the areas are registered for
+//    binding and with no remote right, so that only handles open them, and a
+//    handle is a window bound through the owner's queue pair (revoked by a
+//    local invalidation); elsewhere, or with RDMAX_HANDLE_REVOKE=mr, a
+//    registration of its own (revoked by deregistration).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <getopt.h>
 #include <memory_resource>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/registered_arena.hpp>
-#include <rdmax/mem/remote_handle.hpp>
 #include <rdmax/rdmax.hpp>
 
 namespace {
@@ -34,7 +40,10 @@ int run(const char* device) {
     auto ctx =
         device != nullptr ? verbs::context::open(device) : verbs::context::open_first_active();
     verbs::protection_domain pd(ctx);
-    registered_arena arena(verbs_registrar(pd), arena_options{}.with_env());
+    arena_options ao = arena_options{}.with_env();
+    if (ctx.limits().memory_windows)
+        ao.rights = access::local_write | access::mw_bind; // the areas' keys open nothing remotely
+    registered_arena arena(verbs_registrar(pd), ao);
 
     fmt::print("== an arena on {}\n", ctx.name());
     std::vector<registered_arena::block> blocks;
@@ -63,8 +72,14 @@ int run(const char* device) {
     verbs::connect_pair(owner, peer);
     auto window = arena.allocate(4096);
     std::memset(window.data, 'x', window.size);
-    handle_issuer issuer(pd);
-    const remote_handle h = issuer.issue(window.data, window.size, access::remote_read);
+    // Windows bind through the queue pair the peer's requests arrive on.
+    handle_issuer issuer(pd, owner);
+    const remote_handle h = issuer.issue(arena, window.data, window.size, access::remote_read);
+    const bool by_window = issuer.mechanism_of(h) == revoke_by::memory_window;
+    fmt::print("the handle (rkey {:#x}) is backed by {}\n", h.rkey,
+               by_window ? fmt::format("a type-{} memory window bound through the owner's QP",
+                                       ctx.limits().mw_type_2b ? "2B" : "2A")
+                         : std::string("a registration of its own"));
     auto mine = arena.allocate(4096);
     const auto dst = arena.local<access::local_write>(mine.data, 4096);
     verbs::completion c[1];
@@ -80,6 +95,7 @@ int run(const char* device) {
     const bool refused = s == status::ok && peer.wait_send(c, 10s) == 1 && !c[0].ok();
     fmt::print("after revoke, the peer's read completes with: {}\n",
                refused ? c[0].status_name() : "NO ERROR (unexpected)");
+    fmt::print("counters: {}\n", issuer.counters());
     arena.deallocate(window.data, window.size);
     arena.deallocate(mine.data, mine.size);
     return first_ok && refused ? 0 : 1;

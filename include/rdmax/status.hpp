@@ -21,6 +21,11 @@ enum class [[nodiscard]] status : std::uint8_t {
     post_failed,       ///< ibv_post_send / ibv_post_recv refused (see the QP's last_errno)
     not_permitted,     ///< the remote handle does not grant this access
     qp_failed,         ///< an earlier request failed: the queue pair is in the error state
+    /// A memory window bind the device would fail (and so break the queue
+    /// pair): not a type-2 window, a window or region of another protection
+    /// domain, a key that is not the window's, rights that are not remote
+    /// ones, or a queue pair that is not RC.
+    bad_window,
 };
 
 [[nodiscard]] constexpr std::string_view to_string(status s) noexcept {
@@ -39,6 +44,9 @@ enum class [[nodiscard]] status : std::uint8_t {
     case status::not_permitted: return "the handle does not grant this access";
     case status::qp_failed:
         return "an earlier request failed: the queue pair is in the error state";
+    case status::bad_window:
+        return "memory window bind: not a type-2 window of this protection domain and RC "
+               "queue pair, a key not the window's, or rights other than remote ones";
     }
     return "unknown status";
 }

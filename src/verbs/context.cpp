@@ -64,8 +64,9 @@ device_limits query_limits(ibv_context* ctx) {
     l.max_qp_init_rd_atom = static_cast<std::uint32_t>(a.max_qp_init_rd_atom);
     l.phys_port_cnt = a.phys_port_cnt;
     l.atomics = a.atomic_cap != IBV_ATOMIC_NONE;
-    l.memory_windows = (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0 ||
-                       (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2A) != 0;
+    l.mw_type_2a = (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2A) != 0;
+    l.mw_type_2b = (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+    l.memory_windows = l.mw_type_2a || l.mw_type_2b;
     l.on_demand_paging = (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0;
     return l;
 }

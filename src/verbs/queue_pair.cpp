@@ -160,7 +160,9 @@ queue_pair_base::queue_pair_base(queue_pair_base&& o) noexcept
     , last_errno_(o.last_errno_)
     , slots_(std::move(o.slots_))
     , wrs_(std::move(o.wrs_))
-    , sges_(std::move(o.sges_)) {}
+    , sges_(std::move(o.sges_))
+    , held_(std::move(o.held_))
+    , held_head_(std::exchange(o.held_head_, 0)) {}
 
 queue_pair_base& queue_pair_base::operator=(queue_pair_base&& o) noexcept {
     if (this != &o) {
@@ -188,6 +190,8 @@ queue_pair_base& queue_pair_base::operator=(queue_pair_base&& o) noexcept {
         slots_ = std::move(o.slots_);
         wrs_ = std::move(o.wrs_);
         sges_ = std::move(o.sges_);
+        held_ = std::move(o.held_);
+        held_head_ = std::exchange(o.held_head_, 0);
     }
     return *this;
 }
@@ -381,7 +385,20 @@ int queue_pair_base::translate_send(const ibv_wc* wcs, int n, std::span<completi
     return k;
 }
 
+int queue_pair_base::take_held(std::span<completion> out) noexcept {
+    std::size_t k = 0;
+    while (k < out.size() && held_head_ < held_.size())
+        out[k++] = held_[held_head_++];
+    if (held_head_ == held_.size()) {
+        held_.clear(); // keeps its capacity for the next wait_send_for
+        held_head_ = 0;
+    }
+    return static_cast<int>(k);
+}
+
 int queue_pair_base::poll_send(std::span<completion> out) noexcept {
+    if (held_head_ < held_.size()) [[unlikely]]
+        return take_held(out);
     ibv_wc wcs[32];
     const std::size_t want = std::min(out.size(), std::size(wcs));
     const int n = send_cq_.poll(std::span(wcs, want));
@@ -390,6 +407,8 @@ int queue_pair_base::poll_send(std::span<completion> out) noexcept {
 
 int queue_pair_base::wait_send(std::span<completion> out,
                                std::chrono::microseconds timeout) noexcept {
+    if (held_head_ < held_.size()) [[unlikely]]
+        return take_held(out);
     using clock = std::chrono::steady_clock;
     const auto deadline = clock::now() + timeout;
     ibv_wc wcs[32];
@@ -407,6 +426,47 @@ int queue_pair_base::wait_send(std::span<completion> out,
             return k;
         if (n == 0 && clock::now() >= deadline)
             return 0;
+    }
+}
+
+std::optional<completion> queue_pair_base::wait_send_for(std::uint64_t wr_id,
+                                                         std::chrono::microseconds timeout) {
+    // It may have arrived already, during an earlier wait for another.
+    for (std::size_t i = held_head_; i < held_.size(); ++i)
+        if (held_[i].wr_id == wr_id) {
+            const completion c = held_[i];
+            held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+            if (held_head_ == held_.size()) {
+                held_.clear();
+                held_head_ = 0;
+            }
+            return c;
+        }
+    using clock = std::chrono::steady_clock;
+    const auto deadline = clock::now() + timeout;
+    ibv_wc wcs[32];
+    completion got[32];
+    for (;;) {
+        // Room first: once polled, a completion exists nowhere else.
+        held_.reserve(held_.size() + std::size(wcs));
+        const auto left =
+            std::chrono::duration_cast<std::chrono::microseconds>(deadline - clock::now());
+        const int n = send_cq_.wait(wcs, std::max(left, std::chrono::microseconds(0)));
+        if (n < 0)
+            return std::nullopt;
+        const int k = translate_send(wcs, n, got);
+        std::optional<completion> found;
+        for (int i = 0; i < k; ++i) {
+            const completion& c = got[static_cast<std::size_t>(i)];
+            if (!found && c.wr_id == wr_id)
+                found = c;
+            else
+                held_.push_back(c);
+        }
+        if (found)
+            return found;
+        if (clock::now() >= deadline)
+            return std::nullopt;
     }
 }
 
@@ -555,6 +615,55 @@ status send_batch::atomic(ibv_wr_opcode op, ibv_sge result, std::uint64_t raddr,
     wr.wr.atomic.swap = swap;
     wr.wr.atomic.rkey = rkey;
     return commit(wr, wr_id, f, false, 8);
+}
+
+status send_batch::bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint64_t addr,
+                           std::uint64_t length, access rights, std::uint64_t wr_id,
+                           send_flags f) noexcept {
+    if (qp_.type_ != IBV_QPT_RC)
+        return status::bad_window; // type-2 windows bind through connected QPs
+    if (qp_.state_ != IBV_QPS_RTS)
+        return status::not_connected;
+    if (count_ >= qp_.wrs_.size())
+        return status::batch_full;
+    // What the device would check, and fail the queue pair over: checked here.
+    ibv_pd* pd = qp_.qp_->pd;
+    if (mw == nullptr || mw->type != IBV_MW_TYPE_2 || mw->pd != pd || mr == nullptr || mr->pd != pd)
+        return status::bad_window;
+    // A new key of the same window: same index (upper 24 bits), new low byte.
+    if ((rkey >> 8) != (mw->rkey >> 8) || rkey == mw->rkey)
+        return status::bad_window;
+    const int granted = to_ibv(rights);
+    if (granted == 0 || (granted & ~to_ibv(remote_rights)) != 0)
+        return status::bad_window;
+    if (length == 0)
+        return status::zero_length;
+    const auto base = reinterpret_cast<std::uint64_t>(mr->addr);
+    if (addr < base || length > mr->length || addr - base > mr->length - length)
+        return status::out_of_range;
+    ibv_send_wr& wr = qp_.wrs_[count_];
+    wr = {};
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.bind_mw.mw = mw;
+    wr.bind_mw.rkey = rkey;
+    wr.bind_mw.bind_info.mr = mr;
+    wr.bind_mw.bind_info.addr = addr;
+    wr.bind_mw.bind_info.length = length;
+    wr.bind_mw.bind_info.mw_access_flags = static_cast<unsigned>(granted);
+    return commit(wr, wr_id, f, false, 0);
+}
+
+status send_batch::local_invalidate(std::uint32_t rkey, std::uint64_t wr_id,
+                                    send_flags f) noexcept {
+    if (qp_.state_ != IBV_QPS_RTS)
+        return status::not_connected;
+    if (count_ >= qp_.wrs_.size())
+        return status::batch_full;
+    ibv_send_wr& wr = qp_.wrs_[count_];
+    wr = {};
+    wr.opcode = IBV_WR_LOCAL_INV;
+    wr.invalidate_rkey = rkey;
+    return commit(wr, wr_id, f, false, 0);
 }
 
 status send_batch::post() noexcept {

@@ -7,8 +7,8 @@
 #include <memory_resource>
 #include <vector>
 
+#include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/registered_arena.hpp>
-#include <rdmax/mem/remote_handle.hpp>
 
 #include "../support/loopback.hpp"
 

@@ -12,6 +12,10 @@ enum class access : int {
     remote_write = IBV_ACCESS_REMOTE_WRITE,
     remote_read = IBV_ACCESS_REMOTE_READ,
     remote_atomic = IBV_ACCESS_REMOTE_ATOMIC,
+    /// Memory windows may be bound to the registration (IBV_ACCESS_MW_BIND).
+    /// With it and no remote right, the registration's own rkey opens nothing
+    /// to a peer: only windows bound to it do (see handle_issuer.hpp).
+    mw_bind = IBV_ACCESS_MW_BIND,
 };
 
 [[nodiscard]] constexpr access operator|(access a, access b) noexcept {
@@ -37,5 +41,9 @@ enum class access : int {
 
 inline constexpr access access_all =
     access::local_write | access::remote_write | access::remote_read | access::remote_atomic;
+
+/// The rights a peer can be granted (a remote_handle's, a memory window's).
+inline constexpr access remote_rights =
+    access::remote_write | access::remote_read | access::remote_atomic;
 
 } // namespace rdmax

@@ -26,7 +26,10 @@ struct arena_options {
     /// Trim when the system is short of memory (a PSI trigger on
     /// /proc/pressure/memory, where the kernel has one).
     bool trim_under_pressure = true;
-    /// Rights of every area's registration.
+    /// Rights of every area's registration. Add access::mw_bind for handles
+    /// by memory window over arena memory (handle_issuer.hpp); with
+    /// local_write | mw_bind alone, the areas' own rkeys open nothing to a
+    /// peer, and only the handles issued do.
     access rights = access_all;
 
     /// These options with RDMAX_ARENA_AREA_BYTES, RDMAX_ARENA_HIGH_WATERMARK

@@ -166,6 +166,17 @@ public:
         return a->keys;
     }
 
+    /// The registrar's handle of the area holding p (with verbs_registrar, the
+    /// area's ibv_mr: what handle_issuer binds memory windows to); nullopt if
+    /// p is not in the arena.
+    [[nodiscard]] std::optional<typename Registrar::handle>
+    registration_of(const void* p) const noexcept {
+        const area* a = area_of(p);
+        if (a == nullptr)
+            return std::nullopt;
+        return a->reg;
+    }
+
     /// [p, p + n) as a local buffer with the arena's key; throws if it is not
     /// inside one area or the arena's rights lack A.
     template <access A>

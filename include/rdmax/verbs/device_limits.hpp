@@ -29,7 +29,11 @@ struct device_limits {
     std::uint32_t max_qp_init_rd_atom = 0; ///< ... as initiator
     std::uint8_t phys_port_cnt = 0;
     bool atomics = false;        ///< compare-and-swap and fetch-and-add supported
-    bool memory_windows = false; ///< type 2 memory windows
+    bool memory_windows = false; ///< type 2 memory windows (2A or 2B)
+    /// Type 2A windows are tied to a queue pair by its number, 2B by number
+    /// and protection domain; the verbs API allocates either as IBV_MW_TYPE_2.
+    bool mw_type_2a = false;
+    bool mw_type_2b = false;
     bool on_demand_paging = false;
 };
 
@@ -62,7 +66,10 @@ struct fmt::formatter<rdmax::verbs::device_limits> {
             fmt::format("{} (initiator {})", l.max_qp_rd_atom, l.max_qp_init_rd_atom));
         row("page_size_cap", fmt::format("{:#x}", l.page_size_cap));
         row("atomics", l.atomics ? "yes" : "no");
-        row("memory windows", l.memory_windows ? "type 2" : "no");
+        row("memory windows", !l.memory_windows              ? "no"
+                              : l.mw_type_2a && l.mw_type_2b ? "type 2A and 2B"
+                              : l.mw_type_2a                 ? "type 2A"
+                                                             : "type 2B");
         row("on-demand paging", l.on_demand_paging ? "yes" : "no");
         return out;
     }

@@ -197,6 +197,25 @@ public:
                       dst_offset, add, 0, wr_id, f);
     }
 
+    /// Binds the type-2 memory window `mw` to [addr, addr + length) of `mr`
+    /// (IBV_WR_BIND_MW), granting `rights` (remote ones only) under `rkey`:
+    /// the window's key with a new low byte, ibv_inc_rkey(mw->rkey), so that
+    /// no handle of an earlier binding matches. The window then answers only
+    /// to requests that arrive on this queue pair (type 2 is tied to the QP it
+    /// was bound through). `mr` must have been registered with
+    /// access::mw_bind, and with local_write when `rights` include remote
+    /// write or atomic: ibv_mr does not say, and the device fails such a bind
+    /// (IBV_WC_MW_BIND_ERR), which takes the queue pair to the error state.
+    /// Once the bind has completed, set mw->rkey = rkey: the provider names
+    /// the window by mw->rkey in the next bind.
+    status bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint64_t addr,
+                   std::uint64_t length, access rights, std::uint64_t wr_id,
+                   send_flags f = {}) noexcept;
+    /// Invalidates the memory window whose key is `rkey` (IBV_WR_LOCAL_INV):
+    /// once this completes the device refuses the key, and a type-2 window
+    /// may be bound again (with a new key).
+    status local_invalidate(std::uint32_t rkey, std::uint64_t wr_id, send_flags f = {}) noexcept;
+
     /// Posts every staged request with one ibv_post_send.
     status post() noexcept;
     /// How many requests of the last post()ed chain the device took: all of
@@ -300,6 +319,13 @@ public:
     /// Receive completions (from this QP's receive CQ), without blocking.
     int poll_recv(std::span<completion> out) noexcept;
     int wait_recv(std::span<completion> out, std::chrono::microseconds timeout) noexcept;
+    /// Waits up to `timeout` for the completion of the request posted with
+    /// `wr_id` (signaled); nullopt at the deadline. Every other completion that
+    /// arrives meanwhile is kept, in order, for the next poll_send / wait_send:
+    /// set-up work (a memory window bind) can wait on a queue pair that also
+    /// carries the application's requests without taking their completions.
+    /// Set-up path: may allocate (bad_alloc) to keep them.
+    std::optional<completion> wait_send_for(std::uint64_t wr_id, std::chrono::microseconds timeout);
 
     /// Posts a receive into `dst`, which must allow local writes. (UD: leave
     /// ud_grh_bytes of room ahead of the payload.)
@@ -358,6 +384,8 @@ protected:
     /// Moves the QP to the error state: outstanding work completes flushed.
     void enter_error() noexcept;
     int translate_send(const ibv_wc* wcs, int n, std::span<completion> out) noexcept;
+    /// Hands out completions kept by wait_send_for, oldest first.
+    int take_held(std::span<completion> out) noexcept;
 
     const protection_domain* pd_;
     qp_config cfg_;
@@ -383,6 +411,10 @@ protected:
     // Staging area for batches: allocated once, reused by every post.
     std::vector<ibv_send_wr> wrs_;
     std::vector<ibv_sge> sges_;
+    // Send completions wait_send_for took while waiting for its own; the
+    // next poll_send / wait_send hands them out first (held_[held_head_..]).
+    std::vector<completion> held_;
+    std::size_t held_head_ = 0;
 };
 
 template <class Transport>
@@ -441,6 +473,17 @@ public:
                      std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return post_one(
             [&](send_batch& b) { return b.fetch_add(result, dst, dst_offset, add, wr_id, f); });
+    }
+    /// See send_batch::bind_mw.
+    status bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint64_t addr,
+                   std::uint64_t length, access rights, std::uint64_t wr_id,
+                   send_flags f = {}) noexcept {
+        return post_one(
+            [&](send_batch& b) { return b.bind_mw(mw, rkey, mr, addr, length, rights, wr_id, f); });
+    }
+    /// See send_batch::local_invalidate.
+    status local_invalidate(std::uint32_t rkey, std::uint64_t wr_id, send_flags f = {}) noexcept {
+        return post_one([&](send_batch& b) { return b.local_invalidate(rkey, wr_id, f); });
     }
 
 private:

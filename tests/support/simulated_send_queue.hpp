@@ -132,6 +132,13 @@ public:
         }
     }
     [[nodiscard]] bool idle() const noexcept { return queue_.empty(); }
+    /// A completion of a request the scheduler did not post.
+    void inject(std::uint64_t wr_id, ibv_wc_status st) {
+        verbs::completion c;
+        c.wr_id = wr_id;
+        c.status = st;
+        done_.push_back(c);
+    }
     [[nodiscard]] std::uint64_t queued_bytes() const noexcept {
         std::uint64_t n = 0;
         queue_.for_each([&](const entry& e) { n += e.left; });

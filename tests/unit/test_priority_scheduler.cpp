@@ -528,3 +528,19 @@ TEST_CASE("a small urgent request goes at once, past a full byte budget") {
     REQUIRE(got.size() == 4);
     CHECK(got[0].wr_id == 2);
 }
+
+TEST_CASE("a completion that is not a slice's retires nothing") {
+    sim_scheduler<> s(options(4096, 4096, 16384, 8), {});
+    REQUIRE(s.write(bulk, local(0, 64 * 1024), remote(), 0, 1) == status::ok);
+    const std::uint64_t in_flight = s.counters().in_flight_bytes;
+    REQUIRE(in_flight > 0);
+    // Someone else's request on the queue pair, with a wr_id of its own.
+    s.port().inject(0x4d57000000000001ULL, IBV_WC_SUCCESS);
+    verbs::completion c[4];
+    CHECK(s.poll(c) == 0);
+    CHECK(s.counters().in_flight_bytes == in_flight);
+    CHECK(s.counters().foreign_completions == 1);
+    const auto got = run(s, 4096);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].ok());
+}

@@ -437,6 +437,12 @@ private:
                 break;
             for (int i = 0; i < n; ++i) {
                 const verbs::completion& c = wcs[i];
+                // Not a slice in flight (a request someone else posted on the
+                // queue pair, such as a handle issuer's bind): not ours to retire.
+                if (c.wr_id < tail_slice_ || c.wr_id >= next_slice_) {
+                    ++counters_.foreign_completions;
+                    continue;
+                }
                 // In order: one completion retires every slice up to it.
                 while (tail_slice_ < c.wr_id && tail_slice_ < next_slice_)
                     retire(tail_slice_, IBV_WC_SUCCESS);

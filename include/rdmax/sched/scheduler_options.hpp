@@ -57,6 +57,9 @@ struct scheduler_counters {
     std::uint64_t budget_stalls = 0;   ///< times work waited for the budget
     std::uint64_t max_in_flight = 0;   ///< most bytes ever in flight
     std::uint64_t in_flight_bytes = 0; ///< now
+    /// Send completions that were not the scheduler's (someone else posted on
+    /// its queue pair); ignored.
+    std::uint64_t foreign_completions = 0;
 };
 
 } // namespace rdmax::sched
@@ -68,9 +71,9 @@ struct fmt::formatter<rdmax::sched::scheduler_counters> {
         return fmt::format_to(ctx.out(),
                               "requests {} completed {} failed {} slices {} (small {}, signaled "
                               "{}) bytes {} doorbells {} budget stalls {} max in flight {} "
-                              "bytes, in flight {} bytes",
+                              "bytes, in flight {} bytes, foreign completions {}",
                               c.requests, c.completed, c.failed, c.slices, c.small_slices,
                               c.signaled, c.bytes, c.doorbells, c.budget_stalls, c.max_in_flight,
-                              c.in_flight_bytes);
+                              c.in_flight_bytes, c.foreign_completions);
     }
 };

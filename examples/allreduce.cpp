@@ -990,15 +990,25 @@ struct run {
     static constexpr std::uint32_t reg_probes = 21;
     const options& o;
     ring& R;
-    verbs_cache cache;
-    registered_arena arena;
+    /// A verbs_cache in place (it does not move): optional's emplace takes the pd.
+    struct cache_holder {
+        verbs_cache c;
+        explicit cache_holder(const verbs::protection_domain& pd)
+            : c(make_verbs_cache(pd)) {}
+    };
+    std::optional<cache_holder> cache;     ///< made only if a mode uses it
+    std::optional<registered_arena> arena; ///< made only if a mode uses it
     std::uint64_t seq = 0; ///< token exchanges and calls, counted alike by all ranks
 
     run(const options& opts, ring& r)
         : o(opts)
-        , R(r)
-        , cache(make_verbs_cache(r.pd()))
-        , arena(verbs_registrar(r.pd()), arena_options{}.with_env()) {}
+        , R(r) {
+        const auto uses = [&](mode m) { return (o.modes & static_cast<std::uint32_t>(m)) != 0; };
+        if (uses(mode::cache))
+            cache.emplace(r.pd());
+        if (uses(mode::arena) || uses(mode::arena_keys))
+            arena.emplace(verbs_registrar(r.pd()), arena_options{}.with_env());
+    }
 
     /// Sends my tokens left and returns my right neighbour's.
     tokens exchange(const token& data, const token& staging) {
@@ -1012,9 +1022,9 @@ struct run {
             [this](const token& d, const token& s) { return exchange(d, s); };
         switch (m) {
         case mode::per_call: return std::make_unique<per_call_vectors>(R, bytes);
-        case mode::cache: return std::make_unique<cached_vectors>(R, cache, bytes, ex);
-        case mode::arena: return std::make_unique<arena_vectors>(R, arena, bytes, ex, false);
-        case mode::arena_keys: return std::make_unique<arena_vectors>(R, arena, bytes, ex, true);
+        case mode::cache: return std::make_unique<cached_vectors>(R, cache->c, bytes, ex);
+        case mode::arena: return std::make_unique<arena_vectors>(R, *arena, bytes, ex, false);
+        case mode::arena_keys: return std::make_unique<arena_vectors>(R, *arena, bytes, ex, true);
         }
         throw std::logic_error("no such mode");
     }
@@ -1257,11 +1267,10 @@ int main_rank(const options& o) {
                 if (r.m == m)
                     by_mode.push_back(r);
         print_table(by_mode);
-        if ((o.modes & static_cast<std::uint32_t>(mode::cache)) != 0)
-            fmt::print("cache: {}\n", x.cache.counters());
-        if ((o.modes & (static_cast<std::uint32_t>(mode::arena) |
-                        static_cast<std::uint32_t>(mode::arena_keys))) != 0)
-            fmt::print("arena: {}\n", x.arena.counters());
+        if (x.cache)
+            fmt::print("cache: {}\n", x.cache->c.counters());
+        if (x.arena)
+            fmt::print("arena: {}\n", x.arena->counters());
         if (std::popcount(o.modes) > 1)
             print_ratios(all, o.interleave);
         if ((o.modes & static_cast<std::uint32_t>(mode::arena_keys)) != 0)

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <sys/mman.h>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -155,9 +157,12 @@ struct reg_cycles {
 
 /// `iterations` times ibv_reg_mr then ibv_dereg_mr of [buffer, buffer + bytes)
 /// (already touched), each timed apart, after one untimed round (the
-/// provider's first call may set things up).
+/// provider's first call may set things up). A `nap` sleeps before each
+/// iteration, untimed: registration then starts from a wakeup, as it does in a
+/// program that communicates between registrations.
 inline reg_cycles time_registration(const verbs::protection_domain& pd, std::byte* buffer,
-                                    std::size_t bytes, access rights, std::uint32_t iterations) {
+                                    std::size_t bytes, access rights, std::uint32_t iterations,
+                                    std::chrono::microseconds nap = {}) {
     const auto fail_reg = [&](const char* verb) {
         fail(fmt::format("{} of {} bytes failed: {}", verb, bytes, std::strerror(errno)));
     };
@@ -169,6 +174,8 @@ inline reg_cycles time_registration(const verbs::protection_domain& pd, std::byt
     out.reg.reserve(iterations);
     out.dereg.reserve(iterations);
     for (std::uint32_t i = 0; i < iterations; ++i) {
+        if (nap.count() > 0)
+            std::this_thread::sleep_for(nap);
         const std::uint64_t t0 = cycles();
         ibv_mr* mr = ibv_reg_mr(pd.get(), buffer, bytes, to_ibv(rights));
         const std::uint64_t t1 = cycles();

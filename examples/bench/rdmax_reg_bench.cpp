@@ -22,6 +22,13 @@
 //   verbs_registrar and records the memory regions it makes (for the key
 //   check): registered_arena's code, with a log beside it.
 //
+// --procs N (device): only ibv_reg_mr + ibv_dereg_mr, per size first in one
+//   process alone, then in N processes at once (each its own context, PD and
+//   buffer, started together by a barrier): what registration costs when N
+//   ranks of a job on one machine register at the same time, as the ranks of
+//   examples/allreduce --mode per-call do. The figure to set beside a
+//   per-call allreduce of N ranks on the same machine.
+//
 // --alloc (no device: counting_registrar registers nothing): the median
 //   nanoseconds of an arena allocate + deallocate for 64 B to 1 MiB, on one
 //   thread (alone, and beside a live block of the same size, which keeps its
@@ -33,6 +40,7 @@
 //
 //   rdmax_reg_bench --alloc --json alloc.json --plot alloc.png
 //   tests/vm/run -- build/examples/bench/rdmax_reg_bench --json /tmp/r.json
+//   tests/vm/run -- build/examples/bench/rdmax_reg_bench --procs 4 -s 16M
 #include <algorithm>
 #include <array>
 #include <barrier>
@@ -43,9 +51,13 @@
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <pthread.h>
 #include <string>
 #include <string_view>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <rdmax/mem/registered_arena.hpp>
@@ -85,6 +97,8 @@ struct reg_options {
     std::uint32_t iterations = 0;    ///< -n; 0: default_reg_iterations
     std::uint32_t ops = default_ops; ///< --ops
     std::uint32_t batches = 9;       ///< --batches
+    std::uint32_t procs = 0;         ///< --procs; 0: not that mode
+    std::chrono::microseconds nap{}; ///< --nap
     std::string json_path;           ///< --json
     std::string plot_path;           ///< --plot
     [[nodiscard]] std::uint32_t registrations() const noexcept {
@@ -102,6 +116,10 @@ void print_usage() {
         "                          scaled down by size above it (at least min(N, 9))\n"
         "      --ops N             cache hits / arena allocations per timed batch (default {2})\n"
         "      --batches N         timed batches per measurement, median reported (default 9)\n"
+        "      --procs N           ibv_reg_mr + ibv_dereg_mr only: one process alone, then N\n"
+        "                          processes at once (as N ranks on one machine register)\n"
+        "      --nap US            sleep US before each ibv_reg_mr (untimed): registration\n"
+        "                          after a wakeup, as between a program's messages\n"
         "      --alloc             the host-only arena allocation benchmark\n"
         "      --json FILE         a JSON list of the results\n"
         "      --plot FILE.png     cost against size, log-log, with gnuplot\n"
@@ -111,7 +129,7 @@ void print_usage() {
 
 reg_options parse_options(int argc, char** argv) {
     reg_options o;
-    enum : int { opt_json = 1000, opt_plot, opt_alloc, opt_ops, opt_batches };
+    enum : int { opt_json = 1000, opt_plot, opt_alloc, opt_ops, opt_batches, opt_procs, opt_nap };
     const option longs[] = {
         {"alloc", no_argument, nullptr, opt_alloc},
         {"ib-dev", required_argument, nullptr, 'd'},
@@ -119,6 +137,8 @@ reg_options parse_options(int argc, char** argv) {
         {"iters", required_argument, nullptr, 'n'},
         {"ops", required_argument, nullptr, opt_ops},
         {"batches", required_argument, nullptr, opt_batches},
+        {"procs", required_argument, nullptr, opt_procs},
+        {"nap", required_argument, nullptr, opt_nap},
         {"json", required_argument, nullptr, opt_json},
         {"plot", required_argument, nullptr, opt_plot},
         {"help", no_argument, nullptr, 'h'},
@@ -144,6 +164,11 @@ reg_options parse_options(int argc, char** argv) {
             case opt_batches:
                 o.batches = parse_number<std::uint32_t>(optarg, "--batches", 1, 1000);
                 break;
+            case opt_procs: o.procs = parse_number<std::uint32_t>(optarg, "--procs", 1, 64); break;
+            case opt_nap:
+                o.nap = std::chrono::microseconds(
+                    parse_number<std::uint32_t>(optarg, "--nap", 0, 1'000'000));
+                break;
             case opt_json: o.json_path = optarg; break;
             case opt_plot: o.plot_path = optarg; break;
             case 'h': print_usage(); std::exit(0);
@@ -154,6 +179,8 @@ reg_options parse_options(int argc, char** argv) {
             fail(fmt::format("unexpected argument '{}'", argv[optind]));
         if (o.alloc && (!o.device.empty() || o.iterations != 0))
             fail("-d and -n are for the device mode, not --alloc");
+        if (o.alloc && o.procs != 0)
+            fail("--procs and --alloc: one or the other");
         const std::size_t smallest = o.alloc ? alloc_smallest : device_sizes.front();
         if (o.max_size == 0)
             o.max_size = o.alloc ? alloc_largest : device_sizes.back();
@@ -390,7 +417,7 @@ device_result measure_device(const reg_options& opt, const verbs::protection_dom
     rate.start();
 
     fmt::print(stderr, "[{}] {} x ibv_reg_mr + ibv_dereg_mr\n", human_bytes(bytes), r.iterations);
-    const reg_cycles reg = time_registration(pd, buffer, bytes, rights, r.iterations);
+    const reg_cycles reg = time_registration(pd, buffer, bytes, rights, r.iterations, opt.nap);
 
     fmt::print(stderr, "[{}] {} x {} cache hits\n", human_bytes(bytes), opt.batches, opt.ops);
     const std::vector<std::uint64_t> hit_cycles = time_cache_hits(opt, pd, buffer, bytes, monitor);
@@ -441,12 +468,13 @@ void run_device(const reg_options& opt, json_list& json) {
         "     Registered memory: ibv_reg_mr + ibv_dereg_mr vs a cache hit vs an arena block\n"
         " Device         : {}\n"
         " ibv            : reg and dereg of a touched buffer, timed apart; median\n"
+        "                  ({} us nap before each reg, untimed)\n"
         " Cache hit      : get + release, make_verbs_cache(pd); {} batches of {}; median\n"
         " Arena          : allocate + deallocate, area registered before; {} batches of {}; "
         "median\n"
         "                  areas of {}, above {} a dedicated area; huge pages {}\n"
         "{}",
-        result_line, ctx.name(), opt.batches, opt.ops, opt.batches, opt.ops,
+        result_line, ctx.name(), opt.nap.count(), opt.batches, opt.ops, opt.batches, opt.ops,
         human_bytes(ao.area_bytes), human_bytes(ao.area_bytes / 2), ao.huge_pages ? "asked" : "off",
         result_line);
     fmt::print(" {:>10} {:>6} {:>10} {:>11} {:>16} {:>15} {:>15} {:>10} {:>10}\n", "#bytes",
@@ -507,6 +535,136 @@ void run_device(const reg_options& opt, json_list& json) {
                 "bytes", "microseconds", x, series))
             fmt::print(stderr, "[plot] wrote {}\n", opt.plot_path);
     }
+}
+
+// ---- --procs ------------------------------------------------------------------------------
+
+/// What the processes of --procs share: a barrier and their medians.
+struct procs_shared {
+    pthread_barrier_t barrier;
+    /// [phase][size][process]: reg + dereg, reg, dereg in microseconds (median);
+    /// phase 0: process 0 alone; phase 1: all at once.
+    double both[2][device_sizes.size()][64];
+    double reg[2][device_sizes.size()][64];
+    double dereg[2][device_sizes.size()][64];
+    int failed;
+};
+
+/// One process of --procs: its own context, PD and buffer; the barrier
+/// starts every measurement at once.
+void procs_child(const reg_options& opt, procs_shared& sh, std::uint32_t me,
+                 const std::vector<std::size_t>& sizes) {
+    const auto sync = [&] { pthread_barrier_wait(&sh.barrier); };
+    try {
+        const verbs::context ctx = opt.device.empty() ? verbs::context::open_first_active()
+                                                      : verbs::context::open(opt.device);
+        const verbs::protection_domain pd(ctx);
+        const mapping buffer(sizes.back(), true);
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+            const std::uint32_t iters = reg_iterations(opt.registrations(), sizes[k]);
+            for (int phase = 0; phase < 2; ++phase) {
+                sync();
+                if (phase == 0 && me != 0)
+                    continue; // process 0 alone
+                cycle_rate rate;
+                rate.start();
+                const reg_cycles c =
+                    time_registration(pd, buffer.data(), sizes[k], rights, iters, opt.nap);
+                rate.stop();
+                const double per_us = rate.per_us();
+                std::vector<double> both, reg, dereg;
+                for (std::size_t i = 0; i < c.reg.size(); ++i) {
+                    reg.push_back(static_cast<double>(c.reg[i]) / per_us);
+                    dereg.push_back(static_cast<double>(c.dereg[i]) / per_us);
+                    both.push_back(static_cast<double>(c.reg[i] + c.dereg[i]) / per_us);
+                }
+                sh.both[phase][k][me] = median(both);
+                sh.reg[phase][k][me] = median(reg);
+                sh.dereg[phase][k][me] = median(dereg);
+            }
+        }
+        sync();
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "{}: process {}: {}\n", tool, me, e.what());
+        sh.failed = 1;
+        std::_Exit(1); // the others then wait at the barrier: the parent kills them
+    }
+}
+
+void run_procs(const reg_options& opt, json_list& json) {
+    std::vector<std::size_t> sizes;
+    for (const std::size_t s : device_sizes)
+        if (s <= opt.max_size)
+            sizes.push_back(s);
+    const std::uint32_t n = opt.procs;
+    void* mem = mmap(nullptr, sizeof(procs_shared), PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED)
+        fail("cannot map the shared results");
+    auto& sh = *new (mem) procs_shared{};
+    pthread_barrierattr_t attr;
+    pthread_barrierattr_init(&attr);
+    pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_barrier_init(&sh.barrier, &attr, n);
+
+    fmt::print("{}"
+               "     ibv_reg_mr + ibv_dereg_mr: one process alone vs {} processes at once\n"
+               " Each process   : its own context, PD and touched buffer; per size, process 0\n"
+               "                  alone, then all {} started together by a barrier\n"
+               " Figures        : median per process; 'at once' is the median of the {} "
+               "processes' medians (min-max)\n"
+               " Processors     : {} online\n"
+               " Nap            : {} us before each ibv_reg_mr, untimed\n"
+               "{}",
+               result_line, n, n, n, sysconf(_SC_NPROCESSORS_ONLN), opt.nap.count(), result_line);
+    fmt::print(" {:>10} {:>6} {:>16} {:>16} {:>26} {:>12} {:>12} {:>8}\n", "#bytes", "#iters",
+               "alone reg+dereg", "alone reg/dereg", fmt::format("{} at once reg+dereg", n), "reg",
+               "dereg", "ratio");
+    std::fflush(stdout);
+    std::vector<pid_t> kids;
+    for (std::uint32_t me = 0; me < n; ++me) {
+        const pid_t pid = fork();
+        if (pid < 0)
+            fail(fmt::format("fork: {}", std::strerror(errno)));
+        if (pid == 0) {
+            procs_child(opt, sh, me, sizes);
+            std::_Exit(0);
+        }
+        kids.push_back(pid);
+    }
+    int bad = 0;
+    for (std::size_t left = kids.size(); left > 0;) {
+        int st = 0;
+        const pid_t pid = waitpid(-1, &st, 0);
+        if (pid < 0)
+            break;
+        --left;
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            bad = 1;
+            for (const pid_t k : kids)
+                kill(k, SIGKILL); // the others would wait at the barrier for ever
+        }
+    }
+    if (bad != 0 || sh.failed != 0)
+        fail("a process failed");
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+        std::vector<double> all(sh.both[1][k], sh.both[1][k] + n);
+        std::vector<double> regs(sh.reg[1][k], sh.reg[1][k] + n);
+        std::vector<double> deregs(sh.dereg[1][k], sh.dereg[1][k] + n);
+        const double alone = sh.both[0][k][0], together = median(all);
+        fmt::print(" {:>10} {:>6} {:>16.2f} {:>16} {:>26} {:>12.2f} {:>12.2f} {:>8.2f}\n", sizes[k],
+                   reg_iterations(opt.registrations(), sizes[k]), alone,
+                   fmt::format("{:.1f}/{:.1f}", sh.reg[0][k][0], sh.dereg[0][k][0]),
+                   fmt::format("{:.2f} ({:.1f}-{:.1f})", together,
+                               *std::min_element(all.begin(), all.end()),
+                               *std::max_element(all.begin(), all.end())),
+                   median(regs), median(deregs), together / alone);
+        json.add(fmt::format(R"({{"bytes":{},"procs":{},"alone_us":{:.3f},"at_once_us":{:.3f}}})",
+                             sizes[k], n, alone, together));
+    }
+    fmt::print("{}", result_line);
+    pthread_barrier_destroy(&sh.barrier);
+    munmap(mem, sizeof(procs_shared));
 }
 
 // ---- --alloc ------------------------------------------------------------------------------
@@ -699,6 +857,8 @@ void run(int argc, char** argv) {
     json_list json(opt.json_path);
     if (opt.alloc)
         run_alloc(opt, json);
+    else if (opt.procs != 0)
+        run_procs(opt, json);
     else
         run_device(opt, json);
     if (!anomalies.empty()) {

@@ -15,7 +15,7 @@
 // one queue pair's send queue.
 //
 //   rdmax_hol_bench [-d DEV] [-s 64] [--bulk-size 64M] [--bulk-count 4]
-//                   [--interval 500] [--idle-samples 2000] [--json FILE]
+//                   [--interval 500] [--idle-samples 4000] [--json FILE]
 //                   [--plot FILE.png] [-t SECONDS]
 //
 // The scheduler's options come from RDMAX_SCHED_* (see the README), so a
@@ -48,7 +48,7 @@ struct hol_options {
     std::size_t bulk_bytes = 64 * mib;
     std::uint32_t bulk_count = 4;
     double interval_us = 500;
-    std::uint32_t idle_samples = 2000;
+    std::uint32_t idle_samples = 4000;
     std::string json;
     std::string plot;
     double timeout_s = 600;

@@ -117,24 +117,33 @@ struct testbed {
 
     testbed(const verbs::context& ctx, const hol_options& o)
         : pd(ctx)
-        , a(pd, config())
-        , b(pd, config())
+        , a(pd, config(ctx))
+        , b(pd, config(ctx))
         , src(o.bulk_bytes + 4096, std::byte{0x5a})
         , dst(o.bulk_bytes + 4096)
         , src_mr(pd, src.data(), src.size())
         , dst_mr(pd, dst.data(), dst.size()) {
         verbs::connect_pair(a, b);
     }
-    static verbs::qp_config config() {
+    static verbs::qp_config config(const verbs::context& ctx) {
         verbs::qp_config c;
-        c.send_depth = 1024;
+        c.send_depth = send_depth(ctx);
         c.recv_depth = 16;
         return c;
+    }
+    /// Deep enough that, without the scheduler, every urgent write can be
+    /// posted when it arrives although it waits seconds behind the stream:
+    /// both modes then carry the same urgent load, whose posting and
+    /// completion cost the CPU the stream also needs (on soft-RoCE the posting
+    /// thread does the device's work). 16384 is soft-RoCE's limit.
+    static std::uint32_t send_depth(const verbs::context& ctx) {
+        return std::min<std::uint32_t>(16384, ctx.limits().max_qp_wr);
     }
 };
 
 constexpr std::uint64_t bulk_tag = std::uint64_t{1} << 63;
-constexpr std::uint32_t max_urgent_outstanding = 256;
+/// Room in the send queue for the stream: two writes of up to 8 chained requests each, and slack.
+constexpr std::uint32_t stream_room = 64;
 constexpr std::size_t warmup_arrivals = 20;
 
 struct mode_result {
@@ -143,6 +152,7 @@ struct mode_result {
     double bulk_MBps = 0;
     double seconds = 0;
     std::uint64_t late = 0; // urgent writes posted over an interval after their arrival
+    std::uint32_t cap = 0;  // urgent writes outstanding at most
     std::string counters;
 };
 
@@ -160,8 +170,10 @@ double percentile(const std::vector<double>& sorted, double p) {
 /// stream, until `samples` urgent writes completed).
 template <class Post, class Poll>
 mode_result run_mode(const char* name, const hol_options& o, double cyc_per_us,
-                     std::uint32_t bulk_count, std::uint32_t samples, Post&& post, Poll&& poll) {
+                     std::uint32_t max_urgent_outstanding, std::uint32_t bulk_count,
+                     std::uint32_t samples, Post&& post, Poll&& poll) {
     mode_result r;
+    r.cap = max_urgent_outstanding;
     r.name = name;
     const auto interval = static_cast<std::uint64_t>(o.interval_us * cyc_per_us);
     const auto deadline_cycles = static_cast<std::uint64_t>(o.timeout_s * 1e6 * cyc_per_us);
@@ -268,13 +280,14 @@ mode_result plain_mode(const verbs::context& ctx, const hol_options& o, double c
         return b.post();
     };
     auto poll = [&](std::span<verbs::completion> out) { return t.a.poll_send(out); };
-    return run_mode(idle ? "idle" : "plain", o, cyc, idle ? 0 : o.bulk_count,
-                    idle ? o.idle_samples : 0, post, poll);
+    return run_mode(idle ? "idle" : "plain", o, cyc, t.a.send_depth() - stream_room,
+                    idle ? 0 : o.bulk_count, idle ? o.idle_samples : 0, post, poll);
 }
 
 mode_result scheduled_mode(const verbs::context& ctx, const hol_options& o, double cyc) {
     testbed t(ctx, o);
     sched::scheduler_options so = sched::scheduler_options{}.with_env();
+    const std::uint32_t max_urgent_outstanding = t.a.send_depth() - stream_room;
     so.max_requests = std::max<std::uint32_t>(so.max_requests, max_urgent_outstanding + 8);
     sched::priority_scheduler<> s(t.a, so);
     auto dst = t.dst_mr.remote();
@@ -285,7 +298,8 @@ mode_result scheduled_mode(const verbs::context& ctx, const hol_options& o, doub
                     : s.write(sched::urgent, urgent_src, dst, o.bulk_bytes, id);
     };
     auto poll = [&](std::span<verbs::completion> out) { return s.poll(out); };
-    mode_result r = run_mode("scheduled", o, cyc, o.bulk_count, 0, post, poll);
+    mode_result r =
+        run_mode("scheduled", o, cyc, max_urgent_outstanding, o.bulk_count, 0, post, poll);
     r.counters = fmt::format("{}", s.counters());
     return r;
 }
@@ -385,7 +399,7 @@ int main(int argc, char** argv) try {
         if (m.late > 0)
             fmt::print("{}: {} urgent writes were posted over an interval after their arrival "
                        "(at most {} are outstanding; latency counts from arrival)\n",
-                       m.name, m.late, max_urgent_outstanding);
+                       m.name, m.late, m.cap);
     fmt::print("scheduler counters: {}\n", modes[2].counters);
     if (!o.plot.empty()) {
         write_cdf_plot(o.plot, modes);

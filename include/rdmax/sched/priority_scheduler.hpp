@@ -113,8 +113,8 @@ public:
         requires(has(R, access::remote_write))
     status write(priority p, local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
                  std::uint64_t wr_id, request_flags f = {}) noexcept {
-        return submit(p, IBV_WR_RDMA_WRITE, src.addr, src.length, src.lkey, &dst.addr, dst.length,
-                      dst.rkey, dst_offset, std::nullopt, wr_id, f);
+        return submit(p, IBV_WR_RDMA_WRITE, src, remote_view(dst), dst_offset, std::nullopt, wr_id,
+                      f);
     }
     /// RDMA write whose immediate arrives with the last slice.
     template <access L, access R>
@@ -122,29 +122,27 @@ public:
     status write_imm(priority p, local_buffer<L> src, remote_buffer<R> dst,
                      std::uint64_t dst_offset, std::uint32_t imm, std::uint64_t wr_id,
                      request_flags f = {}) noexcept {
-        return submit(p, IBV_WR_RDMA_WRITE_WITH_IMM, src.addr, src.length, src.lkey, &dst.addr,
-                      dst.length, dst.rkey, dst_offset, imm, wr_id, f);
+        return submit(p, IBV_WR_RDMA_WRITE_WITH_IMM, src, remote_view(dst), dst_offset, imm, wr_id,
+                      f);
     }
     /// RDMA read of src + src_offset into `dst`, sliced.
     template <access L, access R>
         requires(has(L, access::local_write) && has(R, access::remote_read))
     status read(priority p, local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
                 std::uint64_t wr_id, request_flags f = {}) noexcept {
-        return submit(p, IBV_WR_RDMA_READ, dst.addr, dst.length, dst.lkey, &src.addr, src.length,
-                      src.rkey, src_offset, std::nullopt, wr_id, f);
+        return submit(p, IBV_WR_RDMA_READ, dst, remote_view(src), src_offset, std::nullopt, wr_id,
+                      f);
     }
     /// A send, posted whole (the peer's receive must hold all of it).
     template <access L>
     status send(priority p, local_buffer<L> src, std::uint64_t wr_id,
                 request_flags f = {}) noexcept {
-        return submit(p, IBV_WR_SEND, src.addr, src.length, src.lkey, nullptr, 0, 0, 0,
-                      std::nullopt, wr_id, f);
+        return submit(p, IBV_WR_SEND, src, std::nullopt, 0, std::nullopt, wr_id, f);
     }
     template <access L>
     status send_imm(priority p, local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
                     request_flags f = {}) noexcept {
-        return submit(p, IBV_WR_SEND_WITH_IMM, src.addr, src.length, src.lkey, nullptr, 0, 0, 0,
-                      imm, wr_id, f);
+        return submit(p, IBV_WR_SEND_WITH_IMM, src, std::nullopt, 0, imm, wr_id, f);
     }
 
     // ---- progress ---------------------------------------------------------------------------
@@ -226,10 +224,14 @@ private:
         return o;
     }
 
-    status submit(priority p, ibv_wr_opcode op, std::byte* local, std::uint32_t length,
-                  std::uint32_t lkey, const std::uint64_t* remote_addr, std::uint64_t remote_length,
-                  std::uint32_t rkey, std::uint64_t remote_offset, std::optional<std::uint32_t> imm,
+    /// The typed calls checked the rights; past them a buffer is its bytes and key.
+    using local_view = local_buffer<access::local_read>;
+    using remote_view = remote_buffer<access::local_read>;
+
+    status submit(priority p, ibv_wr_opcode op, local_view local, std::optional<remote_view> remote,
+                  std::uint64_t remote_offset, std::optional<std::uint32_t> imm,
                   std::uint64_t wr_id, request_flags f) noexcept {
+        const std::uint32_t length = local.length;
         if (p.level >= priority_levels)
             return status::out_of_range;
         if (broken_)
@@ -241,8 +243,7 @@ private:
             return status::zero_length;
         if (is_send && length > port_.max_message())
             return status::too_long;
-        if (remote_addr != nullptr &&
-            (remote_offset > remote_length || length > remote_length - remote_offset))
+        if (remote && !remote->contains(remote_offset, length))
             return status::out_of_range;
         if (free_.empty())
             return status::queue_full;
@@ -250,11 +251,11 @@ private:
         free_.pop_front();
         --free_count_;
         r.wr = {};
-        r.wr.local = local;
+        r.wr.local = local.addr;
         r.wr.length = length;
-        r.wr.lkey = lkey;
-        r.wr.remote_addr = remote_addr != nullptr ? *remote_addr + remote_offset : 0;
-        r.wr.rkey = rkey;
+        r.wr.lkey = local.lkey;
+        r.wr.remote_addr = remote ? remote->addr + remote_offset : 0;
+        r.wr.rkey = remote ? remote->rkey : 0;
         r.wr.opcode = op;
         r.wr.has_imm = imm.has_value();
         r.wr.imm = imm.value_or(0);
@@ -444,10 +445,9 @@ private:
                     continue;
                 }
                 // In order: one completion retires every slice up to it.
-                while (tail_slice_ < c.wr_id && tail_slice_ < next_slice_)
-                    retire(tail_slice_, IBV_WC_SUCCESS);
-                if (tail_slice_ == c.wr_id && tail_slice_ < next_slice_)
-                    retire(tail_slice_, c.status);
+                while (tail_slice_ < c.wr_id)
+                    retire_oldest(IBV_WC_SUCCESS);
+                retire_oldest(c.status);
             }
             if (n < static_cast<int>(std::size(wcs)))
                 break;
@@ -456,11 +456,8 @@ private:
             fail_all(IBV_WC_WR_FLUSH_ERR);
     }
 
-    /// The slice `id` (the oldest in flight) completed with `st`.
-    void retire(std::uint64_t id, ibv_wc_status st) noexcept {
-        ++tail_slice_;
-        release_slice(id, st);
-    }
+    /// The oldest slice in flight completed with `st`.
+    void retire_oldest(ibv_wc_status st) noexcept { release_slice(tail_slice_++, st); }
 
     void release_slice(std::uint64_t id, ibv_wc_status st) noexcept {
         in_flight_slice& s = ring_[id % ring_.size()];

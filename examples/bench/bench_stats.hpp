@@ -198,37 +198,56 @@ struct plot_series {
     std::vector<double> y;
 };
 
-/// Writes a log-log PNG of the series against x with gnuplot. Where gnuplot
-/// is not installed, says so on stderr and returns false: a missing plot is
-/// not a failed run. A gnuplot that fails is a failure.
-inline bool log_log_plot(const std::string& png, const std::string& title,
-                         const std::string& xlabel, const std::string& ylabel,
-                         const std::vector<double>& x, const std::vector<plot_series>& series) {
+/// `s` inside a gnuplot double-quoted string.
+inline std::string gnuplot_quoted(std::string_view s) {
+    std::string q;
+    for (const char c : s) {
+        if (c == '"' || c == '\\')
+            q += '\\';
+        q += c;
+    }
+    return q;
+}
+
+/// A gnuplot set to write a 1000x650 PNG to `png`. Where gnuplot is not
+/// installed, says so on stderr and returns nullptr: a missing plot is not a
+/// failed run. Hand the pipe to close_gnuplot().
+inline std::FILE* open_gnuplot(const std::string& png) {
     if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
         fmt::print(stderr,
                    "gnuplot is not installed: no plot written to {} (apt-get install "
                    "gnuplot-nox)\n",
                    png);
-        return false;
+        return nullptr;
     }
     std::FILE* gp = popen("gnuplot", "w");
     if (gp == nullptr)
         fail(fmt::format("cannot run gnuplot: {}", std::strerror(errno)));
-    const auto quoted = [](std::string_view s) {
-        std::string q;
-        for (const char c : s) {
-            if (c == '"' || c == '\\')
-                q += '\\';
-            q += c;
-        }
-        return q;
-    };
+    fmt::print(gp, "set terminal pngcairo size 1000,650 noenhanced\nset output \"{}\"\n",
+               gnuplot_quoted(png));
+    return gp;
+}
+
+/// Ends the plot; a gnuplot that failed is a failure.
+inline void close_gnuplot(std::FILE* gp, const std::string& png) {
+    const int status = pclose(gp);
+    if (status != 0)
+        fail(fmt::format("gnuplot failed writing {} (status {})", png, status));
+}
+
+/// Writes a log-log PNG of the series against x with gnuplot; false where
+/// gnuplot is not installed.
+inline bool log_log_plot(const std::string& png, const std::string& title,
+                         const std::string& xlabel, const std::string& ylabel,
+                         const std::vector<double>& x, const std::vector<plot_series>& series) {
+    std::FILE* gp = open_gnuplot(png);
+    if (gp == nullptr)
+        return false;
+    const auto quoted = gnuplot_quoted;
     // A margin either side, so that the first and last sizes keep their tics.
     const auto [least, most] = std::minmax_element(x.begin(), x.end());
     const double lo = x.empty() ? 1 : *least / 1.5, hi = x.empty() ? 2 : *most * 1.5;
     fmt::print(gp,
-               "set terminal pngcairo size 1000,650 noenhanced\n"
-               "set output \"{}\"\n"
                "set title \"{}\"\n"
                "set xlabel \"{}\"\nset ylabel \"{}\"\n"
                "set logscale xy\nset grid xtics ytics mxtics mytics\n"
@@ -236,7 +255,7 @@ inline bool log_log_plot(const std::string& png, const std::string& title,
                "set xtics (\"64\" 64, \"1K\" 1024, \"4K\" 4096, \"16K\" 16384, \"64K\" 65536, "
                "\"256K\" 262144, \"1M\" 1048576, \"4M\" 4194304, \"16M\" 16777216, \"64M\" "
                "67108864, \"256M\" 268435456)\n",
-               quoted(png), quoted(title), quoted(xlabel), quoted(ylabel), lo, hi);
+               quoted(title), quoted(xlabel), quoted(ylabel), lo, hi);
     for (std::size_t s = 0; s < series.size(); ++s) {
         fmt::print(gp, "$d{} << EOD\n", s);
         for (std::size_t i = 0; i < x.size() && i < series[s].y.size(); ++i)
@@ -249,9 +268,7 @@ inline bool log_log_plot(const std::string& png, const std::string& title,
         fmt::print(gp, "{}$d{} using 1:2 with linespoints lw 2 pt 7 title \"{}\"",
                    s == 0 ? "" : ", ", s, quoted(series[s].title));
     fmt::print(gp, "\n");
-    const int status = pclose(gp);
-    if (status != 0)
-        fail(fmt::format("gnuplot failed writing {} (status {})", png, status));
+    close_gnuplot(gp, png);
     return true;
 }
 

@@ -305,24 +305,13 @@ mode_result scheduled_mode(const verbs::context& ctx, const hol_options& o, doub
 }
 
 void write_cdf_plot(const std::string& png, const std::vector<mode_result>& modes) {
-    if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-        fmt::print(stderr,
-                   "gnuplot is not installed: no plot written to {} (apt-get install "
-                   "gnuplot-nox)\n",
-                   png);
-        return;
-    }
-    std::FILE* gp = popen("gnuplot", "w");
+    std::FILE* gp = open_gnuplot(png);
     if (gp == nullptr)
-        fail(fmt::format("cannot run gnuplot: {}", std::strerror(errno)));
-    fmt::print(gp,
-               "set terminal pngcairo size 1000,650 noenhanced\n"
-               "set output \"{}\"\n"
-               "set title \"Latency of urgent 64-byte writes beside a bulk stream on one RC "
-               "queue pair\"\n"
-               "set xlabel \"latency (us, log scale)\"\nset ylabel \"fraction of writes\"\n"
-               "set logscale x\nset grid\nset key bottom right\nset yrange [0:1]\n",
-               png);
+        return;
+    fmt::print(gp, "set title \"Latency of urgent 64-byte writes beside a bulk stream on one RC "
+                   "queue pair\"\n"
+                   "set xlabel \"latency (us, log scale)\"\nset ylabel \"fraction of writes\"\n"
+                   "set logscale x\nset grid\nset key bottom right\nset yrange [0:1]\n");
     for (std::size_t m = 0; m < modes.size(); ++m) {
         fmt::print(gp, "$d{} << EOD\n", m);
         const auto& v = modes[m].latency_us;
@@ -340,8 +329,7 @@ void write_cdf_plot(const std::string& png, const std::vector<mode_result>& mode
         fmt::print(gp, "{}$d{} using 1:2 with lines lw 2 title \"{}\"", m == 0 ? "" : ", ", m,
                    modes[m].name);
     fmt::print(gp, "\n");
-    if (pclose(gp) != 0)
-        fail(fmt::format("gnuplot failed writing {}", png));
+    close_gnuplot(gp, png);
 }
 
 } // namespace

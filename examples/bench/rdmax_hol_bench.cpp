@@ -14,9 +14,14 @@
 // (a loopback pair on one device), which is what the scheduler sees anyway:
 // one queue pair's send queue.
 //
-//   rdmax_hol_bench [-d DEV] [-s 64] [--bulk-size 64M] [--bulk-count 4]
-//                   [--interval 500] [--idle-samples 4000] [--json FILE]
-//                   [--plot FILE.png] [-t SECONDS]
+// The three modes run in turn, --rounds times: a machine whose speed drifts
+// (an emulated one does, by tens of percent over a minute) then drifts under
+// all three alike. Percentiles are over the samples of all rounds, the
+// throughput over all their bytes; each round's ratios are printed too.
+//
+//   rdmax_hol_bench [-d DEV] [-s 64] [--bulk-size 64M] [--bulk-count 2]
+//                   [--interval 500] [--idle-samples 2000] [--rounds 5]
+//                   [--json FILE] [--plot FILE.png] [-t SECONDS]
 //
 // The scheduler's options come from RDMAX_SCHED_* (see the README), so a
 // sweep over slice sizes and budgets needs no rebuild.
@@ -46,9 +51,10 @@ struct hol_options {
     std::string device;
     std::size_t urgent_bytes = 64;
     std::size_t bulk_bytes = 64 * mib;
-    std::uint32_t bulk_count = 4;
+    std::uint32_t bulk_count = 2;
     double interval_us = 500;
-    std::uint32_t idle_samples = 4000;
+    std::uint32_t idle_samples = 2000;
+    std::uint32_t rounds = 5;
     std::string json;
     std::string plot;
     double timeout_s = 600;
@@ -57,15 +63,16 @@ struct hol_options {
 [[noreturn]] void usage(int code) {
     std::fputs("usage: rdmax_hol_bench [-d DEV] [-s URGENT_BYTES] [--bulk-size N] "
                "[--bulk-count N]\n"
-               "                       [--interval US] [--idle-samples N] [--json FILE] "
-               "[--plot FILE.png] [-t SECONDS]\n",
+               "                       [--interval US] [--idle-samples N] [--rounds N] "
+               "[--json FILE]\n"
+               "                       [--plot FILE.png] [-t SECONDS]\n",
                code == 0 ? stdout : stderr);
     std::exit(code);
 }
 
 hol_options parse(int argc, char** argv) {
     hol_options o;
-    enum { bulk_size = 1000, bulk_count, interval, idle_samples, json, plot };
+    enum { bulk_size = 1000, bulk_count, interval, idle_samples, rounds, json, plot };
     static const ::option longs[] = {{"ib-dev", required_argument, nullptr, 'd'},
                                      {"size", required_argument, nullptr, 's'},
                                      {"timeout", required_argument, nullptr, 't'},
@@ -73,6 +80,7 @@ hol_options parse(int argc, char** argv) {
                                      {"bulk-count", required_argument, nullptr, bulk_count},
                                      {"interval", required_argument, nullptr, interval},
                                      {"idle-samples", required_argument, nullptr, idle_samples},
+                                     {"rounds", required_argument, nullptr, rounds},
                                      {"json", required_argument, nullptr, json},
                                      {"plot", required_argument, nullptr, plot},
                                      {"help", no_argument, nullptr, 'h'},
@@ -89,6 +97,7 @@ hol_options parse(int argc, char** argv) {
         case bulk_count: o.bulk_count = static_cast<std::uint32_t>(std::atoi(optarg)); break;
         case interval: o.interval_us = std::atof(optarg); break;
         case idle_samples: o.idle_samples = static_cast<std::uint32_t>(std::atoi(optarg)); break;
+        case rounds: o.rounds = static_cast<std::uint32_t>(std::atoi(optarg)); break;
         case json: o.json = optarg; break;
         case plot: o.plot = optarg; break;
         case 'h': usage(0);
@@ -96,7 +105,7 @@ hol_options parse(int argc, char** argv) {
         }
     }
     if (o.urgent_bytes == 0 || o.bulk_bytes == 0 || o.bulk_count == 0 || o.interval_us <= 0 ||
-        o.idle_samples == 0 || o.timeout_s <= 0)
+        o.idle_samples == 0 || o.rounds == 0 || o.timeout_s <= 0)
         usage(2);
     return o;
 }
@@ -148,12 +157,35 @@ constexpr std::size_t warmup_arrivals = 20;
 
 struct mode_result {
     std::string name;
-    std::vector<double> latency_us; // sorted
-    double bulk_MBps = 0;
-    double seconds = 0;
+    std::vector<double> latency_us; // sorted once all rounds are in
+    // Where each urgent write's latency went: from its arrival until this
+    // thread got to post it (it was busy, e.g. in a doorbell), the posting
+    // call, and from there until poll() handed back its completion.
+    std::vector<double> waited_us;
+    std::vector<double> posting_us;
+    std::vector<double> completing_us;
+    double bulk_bytes = 0;
+    double seconds = 0;     // the stream's, all rounds
     std::uint64_t late = 0; // urgent writes posted over an interval after their arrival
     std::uint32_t cap = 0;  // urgent writes outstanding at most
-    std::string counters;
+    std::string counters;   // the scheduler's, last round
+
+    [[nodiscard]] double bulk_MBps() const { return seconds > 0 ? bulk_bytes / seconds / 1e6 : 0; }
+    void add(mode_result&& r) {
+        for (auto [to, from] : {std::pair{&latency_us, &r.latency_us}, {&waited_us, &r.waited_us},
+                                {&posting_us, &r.posting_us}, {&completing_us, &r.completing_us}})
+            to->insert(to->end(), from->begin(), from->end());
+        bulk_bytes += r.bulk_bytes;
+        seconds += r.seconds;
+        late += r.late;
+        cap = r.cap;
+        if (!r.counters.empty())
+            counters = std::move(r.counters);
+    }
+    void sort() {
+        for (auto* v : {&latency_us, &waited_us, &posting_us, &completing_us})
+            std::sort(v->begin(), v->end());
+    }
 };
 
 double percentile(const std::vector<double>& sorted, double p) {
@@ -181,6 +213,10 @@ mode_result run_mode(const char* name, const hol_options& o, double cyc_per_us,
     lat.reserve(1 << 20);
     std::vector<std::uint64_t> arrivals;
     arrivals.reserve(1 << 20);
+    std::vector<std::uint64_t> posting; // when each urgent write's post() began and ended
+    std::vector<std::uint64_t> posted;
+    posting.reserve(1 << 20);
+    posted.reserve(1 << 20);
 
     cycle_rate rate;
     rate.start();
@@ -212,8 +248,10 @@ mode_result run_mode(const char* name, const hol_options& o, double cyc_per_us,
         // Urgent arrivals due by now, while under the outstanding cap.
         const bool more = bulk_count > 0 ? bulk_done < bulk_count : arrivals.size() < samples;
         while (more && now >= next_arrival && urgent_out < max_urgent_outstanding) {
+            posting.push_back(cycles());
             if (status s = post(false, arrivals.size()); s != status::ok)
                 fail(fmt::format("{}: posting an urgent write: {}", name, to_string(s)));
+            posted.push_back(cycles());
             r.late += now - next_arrival > interval ? 1U : 0U;
             arrivals.push_back(next_arrival);
             next_arrival += interval;
@@ -232,8 +270,13 @@ mode_result run_mode(const char* name, const hol_options& o, double cyc_per_us,
                 bulk_end = t;
             } else {
                 // With a stream, only writes that arrived while it ran count.
-                if (bulk_count == 0 || (bulk_start != 0 && arrivals[c.wr_id] >= bulk_start))
-                    lat.push_back(static_cast<double>(t - arrivals[c.wr_id]));
+                const std::uint64_t id = c.wr_id;
+                if (bulk_count == 0 || (bulk_start != 0 && arrivals[id] >= bulk_start)) {
+                    lat.push_back(static_cast<double>(t - arrivals[id]));
+                    r.waited_us.push_back(static_cast<double>(posting[id] - arrivals[id]));
+                    r.posting_us.push_back(static_cast<double>(posted[id] - posting[id]));
+                    r.completing_us.push_back(static_cast<double>(t - posted[id]));
+                }
                 --urgent_out;
                 ++urgent_done;
             }
@@ -245,14 +288,13 @@ mode_result run_mode(const char* name, const hol_options& o, double cyc_per_us,
     }
     rate.stop();
     const double per_us = rate.per_us() > 0 ? rate.per_us() : cyc_per_us;
-    for (double& v : lat)
-        v /= per_us;
-    std::sort(lat.begin(), lat.end());
     r.latency_us = std::move(lat);
+    for (auto* v : {&r.latency_us, &r.waited_us, &r.posting_us, &r.completing_us})
+        for (double& x : *v)
+            x /= per_us;
     if (bulk_count > 0) {
-        const double s = static_cast<double>(bulk_end - bulk_start) / per_us / 1e6;
-        r.seconds = s;
-        r.bulk_MBps = static_cast<double>(bulk_count) * static_cast<double>(o.bulk_bytes) / s / 1e6;
+        r.seconds = static_cast<double>(bulk_end - bulk_start) / per_us / 1e6;
+        r.bulk_bytes = static_cast<double>(bulk_count) * static_cast<double>(o.bulk_bytes);
     }
     return r;
 }
@@ -340,22 +382,46 @@ int main(int argc, char** argv) try {
     const double cyc = estimate_cycles_per_us();
     json_list json(o.json);
     const sched::scheduler_options so = sched::scheduler_options{}.with_env();
-    fmt::print("head-of-line bench on {}: urgent {} B writes every {} us; bulk {} x {} writes\n",
-               ctx.name(), o.urgent_bytes, o.interval_us, o.bulk_count, human_bytes(o.bulk_bytes));
+    fmt::print("head-of-line bench on {}: urgent {} B writes every {} us; bulk {} x {} writes; "
+               "{} rounds\n",
+               ctx.name(), o.urgent_bytes, o.interval_us, o.bulk_count, human_bytes(o.bulk_bytes),
+               o.rounds);
     fmt::print("scheduler: small slice {}, large slice {}, budget {} bytes / {} WQEs, hold {} us\n",
                human_bytes(so.small_slice), human_bytes(so.large_slice), so.budget_bytes,
                so.budget_wqes, so.hold.count());
 
-    std::vector<mode_result> modes;
-    fmt::print(stderr, "idle ...\n");
-    modes.push_back(plain_mode(ctx, o, cyc, true));
-    fmt::print(stderr, "plain ...\n");
-    modes.push_back(plain_mode(ctx, o, cyc, false));
-    fmt::print(stderr, "scheduled ...\n");
-    modes.push_back(scheduled_mode(ctx, o, cyc));
+    std::vector<mode_result> modes(3);
+    modes[0].name = "idle";
+    modes[1].name = "plain";
+    modes[2].name = "scheduled";
+    std::vector<double> round_latency_ratio;
+    std::vector<double> round_bulk_ratio;
+    for (std::uint32_t round = 1; round <= o.rounds; ++round) {
+        fmt::print(stderr, "round {}/{}: idle ...\n", round, o.rounds);
+        mode_result idle = plain_mode(ctx, o, cyc, true);
+        fmt::print(stderr, "round {}/{}: plain ...\n", round, o.rounds);
+        mode_result plain = plain_mode(ctx, o, cyc, false);
+        fmt::print(stderr, "round {}/{}: scheduled ...\n", round, o.rounds);
+        mode_result scheduled = scheduled_mode(ctx, o, cyc);
+        for (auto* m : {&idle, &plain, &scheduled})
+            std::sort(m->latency_us.begin(), m->latency_us.end());
+        const double idle99 = percentile(idle.latency_us, 99);
+        const double sched99 = percentile(scheduled.latency_us, 99);
+        round_latency_ratio.push_back(sched99 / idle99);
+        round_bulk_ratio.push_back(scheduled.bulk_MBps() / plain.bulk_MBps());
+        fmt::print("round {}: idle p99 {:.1f} us, scheduled p99 {:.1f} us ({:.2f}x); stream "
+                   "{:.1f} MB/s plain, {:.1f} scheduled ({:.3f})\n",
+                   round, idle99, sched99, round_latency_ratio.back(), plain.bulk_MBps(),
+                   scheduled.bulk_MBps(), round_bulk_ratio.back());
+        modes[0].add(std::move(idle));
+        modes[1].add(std::move(plain));
+        modes[2].add(std::move(scheduled));
+    }
+    for (auto& m : modes)
+        m.sort();
 
-    fmt::print("\n{:<10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "mode", "samples", "p50 us",
-               "p99 us", "p99.9 us", "max us", "bulk MB/s");
+    fmt::print("\nall rounds:\n{:<10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "mode",
+               "samples", "p50 us", "p99 us", "p99.9 us", "max us", "bulk MB/s");
     for (const auto& m : modes) {
         const double p50 = percentile(m.latency_us, 50);
         const double p99 = percentile(m.latency_us, 99);
@@ -363,32 +429,42 @@ int main(int argc, char** argv) try {
         fmt::print("{:<10} {:>8} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10}\n", m.name,
                    m.latency_us.size(), p50, p99, p999,
                    m.latency_us.empty() ? 0.0 : m.latency_us.back(),
-                   m.name == "idle" ? std::string("-") : fmt::format("{:.1f}", m.bulk_MBps));
+                   m.name == "idle" ? std::string("-") : fmt::format("{:.1f}", m.bulk_MBps()));
         json.add(fmt::format(R"({{"mode":"{}","p50_us":{:.2f},"p99_us":{:.2f},"p999_us":{:.2f}}})",
                              m.name, p50, p99, p999));
     }
     for (const auto& m : modes)
         if (m.name != "idle")
-            json.add(fmt::format(R"({{"mode":"{}","bulk_MBps":{:.3f}}})", m.name, m.bulk_MBps));
+            json.add(fmt::format(R"({{"mode":"{}","bulk_MBps":{:.3f}}})", m.name, m.bulk_MBps()));
+    fmt::print("\nwhere urgent latency goes, p50 / p99 us: waiting for the thread, posting, "
+               "completing\n");
+    for (const auto& m : modes)
+        fmt::print("{:<10} {:>8.1f} / {:<8.1f} {:>8.1f} / {:<8.1f} {:>10.1f} / {:.1f}\n", m.name,
+                   percentile(m.waited_us, 50), percentile(m.waited_us, 99),
+                   percentile(m.posting_us, 50), percentile(m.posting_us, 99),
+                   percentile(m.completing_us, 50), percentile(m.completing_us, 99));
+
     const double idle99 = percentile(modes[0].latency_us, 99);
     const double plain99 = percentile(modes[1].latency_us, 99);
     const double sched99 = percentile(modes[2].latency_us, 99);
-    fmt::print("\nurgent p99 / idle p99: plain {:.1f}x, scheduled {:.2f}x (target <= 3x)\n",
-               plain99 / idle99, sched99 / idle99);
-    fmt::print("bulk throughput scheduled / plain: {:.3f} (target >= 0.95)\n",
-               modes[2].bulk_MBps / modes[1].bulk_MBps);
+    fmt::print("\nurgent p99 / idle p99: plain {:.1f}x, scheduled {:.2f}x (target <= 3x; "
+               "median of the rounds {:.2f}x)\n",
+               plain99 / idle99, sched99 / idle99, median(round_latency_ratio));
+    fmt::print("bulk throughput scheduled / plain: {:.3f} (target >= 0.95; median of the rounds "
+               "{:.3f})\n",
+               modes[2].bulk_MBps() / modes[1].bulk_MBps(), median(round_bulk_ratio));
     // The budget should cover the bandwidth-delay product: the stream's rate
     // times an idle round trip, both measured here.
-    const double bdp = modes[1].bulk_MBps * percentile(modes[0].latency_us, 50);
+    const double bdp = modes[1].bulk_MBps() * percentile(modes[0].latency_us, 50);
     fmt::print("measured bandwidth-delay product: {:.1f} MB/s x {:.1f} us = {:.0f} bytes "
                "(budget {} bytes)\n",
-               modes[1].bulk_MBps, percentile(modes[0].latency_us, 50), bdp, so.budget_bytes);
+               modes[1].bulk_MBps(), percentile(modes[0].latency_us, 50), bdp, so.budget_bytes);
     for (const auto& m : modes)
         if (m.late > 0)
             fmt::print("{}: {} urgent writes were posted over an interval after their arrival "
                        "(at most {} are outstanding; latency counts from arrival)\n",
                        m.name, m.late, m.cap);
-    fmt::print("scheduler counters: {}\n", modes[2].counters);
+    fmt::print("scheduler counters (last round): {}\n", modes[2].counters);
     if (!o.plot.empty()) {
         write_cdf_plot(o.plot, modes);
         fmt::print("latency CDF written to {}\n", o.plot);

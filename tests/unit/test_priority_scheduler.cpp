@@ -544,3 +544,44 @@ TEST_CASE("a completion that is not a slice's retires nothing") {
     REQUIRE(got.size() == 1);
     CHECK(got[0].ok());
 }
+
+TEST_CASE("a doorbell with urgent slices carries no bulk, and finished requests go back first") {
+    // On soft-RoCE a doorbell transmits what it carries in the caller's
+    // thread: urgent slices must not bring bulk ones along, and poll() must
+    // hand back a finished urgent request before it posts more bulk.
+    const std::uint64_t budget = 16 * 1024;
+    sim_scheduler<> s(options(4096, 4096, budget), {});
+    REQUIRE(s.write(bulk, local(0, 1 << 20), remote(), 0, 1) == status::ok);
+    // Larger than one small slice: it waits for the budget to come back.
+    REQUIRE(s.write(urgent, local(0, 8192), remote(), 1 << 30, 2) == status::ok);
+    const auto is_urgent = [](const simulated_send_queue::record& r) {
+        return r.slice.remote_addr >= remote_base + (1 << 30);
+    };
+    const std::size_t before = s.port().log.size();
+    CHECK_FALSE(is_urgent(s.port().log.back()));
+    s.port().drain(budget);
+
+    verbs::completion c[4];
+    const std::uint64_t doorbells = s.port().doorbells;
+    CHECK(s.poll(c) == 0);
+    CHECK(s.port().doorbells == doorbells + 1);
+    // That doorbell carried the urgent request's two slices, and only them,
+    // although the budget had room for bulk slices after them.
+    REQUIRE(s.port().log.size() == before + 2);
+    CHECK(is_urgent(s.port().log[before]));
+    CHECK(is_urgent(s.port().log[before + 1]));
+
+    s.port().drain(8192);
+    // The urgent request comes back, and this call posts nothing.
+    REQUIRE(s.poll(c) == 1);
+    CHECK(c[0].wr_id == 2);
+    CHECK(s.port().doorbells == doorbells + 1);
+    // The next call posts bulk.
+    CHECK(s.poll(c) == 0);
+    CHECK(s.port().doorbells == doorbells + 2);
+    REQUIRE(s.port().log.size() > before + 2);
+    CHECK_FALSE(is_urgent(s.port().log.back()));
+    const auto got = run(s, 16384);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].wr_id == 1);
+}

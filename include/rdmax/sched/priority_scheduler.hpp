@@ -36,6 +36,14 @@
 //   budget's accounting needs (so that a completion always comes back
 //   before the budget runs dry).
 //
+// Posting can cost as much as sending: on soft-RoCE the doorbell system call
+// transmits the slices it carries, in the caller's thread. So a doorbell that
+// carries a level's slices carries none of a less urgent level (they go with
+// the next call), and poll() hands back finished requests before it posts
+// more: the caller learns that its urgent request finished without first
+// paying for the next bulk slices. On a NIC, both only delay a refill by one
+// call.
+//
 // Progress: the caller's poll() or wait() drives everything (completions in,
 // slices out); submission also posts at once when the budget allows. There is
 // no thread of its own. Like the queue pair, a scheduler is used by one thread
@@ -147,12 +155,19 @@ public:
 
     // ---- progress ---------------------------------------------------------------------------
 
-    /// Takes in the port's completions, posts what the budget allows, and
-    /// returns finished requests (at most out.size(); the rest wait for the
-    /// next call).
+    /// Takes in the port's completions and returns finished requests (at
+    /// most out.size(); the rest wait for the next call). A call that has
+    /// none to return posts what the budget allows instead.
+    ///
+    /// Finished requests go back before more is posted because posting can
+    /// take long: on soft-RoCE the doorbell does the device's work, the
+    /// slices' packets, in this thread. Posting first would make the caller
+    /// of an urgent request wait for the next budget of bulk bytes to learn
+    /// that it finished.
     int poll(std::span<verbs::completion> out) noexcept {
         reap();
-        pump();
+        if (done_.empty())
+            pump();
         return deliver(out);
     }
 
@@ -303,6 +318,7 @@ private:
             return;
         const auto now = clock::now();
         std::uint64_t chain_first = next_slice_;
+        std::size_t most_urgent_staged = priority_levels;
         for (;;) {
             if (in_flight_wqes_ >= opts_.budget_wqes || port_.slots_free() == 0) {
                 if (any_queued())
@@ -333,7 +349,16 @@ private:
             if (picked < 0)
                 break;
             const auto level = static_cast<std::size_t>(picked);
+            // Once a more urgent level's slices are staged, a less urgent
+            // level's wait for the next call: the caller then gets back to
+            // polling, and learns that its urgent request finished, without
+            // first paying for posting the bulk (on soft-RoCE, posting is the
+            // packets' transmission, in this thread).
+            if (level > most_urgent_staged)
+                break;
             const status st = post_slice(queues_[level].front(), level, contended(level, now));
+            if (st == status::ok)
+                most_urgent_staged = std::min(most_urgent_staged, level);
             if (st == status::batch_full && next_slice_ != chain_first) {
                 if (!ring(chain_first))
                     return;

@@ -13,8 +13,11 @@ namespace rdmax::sched {
 struct scheduler_options {
     /// Slice size while a more urgent level has work (or had some within
     /// `hold`): small, so that urgent work waits for little. Justitia starts
-    /// at 5 KB; the default here was measured on soft-RoCE (see the README).
-    std::uint32_t small_slice = 4 * 1024;
+    /// at 5 KB; the default here was measured on soft-RoCE (see the README),
+    /// where every slice costs an acknowledgement and a completion in the
+    /// posting thread, so one slice fills the budget. On a NIC, keep it at
+    /// most half the budget, so that a slice is posted while one is in flight.
+    std::uint32_t small_slice = 16 * 1024;
     /// Slice size while nothing more urgent is around: large, so that a bulk
     /// transfer costs few work requests and completions (Justitia: 1 MB).
     std::uint32_t large_slice = 1024 * 1024;
@@ -23,8 +26,10 @@ struct scheduler_options {
     /// stays busy only if they cover the bandwidth-delay product; so size it
     /// from that product as measured on the link, not from a data sheet
     /// (rdmax_hol_bench prints it). The default was measured on soft-RoCE,
-    /// where the cost of each slice, not the product (under 1 KB), sets the
-    /// floor; on a 100 Gb/s link with a 3 us round trip the product is 37.5 KB.
+    /// where the cost of each doorbell, not the product (under 1 KB), sets
+    /// the floor: the doorbell transmits in the posting thread, so its fixed
+    /// cost must be spread over enough bytes. On a 100 Gb/s link with a 3 us
+    /// round trip the product is 37.5 KB.
     std::uint64_t budget_bytes = 16 * 1024;
     /// Work requests in flight above which nothing more is posted (clamped to
     /// half the send queue).

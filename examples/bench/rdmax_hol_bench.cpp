@@ -172,8 +172,10 @@ struct mode_result {
 
     [[nodiscard]] double bulk_MBps() const { return seconds > 0 ? bulk_bytes / seconds / 1e6 : 0; }
     void add(mode_result&& r) {
-        for (auto [to, from] : {std::pair{&latency_us, &r.latency_us}, {&waited_us, &r.waited_us},
-                                {&posting_us, &r.posting_us}, {&completing_us, &r.completing_us}})
+        for (auto [to, from] : {std::pair{&latency_us, &r.latency_us},
+                                {&waited_us, &r.waited_us},
+                                {&posting_us, &r.posting_us},
+                                {&completing_us, &r.completing_us}})
             to->insert(to->end(), from->begin(), from->end());
         bulk_bytes += r.bulk_bytes;
         seconds += r.seconds;

@@ -15,6 +15,7 @@
  * come from an xarray and generations from the module's own copy; the status
  * area is only ever mapped read-only.
  */
+#include <linux/delay.h>
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
@@ -35,6 +36,15 @@
 static unsigned int max_regions = 65536;
 module_param(max_regions, uint, 0444);
 MODULE_PARM_DESC(max_regions, "ranges one open file may watch (default 65536)");
+
+/* A test hook: the kmod suite widens the window between MONITOR's last look
+ * at the range and its answer, where an unmap must still be caught.
+ */
+static unsigned int race_window_us;
+module_param(race_window_us, uint, 0644);
+MODULE_PARM_DESC(race_window_us,
+		 "test hook: MONITOR sleeps this long (at most 1000 us) after "
+		 "its last check (default 0)");
 
 static struct kmem_cache *region_cache;
 static atomic64_t live_regions_all = ATOMIC64_INIT(0);
@@ -119,7 +129,8 @@ static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
 	mmu_interval_set_seq(notifier, cur_seq);
 	if (changes_pages(range->event)) {
 		if (!(r->generation & 1)) {
-			r->generation |= 1;
+			/* UNMONITOR reads it without f->lock */
+			WRITE_ONCE(r->generation, r->generation | 1);
 			smp_store_release(generation_of(f, r->slot),
 					  r->generation);
 			f->invalidations++;
@@ -189,7 +200,9 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	struct rdmax_monitor req;
 	struct rdmax_region *r;
 	unsigned long seq;
+	u64 generation;
 	u32 slot;
+	unsigned int delay;
 	bool mapped, changed;
 	int ret;
 
@@ -223,8 +236,9 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	/* A generation no use of this slot had before: old tokens never match.
 	 */
 	spin_lock(&f->lock);
-	r->generation = (READ_ONCE(*generation_of(f, slot)) | 1) + 1;
-	smp_store_release(generation_of(f, slot), r->generation);
+	generation = (READ_ONCE(*generation_of(f, slot)) | 1) + 1;
+	r->generation = generation;
+	smp_store_release(generation_of(f, slot), generation);
 	spin_unlock(&f->lock);
 	atomic64_inc(&live_regions_all);
 
@@ -252,8 +266,15 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 		ret = mapped ? -EAGAIN : -EFAULT;
 		goto undo;
 	}
+	delay = min(READ_ONCE(race_window_us), 1000U);
+	if (unlikely(delay))
+		usleep_range(delay, delay + delay / 2);
 	req.slot = slot;
-	req.generation = r->generation;
+	/* The even value we set, never r->generation: an unmap from here on
+	 * makes that odd, and a token carrying the odd value would match the
+	 * status area again, valid over pages that are gone.
+	 */
+	req.generation = generation;
 	if (copy_to_user(arg, &req, sizeof(req))) {
 		ret = -EFAULT;
 		goto undo;
@@ -285,7 +306,7 @@ static long rdmax_do_unmonitor(struct rdmax_file *f, void __user *arg)
 		mutex_unlock(&f->ioctl_lock);
 		return -EINVAL; /* no such slot */
 	}
-	if (req.generation != (r->generation & ~1ULL)) {
+	if (req.generation != (READ_ONCE(r->generation) & ~1ULL)) {
 		mutex_unlock(&f->ioctl_lock);
 		return -ESTALE; /* an earlier use of this slot */
 	}

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -56,6 +57,26 @@ inline bool parse_flag(const char* who, const char* name, std::string_view v) {
     if (v == "0" || v == "no" || v == "false")
         return false;
     malformed(who, name, v, "0 or 1");
+}
+
+/// One of a fixed set of words, each naming a value of T.
+template <class T>
+struct choice {
+    std::string_view word;
+    T value;
+};
+
+/// The value whose word is v; otherwise an error that lists the words.
+template <class T, std::size_t N>
+T parse_choice(const char* who, const char* name, std::string_view v,
+               const choice<T> (&choices)[N]) {
+    for (const choice<T>& c : choices)
+        if (v == c.word)
+            return c.value;
+    std::string words;
+    for (std::size_t i = 0; i < N; ++i)
+        words += fmt::format("{}{}", i == 0 ? "" : i + 1 == N ? " or " : ", ", choices[i].word);
+    malformed(who, name, v, words);
 }
 
 } // namespace rdmax::detail

@@ -16,20 +16,13 @@ rcache_options rcache_options::with_env() const {
         o.max_count = parse_size(who, "RDMAX_RCACHE_MAX_COUNT", v);
     if (auto v = env("RDMAX_RCACHE_MAX_BYTES"); !v.empty())
         o.max_bytes = parse_size(who, "RDMAX_RCACHE_MAX_BYTES", v);
-    if (auto v = env("RDMAX_RCACHE_MONITOR"); !v.empty()) {
-        if (v == "auto")
-            o.monitor = monitor_kind::automatic;
-        else if (v == "kmod")
-            o.monitor = monitor_kind::kmod;
-        else if (v == "uffd")
-            o.monitor = monitor_kind::uffd;
-        else if (v == "manual")
-            o.monitor = monitor_kind::manual;
-        else if (v == "none")
-            o.monitor = monitor_kind::none;
-        else
-            malformed(who, "RDMAX_RCACHE_MONITOR", v, "auto, kmod, uffd, manual or none");
-    }
+    if (auto v = env("RDMAX_RCACHE_MONITOR"); !v.empty())
+        o.monitor = parse_choice<monitor_kind>(who, "RDMAX_RCACHE_MONITOR", v,
+                                               {{"auto", monitor_kind::automatic},
+                                                {"kmod", monitor_kind::kmod},
+                                                {"uffd", monitor_kind::uffd},
+                                                {"manual", monitor_kind::manual},
+                                                {"none", monitor_kind::none}});
     return o;
 }
 

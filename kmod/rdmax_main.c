@@ -37,14 +37,24 @@ static unsigned int max_regions = 65536;
 module_param(max_regions, uint, 0444);
 MODULE_PARM_DESC(max_regions, "ranges one open file may watch (default 65536)");
 
-/* A test hook: the kmod suite widens the window between MONITOR's last look
- * at the range and its answer, where an unmap must still be caught.
+/* A test hook: the kmod suite widens two windows where a racing unmap must
+ * still be handled: in MONITOR between its last look at the range and its
+ * answer, and in UNMONITOR between freeing the slot and removing the notifier.
  */
 static unsigned int race_window_us;
 module_param(race_window_us, uint, 0644);
 MODULE_PARM_DESC(race_window_us,
 		 "test hook: MONITOR sleeps this long (at most 1000 us) after "
-		 "its last check (default 0)");
+		 "its last check, UNMONITOR before it removes the notifier "
+		 "(default 0)");
+
+static void race_window(void)
+{
+	unsigned int us = min(READ_ONCE(race_window_us), 1000U);
+
+	if (unlikely(us))
+		usleep_range(us, us + us / 2);
+}
 
 static struct kmem_cache *region_cache;
 static atomic64_t live_regions_all = ATOMIC64_INIT(0);
@@ -58,6 +68,11 @@ struct rdmax_region {
 	u64 start, end, cookie;
 	u64 generation; /* the module's copy; odd once invalidated */
 	u32 slot;
+	/* Retired: its slot is (or may soon be) another region's, so its
+	 * callback, which may run until the notifier is removed, touches
+	 * nothing. Under file->lock.
+	 */
+	bool dead;
 	/* The queued event (at most one per region), under file->lock. */
 	bool queued;
 	u32 kind;
@@ -127,7 +142,7 @@ static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
 
 	spin_lock(&f->lock);
 	mmu_interval_set_seq(notifier, cur_seq);
-	if (changes_pages(range->event)) {
+	if (!r->dead && changes_pages(range->event)) {
 		if (!(r->generation & 1)) {
 			/* UNMONITOR reads it without f->lock */
 			WRITE_ONCE(r->generation, r->generation | 1);
@@ -183,6 +198,26 @@ static void dequeue_locked(struct rdmax_file *f, struct rdmax_region *r)
 	}
 }
 
+/* Takes r out of f->regions, under f->ioctl_lock. Its slot is free from here
+ * on, but r stays in the notifier tree until region_free() (longer if an
+ * invalidation is running), so first it is made dead: its token reads invalid,
+ * its queued event goes, and its callback no longer writes the status slot,
+ * which would make the next owner's generation odd (a spurious invalidation)
+ * and move the slot's generation back, to be handed out a second time.
+ */
+static void region_retire(struct rdmax_file *f, struct rdmax_region *r)
+{
+	spin_lock(&f->lock);
+	r->dead = true;
+	if (!(r->generation & 1)) {
+		WRITE_ONCE(r->generation, r->generation | 1);
+		smp_store_release(generation_of(f, r->slot), r->generation);
+	}
+	dequeue_locked(f, r);
+	spin_unlock(&f->lock);
+	xa_erase(&f->regions, r->slot);
+}
+
 /* Stops watching r and frees it; r is no longer in f->regions. May sleep. */
 static void region_free(struct rdmax_file *f, struct rdmax_region *r)
 {
@@ -202,7 +237,6 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	unsigned long seq;
 	u64 generation;
 	u32 slot;
-	unsigned int delay;
 	bool mapped, changed;
 	int ret;
 
@@ -226,7 +260,7 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 
 	mutex_lock(&f->ioctl_lock);
 	ret = xa_alloc(&f->regions, &slot, r, XA_LIMIT(0, max_regions - 1),
-		       GFP_KERNEL);
+		       GFP_KERNEL_ACCOUNT);
 	if (ret) {
 		mutex_unlock(&f->ioctl_lock);
 		kmem_cache_free(region_cache, r);
@@ -266,9 +300,7 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 		ret = mapped ? -EAGAIN : -EFAULT;
 		goto undo;
 	}
-	delay = min(READ_ONCE(race_window_us), 1000U);
-	if (unlikely(delay))
-		usleep_range(delay, delay + delay / 2);
+	race_window();
 	req.slot = slot;
 	/* The even value we set, never r->generation: an unmap from here on
 	 * makes that odd, and a token carrying the odd value would match the
@@ -285,7 +317,7 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	return 0;
 
 undo:
-	xa_erase(&f->regions, slot);
+	region_retire(f, r);
 	mutex_unlock(&f->ioctl_lock);
 	region_free(f, r);
 	return ret;
@@ -310,10 +342,11 @@ static long rdmax_do_unmonitor(struct rdmax_file *f, void __user *arg)
 		mutex_unlock(&f->ioctl_lock);
 		return -ESTALE; /* an earlier use of this slot */
 	}
-	xa_erase(&f->regions, req.slot);
+	region_retire(f, r);
 	f->live--;
 	f->unmonitors++;
 	mutex_unlock(&f->ioctl_lock);
+	race_window();
 	region_free(f, r);
 	return 0;
 }
@@ -517,8 +550,9 @@ static int __init rdmax_init(void)
 	BUILD_BUG_ON(sizeof(struct rdmax_status) != RDMAX_STATUS_GENERATIONS);
 	if (max_regions == 0 || max_regions > (1U << 24))
 		return -EINVAL;
-	region_cache = kmem_cache_create(
-		"rdmax_region", sizeof(struct rdmax_region), 0, 0, region_ctor);
+	region_cache =
+		kmem_cache_create("rdmax_region", sizeof(struct rdmax_region),
+				  0, SLAB_ACCOUNT, region_ctor);
 	if (!region_cache)
 		return -ENOMEM;
 	ret = misc_register(&rdmax_misc);

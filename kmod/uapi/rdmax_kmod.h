@@ -8,7 +8,8 @@
  * area (mmap offset 0) holds a 64-bit generation per slot, which the module
  * makes odd, before the unmap or page replacement returns, when the range's
  * pages go away. A token {slot, generation} is valid while
- * status->generation[slot] == generation: one load, no system call. read()
+ * status->generation[slot] == generation: one load, no system call. UNMONITOR
+ * ends a token at once, and a slot's generations only grow. read()
  * and poll() deliver at most one rdmax_event per watched range.
  */
 #ifndef RDMAX_KMOD_H

@@ -265,6 +265,41 @@ private:
     bool set_ = false;
 };
 
+/// Spins until ready() (true), or until stop is set or 10 s pass (false): a
+/// round of a race test that takes 10 s has hung.
+template <class Ready>
+bool spin_until(Ready ready, const std::atomic<bool>& stop) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!ready())
+        if (stop.load(std::memory_order_relaxed) || std::chrono::steady_clock::now() > deadline)
+            return false;
+    return true;
+}
+
+/// The helper threads of a race test. A failed REQUIRE throws: on the way
+/// out they are told to stop, and joined.
+class helpers {
+public:
+    helpers() = default;
+    helpers(const helpers&) = delete;
+    helpers& operator=(const helpers&) = delete;
+    ~helpers() { join(); }
+    template <class F>
+    void start(F f) {
+        threads_.emplace_back(std::move(f));
+    }
+    void join() {
+        stop.store(true);
+        for (std::thread& t : threads_)
+            t.join();
+        threads_.clear();
+    }
+    std::atomic<bool> stop{false};
+
+private:
+    std::vector<std::thread> threads_;
+};
+
 struct race_tally {
     int watched = 0, refused = 0;
 };
@@ -272,43 +307,24 @@ struct race_tally {
 /// Rounds of: map a page; MONITOR it while another thread unmaps it. A watch
 /// MONITOR grants must read invalid once munmap returned, whichever came first.
 race_tally race_monitor_with_munmap(const device& d, int rounds) {
-    using clock = std::chrono::steady_clock;
     std::atomic<int> go{-1}, done{0};
-    std::atomic<bool> stop{false};
     std::byte* volatile target = nullptr;
-    // Spins until ready() or stop; a round that takes 10 s has hung.
-    const auto spin = [&](auto ready) {
-        const auto deadline = clock::now() + std::chrono::seconds(10);
-        while (!ready() && !stop.load(std::memory_order_relaxed))
-            if (clock::now() > deadline)
-                return false;
-        return true;
-    };
-    std::thread unmapper([&] {
+    helpers h;
+    h.start([&] {
         for (int r = 0; r < rounds; ++r) {
-            if (!spin([&] { return go.load(std::memory_order_acquire) == r; }) ||
-                stop.load(std::memory_order_relaxed))
+            if (!spin_until([&] { return go.load(std::memory_order_acquire) == r; }, h.stop))
                 return;
             munmap(target, page);
             done.fetch_add(1, std::memory_order_release);
         }
     });
-    // A failed REQUIRE throws: stop and join the thread on the way out.
-    struct joiner {
-        std::atomic<bool>& stop;
-        std::thread& t;
-        ~joiner() {
-            stop.store(true);
-            t.join();
-        }
-    } join_on_exit{stop, unmapper};
     race_tally tally;
     for (int r = 0; r < rounds; ++r) {
         target = map(1);
         go.store(r, std::memory_order_release);
         rdmax_monitor m{};
         const int e = d.monitor(target, page, m);
-        REQUIRE(spin([&] { return done.load(std::memory_order_acquire) == r + 1; }));
+        REQUIRE(spin_until([&] { return done.load(std::memory_order_acquire) == r + 1; }, h.stop));
         if (e == 0) {
             ++tally.watched;
             REQUIRE(m.generation % 2 == 0); // an odd one would match the invalidated slot
@@ -337,6 +353,82 @@ TEST_CASE("kmod: MONITOR racing munmap: a range watched and then unmapped is nev
                widened.watched, widened.refused);
     CHECK(widened.watched > 0); // the window was hit
     d.events();
+    CHECK(d.query().live_regions == 0);
+}
+
+TEST_CASE("kmod: UNMONITOR ends the token at once; a retired watch leaves its slot's next owner "
+          "alone") {
+    device d;
+    std::byte* p = map(1);
+    std::byte* q = map(1);
+    const auto a = d.watch(p, page);
+    REQUIRE(d.unwatch(a) == 0);
+    CHECK_FALSE(d.valid(a)); // not at the slot's next use only: now
+    const auto b = d.watch(q, page);
+    CHECK(b.slot == a.slot);
+    CHECK(b.generation > a.generation);
+    REQUIRE(munmap(p, page) == 0); // the retired range
+    CHECK(d.valid(b));
+    CHECK(d.events().empty());
+    CHECK(d.unwatch(b) == 0);
+    munmap(q, page);
+
+    // The race: the kernel removes a retired watch's notifier after it frees
+    // the slot. In between, the slot gets a new owner and the old range is
+    // unmapped; the old callback must not write the new owner's generation.
+    // The test hook sleeps in that window; one helper claims the slot, the
+    // other unmaps the old range as soon as the slot has its new generation.
+    race_window wide(1000);
+    REQUIRE(wide.set());
+    constexpr int rounds = 20;
+    constexpr int spare = 64;
+    int in_window = 0;
+    for (int r = 0; r < rounds; ++r) {
+        std::byte* old_range = map(1);
+        std::byte* fresh = map(spare);
+        const auto retired = d.watch(old_range, page);
+        std::vector<rdmax_monitor> claims; // the claimer's watches, the last one in the slot
+        std::atomic<bool> claimed{false}, unwatched{false}, unmapped_inside{false};
+        helpers h;
+        h.start([&] { // MONITORs fresh pages until one gets the retired slot
+            for (std::size_t i = 0; i < spare && !h.stop.load(); ++i) {
+                rdmax_monitor m{};
+                if (d.monitor(fresh + i * page, page, m) != 0)
+                    return;
+                claims.push_back(m);
+                if (m.slot == retired.slot)
+                    break;
+            }
+            claimed.store(true, std::memory_order_release);
+        });
+        h.start([&] { // unmaps the retired range once the slot has a newer generation
+            if (!spin_until(
+                    [&] {
+                        return __atomic_load_n(&d.gens[retired.slot], __ATOMIC_ACQUIRE) >
+                               (retired.generation | 1);
+                    },
+                    h.stop))
+                return;
+            const bool inside = !unwatched.load(std::memory_order_acquire);
+            munmap(old_range, page);
+            unmapped_inside.store(inside, std::memory_order_release);
+        });
+        REQUIRE(d.unwatch(retired) == 0);
+        unwatched.store(true, std::memory_order_release);
+        REQUIRE(spin_until([&] { return claimed.load(std::memory_order_acquire); }, h.stop));
+        h.join(); // the unmapper has seen the slot taken, or its deadline passed
+        REQUIRE(!claims.empty());
+        const rdmax_monitor& owner = claims.back();
+        REQUIRE(owner.slot == retired.slot);
+        CHECK(d.valid(owner)); // its pages are untouched
+        for (const auto& m : claims)
+            CHECK(d.unwatch(m) == 0);
+        CHECK(d.events().empty()); // the retired watch's callback queued nothing
+        in_window += unmapped_inside.load() ? 1 : 0;
+        munmap(fresh, spare * page);
+    }
+    fmt::print("retired watch: {} rounds, {} with the unmap inside UNMONITOR\n", rounds, in_window);
+    CHECK(in_window > 0); // the window was hit
     CHECK(d.query().live_regions == 0);
 }
 

@@ -44,9 +44,7 @@ MODULE_PARM_DESC(max_regions, "ranges one open file may watch (default 65536)");
 static unsigned int race_window_us;
 module_param(race_window_us, uint, 0644);
 MODULE_PARM_DESC(race_window_us,
-		 "test hook: MONITOR sleeps this long (at most 1000 us) after "
-		 "its last check, UNMONITOR before it removes the notifier "
-		 "(default 0)");
+		 "test hook: microseconds to sleep in MONITOR/UNMONITOR races");
 
 static void race_window(void)
 {
@@ -88,7 +86,12 @@ struct rdmax_file {
 	struct xarray regions; /* slot -> region */
 	struct list_head events;
 	wait_queue_head_t wait;
-	struct rdmax_status *status; /* vmalloc_user(), mapped read-only */
+	/* The status area: pages charged to the opener's memory cgroup, mapped
+	 * here with vmap() and into user space read-only.
+	 */
+	struct rdmax_status *status;
+	struct page **status_pages;
+	unsigned int status_npages;
 	size_t status_bytes;
 	u64 live, monitors, unmonitors, invalidations, events_read;
 };
@@ -146,6 +149,7 @@ static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
 		if (!(r->generation & 1)) {
 			/* UNMONITOR reads it without f->lock */
 			WRITE_ONCE(r->generation, r->generation | 1);
+			/* pairs with the acquire load of a validity check */
 			smp_store_release(generation_of(f, r->slot),
 					  r->generation);
 			f->invalidations++;
@@ -211,6 +215,7 @@ static void region_retire(struct rdmax_file *f, struct rdmax_region *r)
 	r->dead = true;
 	if (!(r->generation & 1)) {
 		WRITE_ONCE(r->generation, r->generation | 1);
+		/* pairs with the acquire load of a validity check */
 		smp_store_release(generation_of(f, r->slot), r->generation);
 	}
 	dequeue_locked(f, r);
@@ -248,7 +253,7 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	if (req.addr + req.len > TASK_SIZE)
 		return -EFAULT;
 
-	r = kmem_cache_alloc(region_cache, GFP_KERNEL);
+	r = kmem_cache_alloc(region_cache, GFP_KERNEL); /* SLAB_ACCOUNT */
 	if (!r)
 		return -ENOMEM;
 	memset(r, 0, sizeof(*r));
@@ -258,7 +263,13 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	r->cookie = req.cookie;
 	INIT_LIST_HEAD(&r->event_link);
 
-	mutex_lock(&f->ioctl_lock);
+	/* MONITOR copies out under the lock, and that copy may wait on a
+	 * fault (userfaultfd): let the other threads' ioctls be killed.
+	 */
+	if (mutex_lock_killable(&f->ioctl_lock)) {
+		kmem_cache_free(region_cache, r);
+		return -EINTR;
+	}
 	ret = xa_alloc(&f->regions, &slot, r, XA_LIMIT(0, max_regions - 1),
 		       GFP_KERNEL_ACCOUNT);
 	if (ret) {
@@ -272,6 +283,7 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	spin_lock(&f->lock);
 	generation = (READ_ONCE(*generation_of(f, slot)) | 1) + 1;
 	r->generation = generation;
+	/* pairs with the acquire load of a validity check */
 	smp_store_release(generation_of(f, slot), generation);
 	spin_unlock(&f->lock);
 	atomic64_inc(&live_regions_all);
@@ -332,7 +344,8 @@ static long rdmax_do_unmonitor(struct rdmax_file *f, void __user *arg)
 		return -EFAULT;
 	if (req.reserved)
 		return -EINVAL;
-	mutex_lock(&f->ioctl_lock);
+	if (mutex_lock_killable(&f->ioctl_lock))
+		return -EINTR;
 	r = xa_load(&f->regions, req.slot);
 	if (!r) {
 		mutex_unlock(&f->ioctl_lock);
@@ -359,7 +372,8 @@ static long rdmax_do_query(struct rdmax_file *f, void __user *arg)
 	q.abi_version = RDMAX_KMOD_ABI_VERSION;
 	q.max_regions = max_regions;
 	q.status_bytes = f->status_bytes;
-	mutex_lock(&f->ioctl_lock);
+	if (mutex_lock_killable(&f->ioctl_lock))
+		return -EINTR;
 	q.live_regions = f->live;
 	q.monitors = f->monitors;
 	q.unmonitors = f->unmonitors;
@@ -463,7 +477,43 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 	/* Nor may mprotect() make it writable later. */
 	vma->vm_flags &= ~VM_MAYWRITE;
 	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
-	return remap_vmalloc_range(vma, f->status, 0);
+	return vm_map_pages(vma, f->status_pages, f->status_npages);
+}
+
+/* Any part of it may be missing: undoes what status_alloc() got done. */
+static void status_free(struct rdmax_file *f)
+{
+	unsigned int i;
+
+	if (f->status)
+		vunmap(f->status);
+	for (i = 0; f->status_pages && i < f->status_npages; i++)
+		if (f->status_pages[i])
+			__free_page(f->status_pages[i]);
+	kvfree(f->status_pages);
+}
+
+/* Some 512 KiB per open file by default: charged to the opener's memory
+ * cgroup, as the regions are, since any user may open the device.
+ */
+static int status_alloc(struct rdmax_file *f)
+{
+	unsigned int i;
+
+	f->status_npages = f->status_bytes >> PAGE_SHIFT;
+	f->status_pages = kvcalloc(f->status_npages, sizeof(*f->status_pages),
+				   GFP_KERNEL_ACCOUNT);
+	if (!f->status_pages)
+		return -ENOMEM;
+	for (i = 0; i < f->status_npages; i++) {
+		f->status_pages[i] =
+			alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO);
+		if (!f->status_pages[i])
+			return -ENOMEM;
+	}
+	f->status =
+		vmap(f->status_pages, f->status_npages, VM_MAP, PAGE_KERNEL);
+	return f->status ? 0 : -ENOMEM;
 }
 
 static int rdmax_open(struct inode *inode, struct file *file)
@@ -477,8 +527,8 @@ static int rdmax_open(struct inode *inode, struct file *file)
 		return -ENOMEM;
 	f->status_bytes = PAGE_ALIGN(RDMAX_STATUS_GENERATIONS +
 				     (size_t)max_regions * sizeof(__u64));
-	f->status = vmalloc_user(f->status_bytes);
-	if (!f->status) {
+	if (status_alloc(f)) {
+		status_free(f);
 		kfree(f);
 		return -ENOMEM;
 	}
@@ -505,13 +555,13 @@ static int rdmax_release(struct inode *inode, struct file *file)
 	struct rdmax_region *r;
 	unsigned long slot;
 
-	xa_for_each (&f->regions, slot, r) {
+	xa_for_each(&f->regions, slot, r) {
 		xa_erase(&f->regions, slot);
 		region_free(f, r);
 	}
 	xa_destroy(&f->regions);
 	mmdrop(f->mm);
-	vfree(f->status);
+	status_free(f);
 	kfree(f);
 	atomic64_dec(&files_open);
 	return 0;

@@ -22,6 +22,7 @@
 #include <linux/mmu_notifier.h>
 #include <linux/module.h>
 #include <linux/mutex.h>
+#include <linux/pagemap.h>
 #include <linux/poll.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
@@ -411,13 +412,48 @@ static long rdmax_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	}
 }
 
+/* Copies the first queued events, at most `most`, to buf, and only then
+ * dequeues them: a read into a bad buffer loses nothing. Under f->lock, so
+ * the copy may not fault: -EFAULT then, with *need the bytes to fault in.
+ */
+static ssize_t events_take_locked(struct rdmax_file *f, char __user *buf,
+				  size_t most, size_t *need)
+{
+	struct rdmax_event batch[16];
+	struct rdmax_region *r;
+	size_t n = 0, i;
+
+	list_for_each_entry(r, &f->events, event_link) {
+		if (n == min_t(size_t, most, ARRAY_SIZE(batch)))
+			break;
+		batch[n].cookie = r->cookie;
+		batch[n].slot = r->slot;
+		batch[n].kind = r->kind;
+		batch[n].start = r->hit_start;
+		batch[n].end = r->hit_end;
+		batch[n].generation = r->generation & ~1ULL;
+		n++;
+	}
+	*need = n * sizeof(batch[0]);
+	if (n == 0)
+		return 0;
+	if (copy_to_user_nofault(buf, batch, *need))
+		return -EFAULT;
+	for (i = 0; i < n; i++)
+		dequeue_locked(f,
+			       list_first_entry(&f->events, struct rdmax_region,
+						event_link));
+	f->events_read += n;
+	return *need;
+}
+
 static ssize_t rdmax_read(struct file *file, char __user *buf, size_t count,
 			  loff_t *pos)
 {
 	struct rdmax_file *f = file->private_data;
-	struct rdmax_event batch[16];
-	size_t n = 0, most = min_t(size_t, count / sizeof(batch[0]),
-				   ARRAY_SIZE(batch));
+	size_t most = count / sizeof(struct rdmax_event), need;
+	int faults = 0;
+	ssize_t ret;
 
 	if (foreign(f))
 		return -EBADF;
@@ -425,32 +461,26 @@ static ssize_t rdmax_read(struct file *file, char __user *buf, size_t count,
 		return -EINVAL;
 	for (;;) {
 		spin_lock(&f->lock);
-		while (n < most && !list_empty(&f->events)) {
-			struct rdmax_region *r = list_first_entry(
-				&f->events, struct rdmax_region, event_link);
-
-			batch[n].cookie = r->cookie;
-			batch[n].slot = r->slot;
-			batch[n].kind = r->kind;
-			batch[n].start = r->hit_start;
-			batch[n].end = r->hit_end;
-			batch[n].generation = r->generation & ~1ULL;
-			n++;
-			dequeue_locked(f, r);
-		}
-		f->events_read += n;
+		ret = events_take_locked(f, buf, most, &need);
 		spin_unlock(&f->lock);
-		if (n > 0)
-			break;
+		if (ret > 0)
+			return ret;
+		if (ret == -EFAULT) {
+			/* Fault the buffer in where that may sleep, and try
+			 * again; one that cannot be written is the caller's
+			 * EFAULT, with the events still queued. (A bound, for
+			 * a buffer another thread keeps unmapping.)
+			 */
+			if (fault_in_writeable(buf, need) || ++faults > 16)
+				return -EFAULT;
+			continue;
+		}
 		if (file->f_flags & O_NONBLOCK)
 			return -EAGAIN;
 		if (wait_event_interruptible(
 			    f->wait, READ_ONCE(f->status->pending_events)))
 			return -ERESTARTSYS;
 	}
-	if (copy_to_user(buf, batch, n * sizeof(batch[0])))
-		return -EFAULT;
-	return n * sizeof(batch[0]);
 }
 
 static __poll_t rdmax_poll(struct file *file, poll_table *wait)

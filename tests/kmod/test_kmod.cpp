@@ -140,6 +140,35 @@ TEST_CASE("kmod: munmap of a middle page invalidates before munmap returns, with
     munmap(p, 4 * page);
 }
 
+TEST_CASE("kmod: a read into a buffer it cannot write fails with EFAULT and loses no event") {
+    device d;
+    std::byte* p = map(2);
+    const auto m = d.watch(p, 2 * page, 7);
+    REQUIRE(munmap(p, page) == 0);
+    void* ro = mmap(nullptr, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(ro != MAP_FAILED);
+    errno = 0;
+    CHECK(read(d.fd, ro, sizeof(rdmax_event)) == -1);
+    CHECK(errno == EFAULT);
+    CHECK(d.status->pending_events == 1); // still queued
+    // A buffer whose page was never touched: the read faults it in, then copies.
+    void* fresh = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(fresh != MAP_FAILED);
+    REQUIRE(read(d.fd, fresh, page) == static_cast<ssize_t>(sizeof(rdmax_event)));
+    const auto* ev = static_cast<const rdmax_event*>(fresh);
+    CHECK(ev->cookie == 7);
+    CHECK(ev->slot == m.slot);
+    CHECK(ev->kind == RDMAX_EVENT_UNMAP);
+    CHECK(ev->start == reinterpret_cast<std::uintptr_t>(p));
+    CHECK(ev->end == reinterpret_cast<std::uintptr_t>(p + page));
+    CHECK(d.status->pending_events == 0);
+    CHECK(d.query().events_read == 1);
+    CHECK(d.unwatch(m) == 0);
+    munmap(ro, page);
+    munmap(fresh, page);
+    munmap(p + page, page);
+}
+
 TEST_CASE("kmod: mremap, MADV_DONTNEED, mmap MAP_FIXED and brk shrink invalidate") {
     device d;
     SECTION("mremap away") {

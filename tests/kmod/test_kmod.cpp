@@ -283,7 +283,16 @@ public:
     }
     race_window(const race_window&) = delete;
     race_window& operator=(const race_window&) = delete;
-    [[nodiscard]] bool set() const { return set_; }
+    /// Whether the hook is set. Root (the VM's suite) must be able to set
+    /// it; for another user the widened part is not run, and the test says so.
+    [[nodiscard]] bool usable() const {
+        if (set_)
+            return true;
+        if (geteuid() == 0)
+            FAIL("cannot set /sys/module/rdmax/parameters/race_window_us");
+        WARN("not root: the race_window_us test hook is not set, its part is not run");
+        return false;
+    }
 
 private:
     static bool write(const std::string& value) {
@@ -374,13 +383,13 @@ TEST_CASE("kmod: MONITOR racing munmap: a range watched and then unmapped is nev
                plain.refused);
     // The munmap landing after MONITOR's last check and before its answer is
     // rare; the module's test hook sleeps there, so that it happens often.
-    race_window wide(200);
-    REQUIRE(wide.set());
-    const auto widened = race_monitor_with_munmap(d, 2000);
-    fmt::print("race, 200 us window after the check: 2000 rounds, {} watched then "
-               "invalidated, {} refused\n",
-               widened.watched, widened.refused);
-    CHECK(widened.watched > 0); // the window was hit
+    if (race_window wide(200); wide.usable()) {
+        const auto widened = race_monitor_with_munmap(d, 2000);
+        fmt::print("race, 200 us window after the check: 2000 rounds, {} watched then "
+                   "invalidated, {} refused\n",
+                   widened.watched, widened.refused);
+        CHECK(widened.watched > 0); // the window was hit
+    }
     d.events();
     CHECK(d.query().live_regions == 0);
 }
@@ -408,7 +417,8 @@ TEST_CASE("kmod: UNMONITOR ends the token at once; a retired watch leaves its sl
     // The test hook sleeps in that window; one helper claims the slot, the
     // other unmaps the old range as soon as the slot has its new generation.
     race_window wide(1000);
-    REQUIRE(wide.set());
+    if (!wide.usable())
+        return;
     constexpr int rounds = 20;
     constexpr int spare = 64;
     int in_window = 0;

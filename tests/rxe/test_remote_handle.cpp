@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
+#include <infiniband/verbs.h>
 
 #include <rdmax/mem/handle_issuer.hpp>
 
@@ -52,6 +54,22 @@ void expect_refused_at_peer(verbs::queue_pair<verbs::rc>& peer) {
     const auto done = wait_send(peer, std::chrono::seconds(10));
     CHECK_FALSE(done.ok());
     CHECK(done.status == IBV_WC_REM_ACCESS_ERR);
+}
+
+/// Waits (10 s at most) until the device has put qp into the error state.
+/// The responder does that after it sent the NAK that fails the requester's
+/// work: a test that goes on from the requester's completion must wait.
+bool reaches_error_state(const verbs::queue_pair<verbs::rc>& qp) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+        ibv_qp_attr attr{};
+        ibv_qp_init_attr init{};
+        if (ibv_query_qp(qp.get(), &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state == IBV_QPS_ERR)
+            return true;
+        if (std::chrono::steady_clock::now() > deadline)
+            return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
 }
 
 } // namespace
@@ -183,6 +201,7 @@ TEST_CASE("window: once the connection has failed, revocation deallocates the wi
     // pairs of the connection go to the error state.
     REQUIRE(read(lp.a, local.mr.local(), first, 0, 1) == status::ok);
     expect_refused_at_peer(lp.a);
+    REQUIRE(reaches_error_state(lp.b));
     // The owner's queue pair can no longer invalidate (its work is flushed):
     // the window is deallocated instead, promptly, not at the deadline.
     const auto t0 = std::chrono::steady_clock::now();

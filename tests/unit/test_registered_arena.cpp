@@ -28,6 +28,9 @@ arena_options small(std::size_t watermark = std::size_t{1} << 40) {
     o.area_bytes = 2 * mib;
     o.high_watermark = watermark;
     o.huge_pages = false;
+    // The host's own memory pressure (PSI) would trim at any time and break
+    // the exact counts; the pressure test turns it back on.
+    o.trim_under_pressure = false;
     return o;
 }
 
@@ -265,10 +268,13 @@ TEST_CASE("arena: memory pressure trims idle areas") {
     arena_t a{counting_registrar{}, o};
     auto b = a.allocate(1500000);
     a.deallocate(b.data, b.size);
-    CHECK(a.registrar_ref().live == 1);
+    // A real event from a loaded host may come first, and trim just the same.
+    const auto real_events = a.counters().pressure_events;
+    if (real_events == 0)
+        CHECK(a.registrar_ref().live == 1);
     detail::simulate_memory_pressure(); // what the PSI watcher does on an event
     CHECK(a.registrar_ref().live == 0);
-    CHECK(a.counters().pressure_events == 1);
+    CHECK(a.counters().pressure_events >= real_events + 1);
     std::string why;
     if (!memory_pressure_subscription::available(&why))
         WARN("no PSI trigger here: " << why);

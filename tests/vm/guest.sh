@@ -27,6 +27,15 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 grep -q ACTIVE "$state_file" || { echo "rdmax-vm: $RDMAX_TEST_DEVICE port never became ACTIVE"; echo 125 >"$results/status"; exit 125; }
+# The GID of the address (IPv4-mapped: ...:ffff:c000:0201) is added in the
+# background after that; the tests look devices up by it.
+mapped_gid=$(echo "$RDMAX_TEST_ADDR" | awk -F. '{ printf "ffff:%02x%02x:%02x%02x", $1, $2, $3, $4 }')
+gids=/sys/class/infiniband/$RDMAX_TEST_DEVICE/ports/1/gids
+for _ in $(seq 50); do
+    cat "$gids"/* 2>/dev/null | grep -q "$mapped_gid$" && break
+    sleep 0.1
+done
+cat "$gids"/* 2>/dev/null | grep -q "$mapped_gid$" || { echo "rdmax-vm: no GID for $RDMAX_TEST_ADDR on $RDMAX_TEST_DEVICE"; echo 125 >"$results/status"; exit 125; }
 
 if [ -f "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko" ]; then
     if [ "$(modinfo -F vermagic "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko" | cut -d' ' -f1)" = "$(uname -r)" ]; then

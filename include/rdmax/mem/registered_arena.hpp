@@ -154,8 +154,15 @@ public:
             ++frees_;
             wake = idle_bytes_ > opt_.high_watermark;
         }
-        if (wake && !trim_requested_.exchange(true, std::memory_order_relaxed))
-            trim_cv_.notify_one(); // rare: crossing the watermark
+        if (wake && !trim_requested_.exchange(true, std::memory_order_relaxed)) {
+            // Rare: crossing the watermark. The trimmer reads the flag under
+            // trim_mutex_; passing through it puts this notify after that
+            // read, or after the trimmer began to wait. Without it, a notify
+            // between the two is lost, and with the flag left set no later
+            // free notifies again: trimming would stop for good.
+            { std::lock_guard t(trim_mutex_); }
+            trim_cv_.notify_one();
+        }
     }
 
     /// The keys of the area holding p, in O(1); nullopt if p is not in the arena.

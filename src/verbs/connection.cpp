@@ -230,6 +230,13 @@ void connection::pump(std::chrono::milliseconds timeout) noexcept {
         // are refused, rather than retrying against a peer that is gone.
         if (qp_)
             qp_->enter_error();
+        // The peer's disconnect request waits for an answer, which the CM
+        // sends only when this side calls rdma_disconnect too; unanswered,
+        // the peer's disconnect() runs into its timeout (over 5 s on rxe).
+        if (ev->event == RDMA_CM_EVENT_DISCONNECTED && !disconnect_sent_) {
+            rdma_disconnect(id_);
+            disconnect_sent_ = true;
+        }
         break;
     default: break;
     }

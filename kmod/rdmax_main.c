@@ -292,7 +292,7 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	ret = mmu_interval_notifier_insert(&r->notifier, f->mm, r->start,
 					   req.len, &rdmax_notifier_ops);
 	if (ret) {
-		xa_erase(&f->regions, slot);
+		region_retire(f, r); /* not in the tree: nothing to wait for */
 		mutex_unlock(&f->ioctl_lock);
 		kmem_cache_free(region_cache, r);
 		atomic64_dec(&live_regions_all);

@@ -270,8 +270,7 @@ TEST_CASE("arena: memory pressure trims idle areas") {
     a.deallocate(b.data, b.size);
     // A real event from a loaded host may come first, and trim just the same.
     const auto real_events = a.counters().pressure_events;
-    if (real_events == 0)
-        CHECK(a.registrar_ref().live == 1);
+    CHECK((a.registrar_ref().live == 1 || a.counters().pressure_events > real_events));
     detail::simulate_memory_pressure(); // what the PSI watcher does on an event
     CHECK(a.registrar_ref().live == 0);
     CHECK(a.counters().pressure_events >= real_events + 1);

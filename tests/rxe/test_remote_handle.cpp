@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -19,6 +18,7 @@
 
 #include <rdmax/mem/handle_issuer.hpp>
 
+#include "../support/eventually.hpp"
 #include "../support/loopback.hpp"
 #include "../support/skip_reason.hpp"
 
@@ -56,20 +56,13 @@ void expect_refused_at_peer(verbs::queue_pair<verbs::rc>& peer) {
     CHECK(done.status == IBV_WC_REM_ACCESS_ERR);
 }
 
-/// Waits (10 s at most) until the device has put qp into the error state.
-/// The responder does that after it sent the NAK that fails the requester's
-/// work: a test that goes on from the requester's completion must wait.
-bool reaches_error_state(const verbs::queue_pair<verbs::rc>& qp) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    for (;;) {
-        ibv_qp_attr attr{};
-        ibv_qp_init_attr init{};
-        if (ibv_query_qp(qp.get(), &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state == IBV_QPS_ERR)
-            return true;
-        if (std::chrono::steady_clock::now() > deadline)
-            return false;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+/// Whether the device has put qp into the error state. The responder does
+/// that after it sent the NAK that fails the requester's work: a test that
+/// goes on from the requester's completion must wait for it.
+bool in_error_state(const verbs::queue_pair<verbs::rc>& qp) {
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    return ibv_query_qp(qp.get(), &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state == IBV_QPS_ERR;
 }
 
 } // namespace
@@ -201,7 +194,7 @@ TEST_CASE("window: once the connection has failed, revocation deallocates the wi
     // pairs of the connection go to the error state.
     REQUIRE(read(lp.a, local.mr.local(), first, 0, 1) == status::ok);
     expect_refused_at_peer(lp.a);
-    REQUIRE(reaches_error_state(lp.b));
+    REQUIRE(eventually([&] { return in_error_state(lp.b); }, std::chrono::seconds(10)));
     // The owner's queue pair can no longer invalidate (its work is flushed):
     // the window is deallocated instead, promptly, not at the deadline.
     const auto t0 = std::chrono::steady_clock::now();

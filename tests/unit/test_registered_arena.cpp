@@ -14,10 +14,11 @@
 #include <rdmax/mem/registered_arena.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/eventually.hpp"
 
 using namespace rdmax;
+using rdmax::test::eventually;
 using arena_t = basic_registered_arena<counting_registrar>;
-using namespace std::chrono_literals;
 
 namespace {
 
@@ -32,17 +33,6 @@ arena_options small(std::size_t watermark = std::size_t{1} << 40) {
     // the exact counts; the pressure test turns it back on.
     o.trim_under_pressure = false;
     return o;
-}
-
-template <class Pred>
-bool eventually(Pred p) {
-    const auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (!p()) {
-        if (std::chrono::steady_clock::now() > deadline)
-            return false;
-        std::this_thread::sleep_for(1ms);
-    }
-    return true;
 }
 
 } // namespace

@@ -20,22 +20,24 @@ step modprobe ib_uverbs
 step modprobe rdma_ucm
 step rdma link add "$RDMAX_TEST_DEVICE" type rxe netdev "$RDMAX_VM_NETDEV"
 
-# The port goes ACTIVE once the netdev is up; wait for it, with a deadline.
+# Runs "$@" until it succeeds, for 5 s at most; its status at the deadline.
+wait_until() {
+    for _ in $(seq 50); do
+        "$@" && return 0
+        sleep 0.1
+    done
+    "$@"
+}
+not_ready() { echo "rdmax-vm: $1"; echo 125 >"$results/status"; exit 125; }
+
+# The port goes ACTIVE once the netdev is up; then the GID of the address
+# (IPv4-mapped: ...:ffff:c000:0201) is added in the background, and the tests
+# look devices up by it.
 state_file=/sys/class/infiniband/$RDMAX_TEST_DEVICE/ports/1/state
-for _ in $(seq 50); do
-    grep -q ACTIVE "$state_file" 2>/dev/null && break
-    sleep 0.1
-done
-grep -q ACTIVE "$state_file" || { echo "rdmax-vm: $RDMAX_TEST_DEVICE port never became ACTIVE"; echo 125 >"$results/status"; exit 125; }
-# The GID of the address (IPv4-mapped: ...:ffff:c000:0201) is added in the
-# background after that; the tests look devices up by it.
+wait_until grep -q ACTIVE "$state_file" 2>/dev/null || not_ready "$RDMAX_TEST_DEVICE port never became ACTIVE"
 mapped_gid=$(echo "$RDMAX_TEST_ADDR" | awk -F. '{ printf "ffff:%02x%02x:%02x%02x", $1, $2, $3, $4 }')
-gids=/sys/class/infiniband/$RDMAX_TEST_DEVICE/ports/1/gids
-for _ in $(seq 50); do
-    cat "$gids"/* 2>/dev/null | grep -q "$mapped_gid$" && break
-    sleep 0.1
-done
-cat "$gids"/* 2>/dev/null | grep -q "$mapped_gid$" || { echo "rdmax-vm: no GID for $RDMAX_TEST_ADDR on $RDMAX_TEST_DEVICE"; echo 125 >"$results/status"; exit 125; }
+has_gid() { cat /sys/class/infiniband/"$RDMAX_TEST_DEVICE"/ports/1/gids/* 2>/dev/null | grep -q "$mapped_gid$"; }
+wait_until has_gid || not_ready "no GID for $RDMAX_TEST_ADDR on $RDMAX_TEST_DEVICE"
 
 if [ -f "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko" ]; then
     if [ "$(modinfo -F vermagic "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko" | cut -d' ' -f1)" = "$(uname -r)" ]; then

@@ -135,6 +135,20 @@ static u32 event_kind(enum mmu_notifier_event event)
 	}
 }
 
+/* Makes r's generation odd, here and in the status area, unless it is
+ * already; whether it changed. Under f->lock.
+ */
+static bool make_invalid_locked(struct rdmax_file *f, struct rdmax_region *r)
+{
+	if (r->generation & 1)
+		return false;
+	/* UNMONITOR reads it without f->lock */
+	WRITE_ONCE(r->generation, r->generation | 1);
+	/* pairs with the acquire load of a validity check */
+	smp_store_release(generation_of(f, r->slot), r->generation);
+	return true;
+}
+
 static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
 			     const struct mmu_notifier_range *range,
 			     unsigned long cur_seq)
@@ -147,12 +161,7 @@ static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
 	spin_lock(&f->lock);
 	mmu_interval_set_seq(notifier, cur_seq);
 	if (!r->dead && changes_pages(range->event)) {
-		if (!(r->generation & 1)) {
-			/* UNMONITOR reads it without f->lock */
-			WRITE_ONCE(r->generation, r->generation | 1);
-			/* pairs with the acquire load of a validity check */
-			smp_store_release(generation_of(f, r->slot),
-					  r->generation);
+		if (make_invalid_locked(f, r)) {
 			f->invalidations++;
 			WRITE_ONCE(f->status->invalidations, f->invalidations);
 		}
@@ -214,11 +223,7 @@ static void region_retire(struct rdmax_file *f, struct rdmax_region *r)
 {
 	spin_lock(&f->lock);
 	r->dead = true;
-	if (!(r->generation & 1)) {
-		WRITE_ONCE(r->generation, r->generation | 1);
-		/* pairs with the acquire load of a validity check */
-		smp_store_release(generation_of(f, r->slot), r->generation);
-	}
+	make_invalid_locked(f, r);
 	dequeue_locked(f, r);
 	spin_unlock(&f->lock);
 	xa_erase(&f->regions, r->slot);

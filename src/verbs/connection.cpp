@@ -198,9 +198,9 @@ connection::~connection() {
 }
 
 void connection::release() noexcept {
-    if (id_ != nullptr && qp_ && !disconnected_ && !disconnect_sent_)
-        rdma_disconnect(id_); // tell the peer now; do not wait for its answer here
-    qp_.reset();              // rdma_destroy_qp, before the id
+    if (id_ != nullptr && qp_ && !disconnected_)
+        send_disconnect(); // tell the peer now; do not wait for its answer here
+    qp_.reset();           // rdma_destroy_qp, before the id
     if (id_ != nullptr) {
         // Acknowledge whatever is pending: rdma_destroy_id waits for that.
         while (rdma_cm_event* ev = next_event(channel_, clock::now()))
@@ -233,10 +233,8 @@ void connection::pump(std::chrono::milliseconds timeout) noexcept {
         // The peer's disconnect request waits for an answer, which the CM
         // sends only when this side calls rdma_disconnect too; unanswered,
         // the peer's disconnect() runs into its timeout (over 5 s on rxe).
-        if (ev->event == RDMA_CM_EVENT_DISCONNECTED && !disconnect_sent_) {
-            rdma_disconnect(id_);
-            disconnect_sent_ = true;
-        }
+        if (ev->event == RDMA_CM_EVENT_DISCONNECTED)
+            send_disconnect();
         break;
     default: break;
     }
@@ -293,11 +291,16 @@ bool connection::wait_disconnected(std::chrono::milliseconds timeout) noexcept {
 void connection::disconnect(std::chrono::milliseconds timeout) noexcept {
     if (id_ == nullptr)
         return;
-    if (!disconnect_sent_ && !disconnected_) {
-        rdma_disconnect(id_);
-        disconnect_sent_ = true;
-    }
+    if (!disconnected_)
+        send_disconnect();
     (void)wait_disconnected(timeout);
+}
+
+void connection::send_disconnect() noexcept {
+    if (disconnect_sent_)
+        return;
+    rdma_disconnect(id_);
+    disconnect_sent_ = true;
 }
 
 connection connection::connect(const protection_domain& pd, std::string_view addr,

@@ -90,6 +90,9 @@ private:
     void release() noexcept;
     /// Handles one pending connection event, if any arrives within `timeout`.
     void pump(std::chrono::milliseconds timeout) noexcept;
+    /// rdma_disconnect, once: it starts this side's disconnect, or answers
+    /// the peer's.
+    void send_disconnect() noexcept;
 
     rdma_event_channel* channel_ = nullptr;
     rdma_cm_id* id_ = nullptr;

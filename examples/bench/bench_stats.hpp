@@ -243,7 +243,6 @@ inline bool log_log_plot(const std::string& png, const std::string& title,
     std::FILE* gp = open_gnuplot(png);
     if (gp == nullptr)
         return false;
-    const auto quoted = gnuplot_quoted;
     // A margin either side, so that the first and last sizes keep their tics.
     const auto [least, most] = std::minmax_element(x.begin(), x.end());
     const double lo = x.empty() ? 1 : *least / 1.5, hi = x.empty() ? 2 : *most * 1.5;
@@ -255,7 +254,7 @@ inline bool log_log_plot(const std::string& png, const std::string& title,
                "set xtics (\"64\" 64, \"1K\" 1024, \"4K\" 4096, \"16K\" 16384, \"64K\" 65536, "
                "\"256K\" 262144, \"1M\" 1048576, \"4M\" 4194304, \"16M\" 16777216, \"64M\" "
                "67108864, \"256M\" 268435456)\n",
-               quoted(title), quoted(xlabel), quoted(ylabel), lo, hi);
+               gnuplot_quoted(title), gnuplot_quoted(xlabel), gnuplot_quoted(ylabel), lo, hi);
     for (std::size_t s = 0; s < series.size(); ++s) {
         fmt::print(gp, "$d{} << EOD\n", s);
         for (std::size_t i = 0; i < x.size() && i < series[s].y.size(); ++i)
@@ -266,7 +265,7 @@ inline bool log_log_plot(const std::string& png, const std::string& title,
     fmt::print(gp, "plot ");
     for (std::size_t s = 0; s < series.size(); ++s)
         fmt::print(gp, "{}$d{} using 1:2 with linespoints lw 2 pt 7 title \"{}\"",
-                   s == 0 ? "" : ", ", s, quoted(series[s].title));
+                   s == 0 ? "" : ", ", s, gnuplot_quoted(series[s].title));
     fmt::print(gp, "\n");
     close_gnuplot(gp, png);
     return true;

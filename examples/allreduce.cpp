@@ -219,9 +219,9 @@ static_assert(sizeof(hello) <= verbs::max_connect_payload);
 static_assert(sizeof(hello) <= verbs::max_accept_payload);
 
 /// The rights of the vectors: the peer writes into them, and remote write
-/// needs local write (rdmax::access in full: <unistd.h>'s access() hides it).
-constexpr rdmax::access vec_rights = access::local_write | access::remote_write;
-using token = remote_buffer<access::remote_write>;
+/// needs local write.
+constexpr rights vec_rights = rights::local_write | rights::remote_write;
+using token = remote_buffer<rights::remote_write>;
 
 /// Where the left neighbour may write into this rank: sent to it as a message.
 struct tokens {
@@ -725,7 +725,7 @@ private:
     verbs::completion_channel right_channel_, left_channel_;
     verbs::completion_queue right_cq_, left_cq_;
     std::vector<std::byte> ctl_;
-    memory_region<access::local_write> ctl_mr_;
+    memory_region<rights::local_write> ctl_mr_;
     std::optional<verbs::connection> to_right_, from_left_; // last: they go first
     std::uint32_t right_unacked_ = 0, left_unacked_ = 0;
 };
@@ -756,7 +756,7 @@ void write_chunk(ring& R, std::span<const float> data, std::uint32_t lkey, const
     auto b = R.right_qp().batch();
     for (std::uint64_t at = first; at < end; at += most) {
         const auto n = static_cast<std::uint32_t>(std::min(most, end - at));
-        const local_buffer<access::local_read> src{base + at, n, lkey};
+        const local_buffer<rights::local_read> src{base + at, n, lkey};
         const bool last = at + n == end;
         posted(last ? b.write_imm(src, dst, at, imm, k)
                     : b.write(src, dst, at, k, {.signaled = false}),
@@ -908,8 +908,8 @@ public:
         , staging_(data_.size())
         , pub_d_(cache.get<vec_rights>(data_.data(), bytes))
         , pub_s_(cache.get<vec_rights>(staging_.data(), bytes))
-        , right_(exchange(pub_d_.remote<access::remote_write>(data_.data(), bytes),
-                          pub_s_.remote<access::remote_write>(staging_.data(), bytes))) {}
+        , right_(exchange(pub_d_.remote<rights::remote_write>(data_.data(), bytes),
+                          pub_s_.remote<rights::remote_write>(staging_.data(), bytes))) {}
     std::span<float> data() override { return data_; }
     void call(std::uint64_t seq) override {
         const std::size_t bytes = data_.size() * sizeof(float);
@@ -940,8 +940,8 @@ public:
         , res_(arena)
         , data_(bytes / sizeof(float), &res_)
         , staging_(data_.size(), &res_)
-        , mine_{arena.remote<access::remote_write>(data_.data(), bytes),
-                arena.remote<access::remote_write>(staging_.data(), bytes)}
+        , mine_{arena.remote<rights::remote_write>(data_.data(), bytes),
+                arena.remote<rights::remote_write>(staging_.data(), bytes)}
         , right_(exchange(mine_.data, mine_.staging))
         , keys_each_call_(keys_each_call) {}
     std::span<float> data() override { return data_; }

@@ -42,7 +42,8 @@ int run(const char* device) {
     verbs::protection_domain pd(ctx);
     arena_options ao = arena_options{}.with_env();
     if (ctx.limits().memory_windows)
-        ao.rights = access::local_write | access::mw_bind; // the areas' keys open nothing remotely
+        ao.area_rights =
+            rights::local_write | rights::mw_bind; // the areas' keys open nothing remotely
     registered_arena arena(verbs_registrar(pd), ao);
 
     fmt::print("== an arena on {}\n", ctx.name());
@@ -74,14 +75,14 @@ int run(const char* device) {
     std::memset(window.data, 'x', window.size);
     // Windows bind through the queue pair the peer's requests arrive on.
     handle_issuer issuer(pd, owner);
-    const remote_handle h = issuer.issue(arena, window.data, window.size, access::remote_read);
+    const remote_handle h = issuer.issue(arena, window.data, window.size, rights::remote_read);
     const bool by_window = issuer.mechanism_of(h) == revoke_by::memory_window;
     fmt::print("the handle (rkey {:#x}) is backed by {}\n", h.rkey,
                by_window ? fmt::format("a type-{} memory window bound through the owner's QP",
                                        ctx.limits().mw_type_2b ? "2B" : "2A")
                          : std::string("a registration of its own"));
     auto mine = arena.allocate(4096);
-    const auto dst = arena.local<access::local_write>(mine.data, 4096);
+    const auto dst = arena.local<rights::local_write>(mine.data, 4096);
     verbs::completion c[1];
     status s = read(peer, dst, h, 0, 1);
     const bool first_ok = s == status::ok && peer.wait_send(c, 5s) == 1 && c[0].ok() &&
@@ -89,7 +90,7 @@ int run(const char* device) {
     fmt::print("peer reads 4096 bytes through the handle: {}\n", first_ok ? "ok" : "FAILED");
     fmt::print("peer reads past the window:   {}\n", to_string(read(peer, dst, h, 1, 2)));
     fmt::print("peer writes into it:          {}\n",
-               to_string(write(peer, arena.local<access::local_read>(mine.data, 16), h, 0, 3)));
+               to_string(write(peer, arena.local<rights::local_read>(mine.data, 16), h, 0, 3)));
     issuer.revoke(h);
     s = read(peer, dst, h, 0, 4);
     const bool refused = s == status::ok && peer.wait_send(c, 10s) == 1 && !c[0].ok();

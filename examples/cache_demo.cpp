@@ -58,10 +58,10 @@ int run(const char* device, std::size_t count, std::size_t size) {
 
     auto cache = make_verbs_cache(pd);
     const auto t1 = steady::now();
-    cache.local<access::local_write>(buf, size).registration.reset(); // the one miss
+    cache.local<rights::local_write>(buf, size).registration.reset(); // the one miss
     const auto t2 = steady::now();
     for (std::size_t i = 1; i < count; ++i) {
-        auto src = cache.local<access::local_write>(buf, size);
+        auto src = cache.local<rights::local_write>(buf, size);
         static_cast<void>(src); // a real program posts src.buffer here
     }
     const auto t3 = steady::now();
@@ -83,7 +83,7 @@ int run(const char* device, std::size_t count, std::size_t size) {
         cache.invalidate(buf, size); // this monitor relies on the application
     map_buffer(buf, size);
     {
-        auto again = cache.local<access::local_write>(buf, size);
+        auto again = cache.local<rights::local_write>(buf, size);
         fmt::print("counters: {}\n", cache.counters());
     }
     const auto c = cache.counters();

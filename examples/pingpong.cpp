@@ -200,19 +200,19 @@ verbs::completion next_message(verbs::connection& conn, const options& o) {
 struct buffers {
     std::uint32_t size;
     std::vector<std::byte> bytes;
-    memory_region<access::local_write> mr;
+    memory_region<rights::local_write> mr;
 
     buffers(const verbs::protection_domain& pd, std::uint32_t message_size)
         : size(message_size)
         , bytes(std::size_t{size} * (1 + recv_slots))
         , mr(pd, bytes) {}
-    local_buffer<access::local_write> send() const { return mr.local(0, size); }
-    local_buffer<access::local_write> recv(std::uint64_t k) const {
+    local_buffer<rights::local_write> send() const { return mr.local(0, size); }
+    local_buffer<rights::local_write> recv(std::uint64_t k) const {
         return mr.local((1 + k) * size, size);
     }
 };
 
-std::span<std::byte> bytes_of(local_buffer<access::local_write> b) {
+std::span<std::byte> bytes_of(local_buffer<rights::local_write> b) {
     return {b.addr, b.length};
 }
 

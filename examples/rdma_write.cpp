@@ -65,9 +65,8 @@ struct options {
 
 /// What the server lets the client do with its buffer, and so the type of the
 /// token on both ends: the client can write and read it, nothing else.
-/// (rdmax::access in full here: <unistd.h>'s access() hides the bare name.)
-constexpr rdmax::access remote_rights = access::remote_write | access::remote_read;
-using token = remote_buffer<remote_rights>;
+constexpr rdmax::rights client_rights = rights::remote_write | rights::remote_read;
+using token = remote_buffer<client_rights>;
 
 std::uint64_t number(const char* text, std::uint64_t lo, std::uint64_t hi, int flag) {
     std::uint64_t v = 0;
@@ -181,9 +180,9 @@ int serve(options o) {
     const verbs::protection_domain pd(ctx);
 
     std::vector<std::byte> target(o.size); // zeroed: the client's bytes must replace this
-    const memory_region<access::local_write | remote_rights> target_mr(pd, target);
+    const memory_region<rights::local_write | client_rights> target_mr(pd, target);
     std::uint64_t written = 0; // the client's message: how many bytes it wrote
-    const memory_region<access::local_write> note_mr(pd, &written, sizeof written);
+    const memory_region<rights::local_write> note_mr(pd, &written, sizeof written);
 
     // The client's writes and reads raise nothing here: sleep until its
     // message comes (a receive queue on a completion channel), not spin.
@@ -241,11 +240,11 @@ int client(const options& o) {
     std::vector<std::byte> source(o.size);
     for (std::size_t i = 0; i < source.size(); ++i)
         source[i] = pattern(i);
-    const memory_region<access::local_read> source_mr(pd, source); // a write only reads it
+    const memory_region<rights::local_read> source_mr(pd, source); // a write only reads it
     std::vector<std::byte> back(o.size);
-    const memory_region<access::local_write> back_mr(pd, back); // a read writes into it
+    const memory_region<rights::local_write> back_mr(pd, back); // a read writes into it
     std::uint64_t written = o.size;
-    const memory_region<access::local_read> note_mr(pd, &written, sizeof written);
+    const memory_region<rights::local_read> note_mr(pd, &written, sizeof written);
 
     verbs::connection conn = verbs::connection::connect(pd, o.server, o.port, {}, {}, o.timeout);
     const std::optional<token> tok = conn.peer_payload_as<token>();

@@ -274,7 +274,7 @@ inline void print_usage(tool_kind tool, const options& d) {
 // ---- the session --------------------------------------------------------------------------
 
 /// Rights of the memory each side exposes: the peer writes into it.
-inline constexpr access region_rights = access::local_write | access::remote_write;
+inline constexpr rights region_rights = rights::local_write | rights::remote_write;
 
 /// What each side puts in the rdma_cm private data (40 of the 55 bytes a
 /// connect request carries): its buffer token, and the parameters both sides

@@ -161,12 +161,12 @@ struct reg_cycles {
 /// iteration, untimed: registration then starts from a wakeup, as it does in a
 /// program that communicates between registrations.
 inline reg_cycles time_registration(const verbs::protection_domain& pd, std::byte* buffer,
-                                    std::size_t bytes, access rights, std::uint32_t iterations,
+                                    std::size_t bytes, rights granted, std::uint32_t iterations,
                                     std::chrono::microseconds nap = {}) {
     const auto fail_reg = [&](const char* verb) {
         fail(fmt::format("{} of {} bytes failed: {}", verb, bytes, std::strerror(errno)));
     };
-    if (ibv_mr* mr = ibv_reg_mr(pd.get(), buffer, bytes, to_ibv(rights)); mr != nullptr)
+    if (ibv_mr* mr = ibv_reg_mr(pd.get(), buffer, bytes, to_ibv(granted)); mr != nullptr)
         ibv_dereg_mr(mr);
     else
         fail_reg("ibv_reg_mr");
@@ -177,7 +177,7 @@ inline reg_cycles time_registration(const verbs::protection_domain& pd, std::byt
         if (nap.count() > 0)
             std::this_thread::sleep_for(nap);
         const std::uint64_t t0 = cycles();
-        ibv_mr* mr = ibv_reg_mr(pd.get(), buffer, bytes, to_ibv(rights));
+        ibv_mr* mr = ibv_reg_mr(pd.get(), buffer, bytes, to_ibv(granted));
         const std::uint64_t t1 = cycles();
         if (mr == nullptr)
             fail_reg("ibv_reg_mr");

@@ -54,11 +54,11 @@ namespace {
 
 using namespace rdmax;
 using namespace rdmax::bench;
-using rdmax::access; // not unistd.h's access()
+using rdmax::rights;
 
 constexpr std::string_view tool = "rdmax_cache_bench";
 /// The rights every registration here asks for (a typical RDMA buffer's).
-constexpr access rights = access::local_write | access::remote_write | access::remote_read;
+constexpr rights reg_rights = rights::local_write | rights::remote_write | rights::remote_read;
 
 /// --reg sizes; -s cuts the list.
 constexpr std::array<std::size_t, 5> reg_sizes = {4 * kib, 64 * kib, 1 * mib, 16 * mib, 256 * mib};
@@ -172,12 +172,12 @@ cache_options parse_options(int argc, char** argv) {
 /// those are part of rdmax's cost that the comparison shows.
 class map_cache {
     struct region {
-        region(std::uintptr_t e, access r, std::uint32_t k) noexcept
+        region(std::uintptr_t e, rights r, std::uint32_t k) noexcept
             : end(e)
-            , rights(r)
+            , granted(r)
             , lkey(k) {}
         std::uintptr_t end;
-        access rights;
+        rights granted;
         std::uint32_t lkey;
         std::atomic<std::uint32_t> refs{0};
     };
@@ -216,13 +216,13 @@ public:
     map_cache()
         : page_(static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE))) {}
 
-    void insert(const void* addr, std::size_t len, access r, std::uint32_t key) {
+    void insert(const void* addr, std::size_t len, rights r, std::uint32_t key) {
         const auto a = reinterpret_cast<std::uintptr_t>(addr);
         std::unique_lock lock(mutex_);
         map_.try_emplace(a & ~(page_ - 1), (a + len + page_ - 1) & ~(page_ - 1), r, key);
     }
 
-    template <access A>
+    template <rights A>
     [[nodiscard]] handle get(const void* addr, std::size_t len) {
         const auto a = reinterpret_cast<std::uintptr_t>(addr);
         const std::uintptr_t start = a & ~(page_ - 1);
@@ -233,7 +233,7 @@ public:
             return {};
         --it;
         region& r = it->second;
-        if (r.end < end || !has(r.rights, A))
+        if (r.end < end || !has(r.granted, A))
             return {};
         r.refs.fetch_add(1, std::memory_order_relaxed);
         return handle(&r);
@@ -260,7 +260,7 @@ std::uint64_t lookup_batch(Cache& cache, std::span<const std::uint32_t> indices,
     std::uint64_t keys = 0, misses = 0;
     const std::uint64_t start = cycles();
     for (const std::uint32_t i : indices) {
-        auto h = cache.template get<rights>(base + std::size_t{i} * stride, len);
+        auto h = cache.template get<reg_rights>(base + std::size_t{i} * stride, len);
         if (h)
             keys += h.lkey();
         else
@@ -293,8 +293,8 @@ lookup_result measure_lookup(const cache_options& opt, const mapping& area, std:
     map_cache baseline;
     for (std::uint32_t i = 0; i < regions; ++i) {
         const std::byte* p = base + std::size_t{i} * stride;
-        auto h = cache.get<rights>(p, page);
-        baseline.insert(p, page, rights, h.lkey());
+        auto h = cache.get<reg_rights>(p, page);
+        baseline.insert(p, page, reg_rights, h.lkey());
     }
     const rcache_counters filled = cache.counters();
     if (filled.registered_count != regions || filled.merges != 0 || filled.evictions != 0 ||
@@ -422,7 +422,7 @@ reg_result measure_reg(const cache_options& opt, const verbs::protection_domain&
 
     cycle_rate rate;
     rate.start();
-    const reg_cycles reg = time_registration(pd, buffer, bytes, rights, r.iterations);
+    const reg_cycles reg = time_registration(pd, buffer, bytes, reg_rights, r.iterations);
 
     fmt::print(stderr, "[reg] {}: {} x {} cache hits\n", human_bytes(bytes), opt.batches,
                hits_per_batch);
@@ -432,13 +432,13 @@ reg_result measure_reg(const cache_options& opt, const verbs::protection_domain&
         verbs_cache cache(verbs_registrar(pd), manual_monitor{});
         std::uint32_t lkey = 0;
         {
-            auto first = cache.get<rights>(buffer, bytes); // the miss: registers once
+            auto first = cache.get<reg_rights>(buffer, bytes); // the miss: registers once
             lkey = first.lkey();
         }
         for (std::uint32_t b = 0; b < opt.batches; ++b) {
             const std::uint64_t t0 = cycles();
             for (std::uint32_t i = 0; i < hits_per_batch; ++i) {
-                auto h = cache.get<rights>(buffer, bytes);
+                auto h = cache.get<reg_rights>(buffer, bytes);
                 keys += h.lkey();
                 h.reset();
             }

@@ -121,8 +121,8 @@ struct testbed {
     verbs::queue_pair<verbs::rc> b;
     std::vector<std::byte> src;
     std::vector<std::byte> dst;
-    memory_region<access_all> src_mr;
-    memory_region<access_all> dst_mr;
+    memory_region<all_rights> src_mr;
+    memory_region<all_rights> dst_mr;
 
     testbed(const verbs::context& ctx, const hol_options& o)
         : pd(ctx)

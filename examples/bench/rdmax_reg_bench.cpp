@@ -70,11 +70,11 @@ namespace {
 
 using namespace rdmax;
 using namespace rdmax::bench;
-using rdmax::access; // not unistd.h's access()
+using rdmax::rights;
 
 constexpr std::string_view tool = "rdmax_reg_bench";
 /// What the ibv_reg_mr baseline and the cache ask for (a typical RDMA buffer's).
-constexpr access rights = access::local_write | access::remote_write | access::remote_read;
+constexpr rights reg_rights = rights::local_write | rights::remote_write | rights::remote_read;
 
 /// Device-mode sizes; -s cuts the list.
 constexpr std::array<std::size_t, 9> device_sizes = {
@@ -240,7 +240,7 @@ public:
         : inner_(pd)
         , log_(&log) {}
 
-    [[nodiscard]] handle reg(void* addr, std::size_t len, access r) {
+    [[nodiscard]] handle reg(void* addr, std::size_t len, rights r) {
         ibv_mr* mr = inner_.reg(addr, len, r);
         try {
             std::lock_guard g(log_->mutex);
@@ -309,7 +309,7 @@ std::vector<std::uint64_t> time_cache_hits(const reg_options& opt,
     monitor = std::string(to_string(cache.monitor_ref().kind()));
     std::uint32_t lkey = 0;
     {
-        auto first = cache.get<rights>(buffer, bytes); // the miss: registers once
+        auto first = cache.get<reg_rights>(buffer, bytes); // the miss: registers once
         lkey = first.lkey();
     }
     std::vector<std::uint64_t> hit_cycles;
@@ -317,7 +317,7 @@ std::vector<std::uint64_t> time_cache_hits(const reg_options& opt,
     for (std::uint32_t b = 0; b < opt.batches; ++b) {
         const std::uint64_t t0 = cycles();
         for (std::uint32_t i = 0; i < opt.ops; ++i) {
-            auto h = cache.get<rights>(buffer, bytes);
+            auto h = cache.get<reg_rights>(buffer, bytes);
             keys += h.lkey();
             h.reset();
         }
@@ -417,7 +417,7 @@ device_result measure_device(const reg_options& opt, const verbs::protection_dom
     rate.start();
 
     fmt::print(stderr, "[{}] {} x ibv_reg_mr + ibv_dereg_mr\n", human_bytes(bytes), r.iterations);
-    const reg_cycles reg = time_registration(pd, buffer, bytes, rights, r.iterations, opt.nap);
+    const reg_cycles reg = time_registration(pd, buffer, bytes, reg_rights, r.iterations, opt.nap);
 
     fmt::print(stderr, "[{}] {} x {} cache hits\n", human_bytes(bytes), opt.batches, opt.ops);
     const std::vector<std::uint64_t> hit_cycles = time_cache_hits(opt, pd, buffer, bytes, monitor);
@@ -569,7 +569,7 @@ void procs_child(const reg_options& opt, procs_shared& sh, std::uint32_t me,
                 cycle_rate rate;
                 rate.start();
                 const reg_cycles c =
-                    time_registration(pd, buffer.data(), sizes[k], rights, iters, opt.nap);
+                    time_registration(pd, buffer.data(), sizes[k], reg_rights, iters, opt.nap);
                 rate.stop();
                 const double per_us = rate.per_us();
                 std::vector<double> both, reg, dereg;

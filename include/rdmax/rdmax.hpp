@@ -2,7 +2,6 @@
 // Everything rdmax offers, for programs that would rather not pick headers.
 
 #include <rdmax/error.hpp>
-#include <rdmax/mem/access.hpp>
 #include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/mem/fork_policy.hpp>
@@ -10,6 +9,7 @@
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/registration_cache.hpp>
+#include <rdmax/mem/rights.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
 #include <rdmax/sched/coarse_clock.hpp>

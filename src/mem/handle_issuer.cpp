@@ -8,18 +8,18 @@ constexpr const char* who = "handle_issuer";
 
 /// The rights a handle grants: the remote ones asked for. Local rights in the
 /// request are ignored, as before; a request with no remote right is an error.
-access granted_rights(const void* addr, std::size_t len, access rights) {
+rights granted_rights(const void* addr, std::size_t len, rights asked) {
     if (len == 0 || addr == nullptr)
         throw_error("handle_issuer::issue", EINVAL, len == 0 ? "zero length" : "null address");
-    const int granted = to_ibv(rights) & to_ibv(remote_rights);
+    const int granted = to_ibv(asked) & to_ibv(remote_rights);
     if (granted == 0)
         throw_error("handle_issuer::issue", EINVAL,
                     "grant at least one remote right (read, write or atomic)");
-    return static_cast<access>(granted);
+    return static_cast<rights>(granted);
 }
 
-bool writes(access granted) noexcept {
-    return has(granted, access::remote_write) || has(granted, access::remote_atomic);
+bool writes(rights granted) noexcept {
+    return has(granted, rights::remote_write) || has(granted, rights::remote_atomic);
 }
 
 [[noreturn]] void refuse_windows(const char* why) {
@@ -70,8 +70,8 @@ handle_issuer::~handle_issuer() {
         ibv_dealloc_mw(mw);
 }
 
-remote_handle handle_issuer::issue(const void* addr, std::size_t len, access rights) {
-    const access granted = granted_rights(addr, len, rights);
+remote_handle handle_issuer::issue(const void* addr, std::size_t len, rights asked) {
+    const rights granted = granted_rights(addr, len, asked);
     if (opt_.revoke == revoke_by::memory_window)
         refuse_windows("no registration to bind a window to was given: use issue(region, ...) "
                        "or issue(arena, ...)");
@@ -79,13 +79,14 @@ remote_handle handle_issuer::issue(const void* addr, std::size_t len, access rig
 }
 
 remote_handle handle_issuer::issue(bind_target parent, const void* addr, std::size_t len,
-                                   access rights) {
-    const access granted = granted_rights(addr, len, rights);
+                                   rights asked) {
+    const rights granted = granted_rights(addr, len, asked);
     const char* why =
         why_not_ != nullptr
             ? why_not_
-            : why_no_window(true, true, parent.mr != nullptr && has(parent.rights, access::mw_bind),
-                            has(parent.rights, access::local_write), writes(granted));
+            : why_no_window(true, true,
+                            parent.mr != nullptr && has(parent.granted, rights::mw_bind),
+                            has(parent.granted, rights::local_write), writes(granted));
     const mechanism_choice c = choose_mechanism(opt_.revoke, why);
     if (c.refused)
         refuse_windows(why);
@@ -94,10 +95,10 @@ remote_handle handle_issuer::issue(bind_target parent, const void* addr, std::si
     return issue_mw(parent, addr, len, granted);
 }
 
-remote_handle handle_issuer::issue_mr(const void* addr, std::size_t len, access granted,
+remote_handle handle_issuer::issue_mr(const void* addr, std::size_t len, rights granted,
                                       bool fallback) {
     // Remote write and atomic need local write to be registered (verbs).
-    const access reg = valid(granted) ? granted : granted | access::local_write;
+    const rights reg = valid(granted) ? granted : granted | rights::local_write;
     ibv_mr* mr = ibv_reg_mr(pd_->get(), const_cast<void*>(addr), len, to_ibv(reg));
     if (mr == nullptr)
         throw_error("ibv_reg_mr", errno, fmt::format("a handle's window of {} bytes", len));
@@ -137,7 +138,7 @@ std::uint64_t handle_issuer::next_wr_id() noexcept {
 }
 
 remote_handle handle_issuer::issue_mw(bind_target parent, const void* addr, std::size_t len,
-                                      access granted) {
+                                      rights granted) {
     std::lock_guard post(post_mutex_);
     ibv_mw* mw = take_window();
     // A new key for every binding: a handle of an earlier one never matches.

@@ -618,7 +618,7 @@ status send_batch::atomic(ibv_wr_opcode op, ibv_sge result, std::uint64_t raddr,
 }
 
 status send_batch::bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint64_t addr,
-                           std::uint64_t length, access rights, std::uint64_t wr_id,
+                           std::uint64_t length, rights window_rights, std::uint64_t wr_id,
                            send_flags f) noexcept {
     if (qp_.type_ != IBV_QPT_RC)
         return status::bad_window; // type-2 windows bind through connected QPs
@@ -633,7 +633,7 @@ status send_batch::bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint
     // A new key of the same window: same index (upper 24 bits), new low byte.
     if ((rkey >> 8) != (mw->rkey >> 8) || rkey == mw->rkey)
         return status::bad_window;
-    const int granted = to_ibv(rights);
+    const int granted = to_ibv(window_rights);
     if (granted == 0 || (granted & ~to_ibv(remote_rights)) != 0)
         return status::bad_window;
     if (length == 0)

@@ -36,7 +36,7 @@
 
 namespace {
 
-using rdmax::access;
+using rdmax::rights;
 
 int op_index = -1; // for the message of a broken invariant
 
@@ -57,7 +57,7 @@ void require(bool ok, const char* what) {
 struct tracking_registrar : rdmax::counting_registrar {
     std::map<std::uint32_t, record> registered;
 
-    [[nodiscard]] handle reg(void* addr, std::size_t len, access rights) {
+    [[nodiscard]] handle reg(void* addr, std::size_t len, rights granted) {
         handle h = counting_registrar::reg(addr, len, rights);
         require(registered.emplace(h->key, *h).second, "a key registered twice");
         return h;
@@ -82,16 +82,16 @@ std::uintptr_t arena_base() {
 
 /// Rights from four bits, composed from the names rather than assuming the
 /// verbs flag values.
-constexpr access rights_of(unsigned bits) {
-    access a = access::local_read;
+constexpr rights rights_of(unsigned bits) {
+    rights a = rights::local_read;
     if ((bits & 1u) != 0)
-        a = a | access::local_write;
+        a = a | rights::local_write;
     if ((bits & 2u) != 0)
-        a = a | access::remote_write;
+        a = a | rights::remote_write;
     if ((bits & 4u) != 0)
-        a = a | access::remote_read;
+        a = a | rights::remote_read;
     if ((bits & 8u) != 0)
-        a = a | access::remote_atomic;
+        a = a | rights::remote_atomic;
     return a;
 }
 
@@ -132,10 +132,10 @@ struct held {
     cache_t::handle h;
     // What was asked for.
     std::uintptr_t lo, hi;
-    access asked;
+    rights asked;
     // What was served; an entry does not change while referenced.
     std::uintptr_t start, end;
-    access rights;
+    rights granted;
     std::uint32_t key;
 };
 
@@ -184,15 +184,15 @@ void check(cache_t& c, model& m) {
     std::map<std::uint32_t, std::size_t> held_keys;
     for (const held& h : m.handles) {
         require(static_cast<bool>(h.h), "a held handle is empty");
-        require(h.h.start() == h.start && h.h.end() == h.end && h.h.rights() == h.rights &&
+        require(h.h.start() == h.start && h.h.end() == h.end && h.h.granted() == h.granted &&
                     h.h.lkey() == h.key,
                 "a held handle changed");
         require(h.start <= h.lo && h.end >= h.hi, "a held handle does not cover what was asked");
-        require(rdmax::has(h.rights, h.asked), "a held handle lacks rights that were asked");
+        require(rdmax::has(h.granted, h.asked), "a held handle lacks rights that were asked");
         const auto it = reg.registered.find(h.key);
         require(it != reg.registered.end(), "a held handle's registration was deregistered");
         require(it->second.addr == h.start && it->second.len == h.end - h.start &&
-                    it->second.rights == h.rights,
+                    it->second.granted == h.granted,
                 "a held handle's registration differs from what the handle says");
         ++held_keys[h.key];
     }
@@ -249,7 +249,7 @@ void do_get(cache_t& c, model& m, input& in) {
     const std::uintptr_t lo = base + first * page + head;
     const std::uintptr_t hi = std::max(lo + 1, base + (first + count) * page - tail);
     const std::size_t len = (bits & 16u) != 0 ? 0 : hi - lo;
-    const access want = rights_of(bits & 15u);
+    const rights want = rights_of(bits & 15u);
     auto& reg = c.registrar_ref();
     const std::size_t regs_before = reg.regs;
     const std::size_t armed = reg.fail_next;
@@ -283,7 +283,7 @@ void do_get(cache_t& c, model& m, input& in) {
     require(static_cast<bool>(h), "get() returned an empty handle");
     const std::uintptr_t start = h.start(), end = h.end();
     const std::uint32_t key = h.lkey();
-    const access rights = h.rights();
+    const rights granted = h.granted();
     if (reg.regs == regs_before) {
         ++m.hits;
     } else {

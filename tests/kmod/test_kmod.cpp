@@ -592,13 +592,13 @@ TEST_CASE("kmod: the cache's kmod monitor: unmap seen by one load, file mappings
     using cache_t = rdmax::registration_cache<rdmax::counting_registrar, rdmax::kmod_monitor>;
     cache_t c{rdmax::counting_registrar{}};
     std::byte* p = map(4);
-    c.get<rdmax::access::local_write>(p, 4 * page).reset();
+    c.get<rdmax::rights::local_write>(p, 4 * page).reset();
     CHECK(c.registrar_ref().regs == 1);
-    c.get<rdmax::access::local_write>(p, page).reset();
+    c.get<rdmax::rights::local_write>(p, page).reset();
     CHECK(c.registrar_ref().regs == 1);
     REQUIRE(munmap(p + page, page) == 0);
     map(1, p + page);
-    c.get<rdmax::access::local_write>(p, page).reset();
+    c.get<rdmax::rights::local_write>(p, page).reset();
     CHECK(c.registrar_ref().regs == 2);
     CHECK(c.counters().invalidations == 1);
     CHECK(c.counters().uncached == 0);
@@ -611,8 +611,8 @@ TEST_CASE("kmod: the cache's kmod monitor: unmap seen by one load, file mappings
     void* f = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     REQUIRE(f != MAP_FAILED);
-    c.get<rdmax::access::local_write>(f, page).reset();
-    c.get<rdmax::access::local_write>(f, page).reset();
+    c.get<rdmax::rights::local_write>(f, page).reset();
+    c.get<rdmax::rights::local_write>(f, page).reset();
     CHECK(c.counters().uncached == 0); // unlike userfaultfd, any mapping can be watched
     CHECK(c.registrar_ref().regs == 3);
     munmap(f, page);

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
         verbs::context ctx = verbs::context::open_by_address(argv[1]);
         verbs::protection_domain pd(ctx);
         std::vector<std::byte> bytes(4096);
-        memory_region<access::local_write | access::remote_write> mr(pd, bytes.data(),
+        memory_region<rights::local_write | rights::remote_write> mr(pd, bytes.data(),
                                                                      bytes.size());
         const auto token = mr.remote();
         verbs::connection c = verbs::connection::connect(

@@ -34,15 +34,15 @@ TEST_CASE("arena: buffers move over RDMA under the area's key, none registered p
     auto dst = arena.allocate(100000);
     fill_pattern(std::span(src.data, src.size), 5);
     std::memset(dst.data, 0, dst.size);
-    REQUIRE(lp.a.write(arena.local<access::local_read>(src.data, src.size),
-                       arena.remote<access::remote_write>(dst.data, dst.size), 0, 1) == status::ok);
+    REQUIRE(lp.a.write(arena.local<rights::local_read>(src.data, src.size),
+                       arena.remote<rights::remote_write>(dst.data, dst.size), 0, 1) == status::ok);
     REQUIRE(wait_send(lp.a).ok());
     CHECK(has_pattern(std::span(dst.data, dst.size), 5));
     // A pmr vector in the arena: its key is found from its data pointer.
     registered_arena::resource res(arena);
     std::pmr::vector<std::byte> v(50000, std::byte{0}, &res);
-    REQUIRE(lp.a.read(arena.local<access::local_write>(v.data(), v.size()),
-                      arena.remote<access::remote_read>(src.data, v.size()), 0, 2) == status::ok);
+    REQUIRE(lp.a.read(arena.local<rights::local_write>(v.data(), v.size()),
+                      arena.remote<rights::remote_read>(src.data, v.size()), 0, 2) == status::ok);
     REQUIRE(wait_send(lp.a).ok());
     CHECK(has_pattern(v, 5));
     CHECK(arena.counters().areas_registered == 1); // one registration served all of it
@@ -55,7 +55,7 @@ TEST_CASE("handle: bounds and rights are checked before anything is posted") {
     registered mine(lp.pd, 8192);
     fill_pattern(mine.bytes, 9);
     handle_issuer issuer(lp.pd);
-    const remote_handle h = issuer.issue(mine.bytes.data() + 4096, 4096, access::remote_read);
+    const remote_handle h = issuer.issue(mine.bytes.data() + 4096, 4096, rights::remote_read);
     registered local(lp.pd, 8192);
     CHECK(read(lp.a, local.mr.local(0, 1024), h, 1000, 1) == status::ok);
     REQUIRE(wait_send(lp.a).ok());
@@ -65,7 +65,7 @@ TEST_CASE("handle: bounds and rights are checked before anything is posted") {
     CHECK(read(lp.a, local.mr.local(0, 0), h, 0, 4) == status::zero_length);
     verbs::completion c[1];
     CHECK(lp.a.wait_send(c, std::chrono::milliseconds(200)) == 0); // nothing was posted
-    CHECK_THROWS_AS(issuer.issue(mine.bytes.data(), 0, access::remote_read), rdmax::error);
+    CHECK_THROWS_AS(issuer.issue(mine.bytes.data(), 0, rights::remote_read), rdmax::error);
 }
 
 TEST_CASE("handle: after revocation the peer's use fails with an error, not a hang") {
@@ -73,7 +73,7 @@ TEST_CASE("handle: after revocation the peer's use fails with an error, not a ha
     registered mine(lp.pd, 4096), local(lp.pd, 4096);
     handle_issuer issuer(lp.pd);
     const remote_handle h =
-        issuer.issue(mine.bytes.data(), 4096, access::remote_read | access::remote_write);
+        issuer.issue(mine.bytes.data(), 4096, rights::remote_read | rights::remote_write);
     REQUIRE(write(lp.a, local.mr.local(), h, 0, 1) == status::ok);
     REQUIRE(wait_send(lp.a).ok());
     CHECK(issuer.revoke(h));
@@ -96,7 +96,7 @@ TEST_CASE("arena: trim never takes a buffer in use") {
     arena.trim();
     registered src(lp.pd, 4096);
     fill_pattern(src.bytes, 3);
-    REQUIRE(lp.a.write(src.mr.local(), arena.remote<access::remote_write>(keep.data, 4096), 0, 1) ==
+    REQUIRE(lp.a.write(src.mr.local(), arena.remote<rights::remote_write>(keep.data, 4096), 0, 1) ==
             status::ok);
     REQUIRE(wait_send(lp.a).ok());
     CHECK(has_pattern(std::span(keep.data, 4096), 3));

@@ -76,7 +76,7 @@ TEST_CASE("connect and accept exchange payloads; data flows; disconnect reaches 
     verbs::context ctx = l.device();
     verbs::protection_domain pd(ctx);
     registered server_mem(pd, 8192), client_mem(pd, 8192);
-    const remote_buffer<access_all> server_token = server_mem.mr.remote();
+    const remote_buffer<all_rights> server_token = server_mem.mr.remote();
 
     auto accepted = std::async(
         std::launch::async, [&] { return l.accept(pd, verbs::payload_of(server_token), {}, 10s); });
@@ -89,7 +89,7 @@ TEST_CASE("connect and accept exchange payloads; data flows; disconnect reaches 
     REQUIRE(got_hi.has_value());
     CHECK(got_hi->magic == 0x72646d78);
     CHECK(got_hi->rank == 3);
-    auto token = client.peer_payload_as<remote_buffer<access_all>>();
+    auto token = client.peer_payload_as<remote_buffer<all_rights>>();
     REQUIRE(token.has_value());
     CHECK(token->addr == server_token.addr);
     CHECK(token->rkey == server_token.rkey);
@@ -149,7 +149,7 @@ TEST_CASE("a peer process that vanishes becomes an error here within the deadlin
     peer_process peer(test_addr(), l.port());
 
     verbs::connection c = l.accept(pd, {}, {}, 20s);
-    auto token = c.peer_payload_as<remote_buffer<access::local_write | access::remote_write>>();
+    auto token = c.peer_payload_as<remote_buffer<rights::local_write | rights::remote_write>>();
     REQUIRE(token.has_value());
     REQUIRE(c.qp().write(mem.mr.local(0, 64), *token, 0, 1) == status::ok);
     CHECK(wait_send(c.qp()).ok()); // the peer is alive: the write lands
@@ -174,7 +174,7 @@ TEST_CASE("work in flight when the peer vanishes completes with an error, not a 
     cfg.ack_timeout = 12; // 16.8 ms per try
     cfg.retry_count = 3;
     verbs::connection c = l.accept(pd, {}, cfg, 20s);
-    auto token = c.peer_payload_as<remote_buffer<access::local_write | access::remote_write>>();
+    auto token = c.peer_payload_as<remote_buffer<rights::local_write | rights::remote_write>>();
     REQUIRE(token.has_value());
 
     // Kill the peer, then write before this side hears of it: nothing acks.

@@ -71,7 +71,7 @@ TEST_CASE("a protection domain, a completion queue and a registered buffer can b
     CHECK(cq.poll(wcs) == 0); // nothing posted, nothing completed
 
     std::vector<std::byte> buf(64 * 1024, std::byte{0x5a});
-    memory_region<access::local_write | access::remote_read | access::remote_write> mr(pd, buf);
+    memory_region<rights::local_write | rights::remote_read | rights::remote_write> mr(pd, buf);
     CHECK(mr.data() == buf.data());
     CHECK(mr.size() == buf.size());
     CHECK(mr.lkey() != 0);
@@ -91,7 +91,7 @@ TEST_CASE("bad requests are refused with the verb's name") {
     CHECK_THROWS_WITH(verbs::completion_queue(ctx, ctx.limits().max_cqe + 1),
                       Catch::Matchers::Contains("at most"));
     std::byte b{};
-    CHECK_THROWS_WITH((memory_region<access::local_write>(pd, &b, 0)),
+    CHECK_THROWS_WITH((memory_region<rights::local_write>(pd, &b, 0)),
                       Catch::Matchers::Contains("ibv_reg_mr") &&
                           Catch::Matchers::Contains("zero length"));
 }

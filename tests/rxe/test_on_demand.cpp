@@ -29,7 +29,7 @@ TEST_CASE("on-demand: the registration follows new pages at the same address") {
     REQUIRE(buf != MAP_FAILED);
     fill_pattern(std::span(buf, len), 1);
     {
-        auto src = cache.remote<access::remote_read>(buf, len);
+        auto src = cache.remote<rights::remote_read>(buf, len);
         REQUIRE(lp.a.read(into.mr.local(), src.buffer, 0, 1) == status::ok);
         REQUIRE(wait_send(lp.a).ok());
     }
@@ -39,7 +39,7 @@ TEST_CASE("on-demand: the registration follows new pages at the same address") {
                  0) == buf);
     fill_pattern(std::span(buf, len), 2);
     {
-        auto src = cache.remote<access::remote_read>(buf, len);
+        auto src = cache.remote<rights::remote_read>(buf, len);
         REQUIRE(lp.a.read(into.mr.local(), src.buffer, 0, 2) == status::ok);
         REQUIRE(wait_send(lp.a).ok());
     }

@@ -22,9 +22,9 @@ using namespace rdmax::test;
 namespace {
 
 const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-constexpr rdmax::access rr = access::remote_read;
-constexpr rdmax::access rw = access::remote_write;
-constexpr rdmax::access lw = access::local_write;
+constexpr rdmax::rights rr = rights::remote_read;
+constexpr rdmax::rights rw = rights::remote_write;
+constexpr rdmax::rights lw = rights::local_write;
 
 rcache_options with_monitor(monitor_kind k) {
     rcache_options o;
@@ -166,7 +166,7 @@ TEST_CASE("data path: write from any buffer; the cache supplies both keys") {
     std::vector<std::byte> out(10000), in(10000, std::byte{0});
     fill_pattern(out, 3);
     for (int round = 0; round < 3; ++round) {
-        auto src = cache.local<access::local_read>(out.data() + 100, 9000);
+        auto src = cache.local<rights::local_read>(out.data() + 100, 9000);
         auto dst = cache.remote<rw>(in.data(), in.size());
         REQUIRE(lp.a.write(src.buffer, dst.buffer, 100, 7) == status::ok);
         REQUIRE(wait_send(lp.a).ok());

@@ -29,7 +29,7 @@ namespace {
 
 /// Memory a peer can reach only through windows: local write and binding,
 /// no remote right of its own.
-constexpr rdmax::access bindable = access::local_write | access::mw_bind;
+constexpr rdmax::rights bindable = rights::local_write | rights::mw_bind;
 
 struct window_memory {
     std::vector<std::byte> bytes;
@@ -46,7 +46,7 @@ handle_options by(revoke_by r) {
     return o;
 }
 
-constexpr rdmax::access read_write = access::remote_read | access::remote_write;
+constexpr rdmax::rights read_write = rights::remote_read | rights::remote_write;
 
 /// The peer's request through a revoked or foreign handle: it must complete,
 /// with a remote access error, before the deadline.
@@ -124,7 +124,7 @@ TEST_CASE("window: bounds and rights are refused before anything is posted") {
     window_memory mine(lp.pd, 8192);
     registered local(lp.pd, 8192);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
-    const remote_handle h = issuer.issue(mine.mr, mine.bytes.data(), 4096, access::remote_read);
+    const remote_handle h = issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
     CHECK(write(lp.a, local.mr.local(0, 16), h, 0, 1) == status::not_permitted);
     CHECK(read(lp.a, local.mr.local(0, 1024), h, 3500, 2) == status::out_of_range);
     CHECK(read(lp.a, local.mr.local(0, 1024), h, ~std::uint64_t{0}, 3) == status::out_of_range);
@@ -135,16 +135,16 @@ TEST_CASE("window: bounds and rights are refused before anything is posted") {
     // The owner's side is checked too: a window past its registration, or
     // with no remote right, is refused before the bind is posted, so the
     // queue pair stays usable.
-    CHECK_THROWS_AS(issuer.issue(mine.mr, mine.bytes.data() + 4096, 8192, access::remote_read),
+    CHECK_THROWS_AS(issuer.issue(mine.mr, mine.bytes.data() + 4096, 8192, rights::remote_read),
                     rdmax::error);
-    CHECK_THROWS_AS(issuer.issue(mine.mr, mine.bytes.data(), 4096, access::local_write),
+    CHECK_THROWS_AS(issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::local_write),
                     rdmax::error);
-    CHECK_THROWS_AS(issuer.issue(mine.mr, mine.bytes.data(), 0, access::remote_read), rdmax::error);
+    CHECK_THROWS_AS(issuer.issue(mine.mr, mine.bytes.data(), 0, rights::remote_read), rdmax::error);
     // Insisting on windows over memory that cannot be bound is an error, not a fallback.
     registered plain(lp.pd, 4096);
-    CHECK_THROWS_AS(issuer.issue(plain.mr, plain.bytes.data(), 4096, access::remote_read),
+    CHECK_THROWS_AS(issuer.issue(plain.mr, plain.bytes.data(), 4096, rights::remote_read),
                     rdmax::error);
-    CHECK_THROWS_AS(issuer.issue(mine.bytes.data(), 4096, access::remote_read), rdmax::error);
+    CHECK_THROWS_AS(issuer.issue(mine.bytes.data(), 4096, rights::remote_read), rdmax::error);
     CHECK(lp.b.wait_send(c, std::chrono::milliseconds(200)) == 0);
 
     fill_pattern(mine.bytes, 4);
@@ -186,9 +186,9 @@ TEST_CASE("window: once the connection has failed, revocation deallocates the wi
     window_memory mine(lp.pd, 8192);
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
-    const remote_handle first = issuer.issue(mine.mr, mine.bytes.data(), 4096, access::remote_read);
+    const remote_handle first = issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
     const remote_handle second =
-        issuer.issue(mine.mr, mine.bytes.data() + 4096, 4096, access::remote_read);
+        issuer.issue(mine.mr, mine.bytes.data() + 4096, 4096, rights::remote_read);
     REQUIRE(issuer.revoke(first));
     // The peer's use of the revoked handle is an access error: both queue
     // pairs of the connection go to the error state.
@@ -205,7 +205,7 @@ TEST_CASE("window: once the connection has failed, revocation deallocates the wi
     CHECK(c.revoked_mw_dealloc == 1);
     CHECK(c.live == 0);
     // A window is no longer issued on a broken queue pair: the bind fails and says so.
-    CHECK_THROWS_AS(issuer.issue(mine.mr, mine.bytes.data(), 4096, access::remote_read),
+    CHECK_THROWS_AS(issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read),
                     rdmax::error);
 }
 
@@ -215,10 +215,10 @@ TEST_CASE("window: a re-issued handle has a fresh key; the stale one never match
     fill_pattern(mine.bytes, 12);
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
-    const remote_handle first = issuer.issue(mine.mr, mine.bytes.data(), 4096, access::remote_read);
+    const remote_handle first = issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
     REQUIRE(issuer.revoke(first));
     const remote_handle second =
-        issuer.issue(mine.mr, mine.bytes.data() + 4096, 4096, access::remote_read);
+        issuer.issue(mine.mr, mine.bytes.data() + 4096, 4096, rights::remote_read);
     const handle_counters c = issuer.counters();
     CHECK(c.windows_allocated == 1); // the same window, bound again
     CHECK(c.windows_reused == 1);
@@ -246,7 +246,7 @@ TEST_CASE("window: it answers only on the queue pair it was bound through") {
     fill_pattern(mine.bytes, 21);
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
-    const remote_handle h = issuer.issue(mine.mr, mine.bytes.data(), 4096, access::remote_read);
+    const remote_handle h = issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
 
     REQUIRE(read(lp.a, local.mr.local(), h, 0, 1) == status::ok); // arrives on lp.b
     REQUIRE(wait_send(lp.a).ok());
@@ -264,7 +264,7 @@ TEST_CASE("window: the issuer's waits keep the application's completions") {
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
     // The owner's own request, on the queue pair the issuer binds through.
     REQUIRE(lp.b.write(src.mr.local(), dst.mr.remote(), 0, 77) == status::ok);
-    const remote_handle h = issuer.issue(mine.mr, mine.bytes.data(), 4096, access::remote_read);
+    const remote_handle h = issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
     REQUIRE(lp.b.write(src.mr.local(), dst.mr.remote(), 0, 78) == status::ok);
     REQUIRE(issuer.revoke(h));
     const auto first = wait_send(lp.b);
@@ -282,7 +282,7 @@ TEST_CASE("window: handles over arena memory registered for binding") {
     loopback lp;
     arena_options o;
     o.area_bytes = std::size_t{2} << 20;
-    o.rights = bindable; // the areas' own keys open nothing remotely
+    o.area_rights = bindable; // the areas' own keys open nothing remotely
     registered_arena arena(verbs_registrar(lp.pd), o);
     auto block = arena.allocate(65536);
     fill_pattern(std::span(block.data, block.size), 44);
@@ -299,7 +299,7 @@ TEST_CASE("window: handles over arena memory registered for binding") {
         REQUIRE(wait_send(lp.a).ok());
         CHECK(has_pattern(std::span(block.data + 2000, 1000), 45));
         CHECK(issuer.revoke(h));
-        CHECK_THROWS_AS(issuer.issue(arena, &local, 16, access::remote_read), rdmax::error);
+        CHECK_THROWS_AS(issuer.issue(arena, &local, 16, rights::remote_read), rdmax::error);
     } // the issuer goes before the arena: no window outlives it
     arena.deallocate(block.data, block.size);
     CHECK(arena.trim() > 0);
@@ -310,13 +310,13 @@ TEST_CASE("window: the issuer deallocates its windows, so their registration can
     loopback lp;
     std::vector<std::byte> bytes(4096);
     ibv_mr* mr = ibv_reg_mr(lp.pd.get(), bytes.data(), bytes.size(),
-                            to_ibv(access::local_write | access::mw_bind));
+                            to_ibv(rights::local_write | rights::mw_bind));
     REQUIRE(mr != nullptr);
     int busy = 0;
     {
         handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
-        const remote_handle h = issuer.issue(bind_target{mr, access::local_write | access::mw_bind},
-                                             bytes.data(), 4096, access::remote_read);
+        const remote_handle h = issuer.issue(bind_target{mr, rights::local_write | rights::mw_bind},
+                                             bytes.data(), 4096, rights::remote_read);
         CHECK(h.rkey != 0);
         // While a window is bound to it, the device keeps the registration.
         busy = ibv_dereg_mr(mr);
@@ -364,9 +364,9 @@ TEST_CASE("automatic: windows where the memory allows binding, else a registrati
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::automatic));
     const remote_handle hw =
-        issuer.issue(bindable_mem.mr, bindable_mem.bytes.data(), 4096, access::remote_read);
-    const remote_handle hr = issuer.issue(plain.mr, plain.bytes.data(), 4096, access::remote_read);
-    const remote_handle hp = issuer.issue(plain.bytes.data(), 4096, access::remote_read);
+        issuer.issue(bindable_mem.mr, bindable_mem.bytes.data(), 4096, rights::remote_read);
+    const remote_handle hr = issuer.issue(plain.mr, plain.bytes.data(), 4096, rights::remote_read);
+    const remote_handle hp = issuer.issue(plain.bytes.data(), 4096, rights::remote_read);
     CHECK(issuer.mechanism_of(hw) == revoke_by::memory_window);
     CHECK(issuer.mechanism_of(hr) == revoke_by::memory_region);
     CHECK(issuer.mechanism_of(hp) == revoke_by::memory_region);

@@ -15,7 +15,6 @@ namespace rdmax::test {
 
 using namespace std::chrono_literals;
 
-inline constexpr access all_rights = access_all;
 using region = memory_region<all_rights>;
 
 /// Memory with a registration over it; the bytes live in a vector.

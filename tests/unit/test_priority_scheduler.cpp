@@ -75,8 +75,8 @@ using rdmax::test::simulated_send_queue;
 template <class Policy = strict_priority>
 using sim_scheduler = basic_priority_scheduler<Policy, simulated_send_queue>;
 
-constexpr rdmax::access rw =
-    rdmax::access::local_write | rdmax::access::remote_write | rdmax::access::remote_read;
+constexpr rdmax::rights rw =
+    rdmax::rights::local_write | rdmax::rights::remote_write | rdmax::rights::remote_read;
 
 // The buffers are never touched: the simulated queue only looks at addresses.
 std::byte* const local_base = reinterpret_cast<std::byte*>(std::uintptr_t{1} << 32);

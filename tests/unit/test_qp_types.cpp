@@ -9,15 +9,15 @@
 using namespace rdmax;
 using qp = verbs::queue_pair<verbs::rc>;
 
-template <rdmax::access A>
+template <rdmax::rights A>
 using local = local_buffer<A>;
-template <rdmax::access A>
+template <rdmax::rights A>
 using remote = remote_buffer<A>;
 
-constexpr rdmax::access lw = access::local_write;
-constexpr rdmax::access rw = access::local_write | access::remote_write;
-constexpr rdmax::access rr = access::remote_read;
-constexpr rdmax::access ra = access::local_write | access::remote_atomic;
+constexpr rdmax::rights lw = rights::local_write;
+constexpr rdmax::rights rw = rights::local_write | rights::remote_write;
+constexpr rdmax::rights rr = rights::remote_read;
+constexpr rdmax::rights ra = rights::local_write | rights::remote_atomic;
 
 template <class L, class R>
 concept can_write = requires(qp& q, L l, R r) { q.write(l, r, 0, 0); };
@@ -29,22 +29,22 @@ template <class L>
 concept can_recv = requires(qp& q, L l) { q.post_recv(l, 0); };
 
 // RDMA write needs remote write on the target; any local buffer may be the source.
-static_assert(can_write<local<access::local_read>, remote<rw>>);
+static_assert(can_write<local<rights::local_read>, remote<rw>>);
 static_assert(!can_write<local<lw>, remote<rr>>);
 static_assert(!can_write<local<lw>, remote<ra>>);
 // RDMA read needs remote read there and local write here.
 static_assert(can_read<local<lw>, remote<rr>>);
-static_assert(!can_read<local<access::remote_read>, remote<rr>>);
+static_assert(!can_read<local<rights::remote_read>, remote<rr>>);
 static_assert(!can_read<local<lw>, remote<rw>>);
 // Atomics need remote atomic there and a writable 8-byte result here.
 static_assert(can_faa<local<lw>, remote<ra>>);
 static_assert(!can_faa<local<lw>, remote<rw>>);
 // Receives land in locally writable memory only.
 static_assert(can_recv<local<lw>>);
-static_assert(!can_recv<local<access::remote_read>>);
+static_assert(!can_recv<local<rights::remote_read>>);
 
 // Rights can be narrowed implicitly, never widened.
-static_assert(std::is_convertible_v<remote<rw | access::remote_read>, remote<rr>>);
+static_assert(std::is_convertible_v<remote<rw | rights::remote_read>, remote<rr>>);
 static_assert(!std::is_convertible_v<remote<rr>, remote<rw>>);
 static_assert(std::is_convertible_v<local<rw>, local<lw>>);
 static_assert(!std::is_convertible_v<local<lw>, local<rw>>);

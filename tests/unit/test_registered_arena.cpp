@@ -49,9 +49,9 @@ TEST_CASE("arena: blocks lie in one registered area, aligned, with that area's k
         CHECK(k->lkey == b.lkey);
         CHECK(a.keys_of(b.data + b.size - 1)->lkey == b.lkey); // the whole block: one area
         std::memset(b.data, 0xab, b.size);                     // the memory is real
-        auto lb = a.local<access::local_write>(b.data, b.size);
+        auto lb = a.local<rights::local_write>(b.data, b.size);
         CHECK(lb.lkey == b.lkey);
-        auto rb = a.remote<access::remote_read>(b.data, b.size);
+        auto rb = a.remote<rights::remote_read>(b.data, b.size);
         CHECK(rb.rkey == b.rkey);
     }
     CHECK(a.counters().allocations == blocks.size());
@@ -125,7 +125,7 @@ TEST_CASE("arena: a pmr vector lives in registered memory and finds its key in O
         v.push_back(static_cast<std::byte>(i)); // grows through several size classes
     const auto k = a.keys_of(v.data());
     REQUIRE(k.has_value());
-    CHECK(a.local<access::local_write>(v.data(), v.size()).lkey == k->lkey);
+    CHECK(a.local<rights::local_write>(v.data(), v.size()).lkey == k->lkey);
     std::pmr::vector<float> f(1000, 1.0F, &res);
     CHECK(a.keys_of(f.data()).has_value());
     arena_t::resource other(a);
@@ -140,20 +140,20 @@ TEST_CASE("arena: bad requests are refused, foreign pointers ignored") {
     CHECK_THROWS_AS(a.allocate(64, 1 << 20), std::bad_alloc); // beyond a span
     CHECK_THROWS_AS(a.allocate(std::size_t{1} << 60), std::bad_alloc);
     auto b = a.allocate(128);
-    CHECK_THROWS_AS(a.local<access::local_write>(b.data, 4 * mib), rdmax::error);
+    CHECK_THROWS_AS(a.local<rights::local_write>(b.data, 4 * mib), rdmax::error);
     int outside = 0;
     CHECK_FALSE(a.keys_of(&outside).has_value());
-    CHECK_THROWS_AS(a.remote<access::remote_read>(&outside, 4), rdmax::error);
+    CHECK_THROWS_AS(a.remote<rights::remote_read>(&outside, 4), rdmax::error);
     a.deallocate(&outside, sizeof outside); // not the arena's: ignored
     a.deallocate(nullptr, 0);
     arena_options o = small();
     o.area_bytes = 3 * mib;
     CHECK_THROWS_AS((arena_t{counting_registrar{}, o}), rdmax::error);
     arena_options ro = small();
-    ro.rights = access::local_write;
+    ro.area_rights = rights::local_write;
     arena_t local_only{counting_registrar{}, ro};
     auto lb = local_only.allocate(64);
-    CHECK_THROWS_AS(local_only.remote<access::remote_read>(lb.data, 64), rdmax::error);
+    CHECK_THROWS_AS(local_only.remote<rights::remote_read>(lb.data, 64), rdmax::error);
     a.deallocate(b.data, b.size);
 }
 
@@ -276,7 +276,7 @@ TEST_CASE("arena: a dedicated area of any size is found whole (not only whole ar
     for (const std::size_t size : {3 * mib, 6 * mib, 10 * mib + 12345}) {
         auto b = a.allocate(size); // 4, 6 and 12 MiB dedicated areas
         CHECK(a.keys_of(b.data + size - 1)->lkey == b.lkey);
-        CHECK(a.local<access::local_write>(b.data, size).lkey == b.lkey);
+        CHECK(a.local<rights::local_write>(b.data, size).lkey == b.lkey);
         std::memset(b.data + size - 4096, 1, 4096);
         a.deallocate(b.data, b.size);
     }

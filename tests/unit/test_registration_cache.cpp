@@ -15,8 +15,8 @@
 
 using namespace rdmax;
 using cache_t = registration_cache<counting_registrar>;
-constexpr rdmax::access lw = access::local_write;
-constexpr rdmax::access rr = access::remote_read;
+constexpr rdmax::rights lw = rights::local_write;
+constexpr rdmax::rights rr = rights::remote_read;
 
 namespace {
 
@@ -93,9 +93,9 @@ TEST_CASE("a request for more rights widens the registration") {
     arena a(4);
     cache_t c{counting_registrar{}};
     auto h1 = c.get<lw>(a.at(0), page);
-    CHECK(h1.rights() == lw);
+    CHECK(h1.granted() == lw);
     auto h2 = c.get<rr>(a.at(0), page); // same range, a right it lacks: re-registered wider
-    CHECK(has(h2.rights(), lw | rr));
+    CHECK(has(h2.granted(), lw | rr));
     CHECK(c.registrar_ref().regs == 2);
     auto h3 = c.get<lw>(a.at(0), 10); // either right is now a hit
     auto h4 = c.get<rr>(a.at(0), 10);
@@ -276,10 +276,10 @@ TEST_CASE("randomized: 100000 operations against a model; never a stale registra
     struct held {
         cache_t::handle h;
         std::size_t first, count;
-        rdmax::access rights;
+        rdmax::rights granted;
     };
     std::vector<held> handles;
-    const rdmax::access choices[] = {lw, rr, lw | rr, access::local_read};
+    const rdmax::rights choices[] = {lw, rr, lw | rr, rights::local_read};
 
     for (int op = 0; op < 100000; ++op) {
         const auto dice = rng() % 100;
@@ -288,18 +288,18 @@ TEST_CASE("randomized: 100000 operations against a model; never a stale registra
             const std::size_t count = 1 + rng() % std::min<std::size_t>(16, pages - first);
             const std::size_t offset = rng() % page;
             const std::size_t len = std::max<std::size_t>(1, count * page - offset);
-            const rdmax::access want = choices[rng() % 4];
+            const rdmax::rights want = choices[rng() % 4];
             cache_t::handle h;
             switch (want == lw ? 0 : want == rr ? 1 : want == (lw | rr) ? 2 : 3) {
             case 0: h = c.get<lw>(a.at(first, offset), len); break;
             case 1: h = c.get<rr>(a.at(first, offset), len); break;
             case 2: h = c.get<lw | rr>(a.at(first, offset), len); break;
-            default: h = c.get<access::local_read>(a.at(first, offset), len); break;
+            default: h = c.get<rights::local_read>(a.at(first, offset), len); break;
             }
             // Covers the request, with the rights asked for...
             REQUIRE(h.start() <= reinterpret_cast<std::uintptr_t>(a.at(first, offset)));
             REQUIRE(h.end() >= reinterpret_cast<std::uintptr_t>(a.at(first, offset)) + len);
-            REQUIRE(has(h.rights(), want));
+            REQUIRE(has(h.granted(), want));
             // ...and is not older than any invalidation of its pages.
             for (std::size_t p = first; p < first + count; ++p)
                 REQUIRE(h.lkey() > invalidated_at[p]);
@@ -370,10 +370,10 @@ TEST_CASE("threads: concurrent get and release over shared ranges, with invalida
 TEST_CASE("remote write or atomic is registered with local write, as verbs require") {
     arena a(2);
     cache_t c{counting_registrar{}};
-    auto h = c.get<access::remote_write>(a.at(0), page);
-    CHECK(has(h.rights(), access::local_write | access::remote_write));
+    auto h = c.get<rights::remote_write>(a.at(0), page);
+    CHECK(has(h.granted(), rights::local_write | rights::remote_write));
     CHECK(c.registrar_ref().regs == 1);
-    auto held = c.remote<access::remote_write>(a.at(0, 8), 100);
+    auto held = c.remote<rights::remote_write>(a.at(0, 8), 100);
     CHECK(held.buffer.addr == reinterpret_cast<std::uintptr_t>(a.at(0, 8)));
     CHECK(held.buffer.length == 100);
     CHECK(held.registration.rkey() == h.rkey());
@@ -425,7 +425,7 @@ TEST_CASE("session: rights it lacks, and ranges beyond its slot, go to the cache
     cache_t::session s(c);
     auto h1 = s.get<lw>(a.at(0), page);
     auto h2 = s.get<rr>(a.at(0), page); // wider rights: re-registered by the cache
-    CHECK(has(h2.rights(), lw | rr));
+    CHECK(has(h2.granted(), lw | rr));
     auto h3 = s.get<lw>(a.at(0), 3 * page); // larger: merged by the cache
     CHECK(h3.end() == reinterpret_cast<std::uintptr_t>(a.at(3)));
     CHECK(c.registrar_ref().regs == 3);

@@ -15,25 +15,25 @@
 using namespace rdmax;
 
 static_assert(std::is_trivially_copyable_v<remote_handle> && sizeof(remote_handle) == 24);
-static_assert(valid(access::local_write | access::mw_bind));
-static_assert(valid(access::mw_bind));
-static_assert(to_ibv(access::mw_bind) == IBV_ACCESS_MW_BIND);
-static_assert(!has(access_all, access::mw_bind), "binding is asked for, never implied");
-static_assert(has(remote_rights, access::remote_atomic) &&
-              !has(remote_rights, access::local_write));
+static_assert(valid(rights::local_write | rights::mw_bind));
+static_assert(valid(rights::mw_bind));
+static_assert(to_ibv(rights::mw_bind) == IBV_ACCESS_MW_BIND);
+static_assert(!has(all_rights, rights::mw_bind), "binding is asked for, never implied");
+static_assert(has(remote_rights, rights::remote_atomic) &&
+              !has(remote_rights, rights::local_write));
 
 TEST_CASE("handle: bounds, length and rights are checked, overflow included") {
-    const remote_handle h{0x10000, 4096, 0x1234, static_cast<std::uint32_t>(access::remote_read)};
-    CHECK(h.check(access::remote_read, 0, 4096) == status::ok);
-    CHECK(h.check(access::remote_read, 4095, 1) == status::ok);
-    CHECK(h.check(access::remote_read, 4096, 1) == status::out_of_range);
-    CHECK(h.check(access::remote_read, 1, 4096) == status::out_of_range);
-    CHECK(h.check(access::remote_read, ~std::uint64_t{0}, 2) == status::out_of_range);
-    CHECK(h.check(access::remote_read, 8, ~std::uint64_t{0}) == status::out_of_range);
-    CHECK(h.check(access::remote_read, 0, 0) == status::zero_length);
-    CHECK(h.check(access::remote_write, 0, 16) == status::not_permitted);
-    CHECK(h.check(access::remote_atomic, 0, 8) == status::not_permitted);
-    CHECK(h.check(access::remote_read | access::remote_write, 0, 16) == status::not_permitted);
+    const remote_handle h{0x10000, 4096, 0x1234, static_cast<std::uint32_t>(rights::remote_read)};
+    CHECK(h.check(rights::remote_read, 0, 4096) == status::ok);
+    CHECK(h.check(rights::remote_read, 4095, 1) == status::ok);
+    CHECK(h.check(rights::remote_read, 4096, 1) == status::out_of_range);
+    CHECK(h.check(rights::remote_read, 1, 4096) == status::out_of_range);
+    CHECK(h.check(rights::remote_read, ~std::uint64_t{0}, 2) == status::out_of_range);
+    CHECK(h.check(rights::remote_read, 8, ~std::uint64_t{0}) == status::out_of_range);
+    CHECK(h.check(rights::remote_read, 0, 0) == status::zero_length);
+    CHECK(h.check(rights::remote_write, 0, 16) == status::not_permitted);
+    CHECK(h.check(rights::remote_atomic, 0, 8) == status::not_permitted);
+    CHECK(h.check(rights::remote_read | rights::remote_write, 0, 16) == status::not_permitted);
 }
 
 TEST_CASE("handle: a window when it can be had, a registration otherwise") {

@@ -21,7 +21,7 @@
 
 using namespace rdmax;
 using cache_t = registration_cache<counting_registrar, uffd_monitor>;
-constexpr rdmax::access lw = access::local_write;
+constexpr rdmax::rights lw = rights::local_write;
 
 namespace {
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include <rdmax/mem/access.hpp>
+#include <rdmax/mem/rights.hpp>
 
 namespace rdmax {
 
@@ -26,11 +26,11 @@ struct arena_options {
     /// Trim when the system is short of memory (a PSI trigger on
     /// /proc/pressure/memory, where the kernel has one).
     bool trim_under_pressure = true;
-    /// Rights of every area's registration. Add access::mw_bind for handles
+    /// Rights of every area's registration. Add rights::mw_bind for handles
     /// by memory window over arena memory (handle_issuer.hpp); with
     /// local_write | mw_bind alone, the areas' own rkeys open nothing to a
     /// peer, and only the handles issued do.
-    access rights = access_all;
+    rights area_rights = all_rights;
 
     /// These options with RDMAX_ARENA_AREA_BYTES, RDMAX_ARENA_HIGH_WATERMARK
     /// (sizes, K/M/G/T suffixes allowed), RDMAX_ARENA_HUGE_PAGES and

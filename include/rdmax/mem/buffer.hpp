@@ -9,14 +9,14 @@
 #include <optional>
 #include <type_traits>
 
-#include <rdmax/mem/access.hpp>
+#include <rdmax/mem/rights.hpp>
 
 namespace rdmax {
 
 /// Bytes of this process's registered memory.
-template <access Rights>
+template <rights Rights>
 struct local_buffer {
-    static constexpr access rights = Rights;
+    static constexpr rights granted = Rights;
 
     std::byte* addr = nullptr;
     std::uint32_t length = 0;
@@ -31,7 +31,7 @@ struct local_buffer {
     }
 
     /// The same bytes with fewer rights: always allowed.
-    template <access Fewer>
+    template <rights Fewer>
         requires(has(Rights, Fewer))
     constexpr operator local_buffer<Fewer>() const noexcept {
         return {addr, length, lkey};
@@ -41,9 +41,9 @@ struct local_buffer {
 /// A peer's registered memory: a token of plain bytes that crosses the wire as
 /// is (in connection private data, a send, ...). The receiver names the rights
 /// it was told, and the type then decides which operations compile.
-template <access Rights>
+template <rights Rights>
 struct remote_buffer {
-    static constexpr access rights = Rights;
+    static constexpr rights granted = Rights;
 
     std::uint64_t addr = 0;
     std::uint64_t length = 0;
@@ -65,16 +65,16 @@ struct remote_buffer {
         return remote_buffer{addr + offset, len, rkey, 0};
     }
 
-    template <access Fewer>
+    template <rights Fewer>
         requires(has(Rights, Fewer))
     constexpr operator remote_buffer<Fewer>() const noexcept {
         return {addr, length, rkey};
     }
 };
 
-static_assert(std::is_trivially_copyable_v<remote_buffer<access::remote_read>>);
-static_assert(sizeof(remote_buffer<access::remote_read>) == 24);
-static_assert(std::has_unique_object_representations_v<remote_buffer<access::remote_read>>,
+static_assert(std::is_trivially_copyable_v<remote_buffer<rights::remote_read>>);
+static_assert(sizeof(remote_buffer<rights::remote_read>) == 24);
+static_assert(std::has_unique_object_representations_v<remote_buffer<rights::remote_read>>,
               "no padding: every byte of a token on the wire is defined");
 
 } // namespace rdmax

@@ -15,7 +15,7 @@
 //   only to requests that arrive on the queue pair it was bound through: give
 //   the issuer the queue pair connected to the peer that will use the
 //   handles (one issuer per peer). The memory's registration must allow
-//   binding (access::mw_bind; a registered_arena with that right in
+//   binding (rights::mw_bind; a registered_arena with that right in
 //   arena_options::rights).
 // - A registration of the handle's own (ibv_reg_mr over the handle's bytes,
 //   with only the rights granted); revoked by deregistering it. Works on every
@@ -59,12 +59,12 @@
 #include <infiniband/verbs.h>
 
 #include <rdmax/error.hpp>
-#include <rdmax/mem/access.hpp>
 #include <rdmax/mem/handle_options.hpp>
 #include <rdmax/mem/memory_region.hpp>
 #include <rdmax/mem/registered_arena.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/remote_handle.hpp>
+#include <rdmax/mem/rights.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 #include <rdmax/verbs/queue_pair.hpp>
 
@@ -75,7 +75,7 @@ namespace rdmax {
 /// not allow would fail on the device and break the queue pair).
 struct bind_target {
     ibv_mr* mr = nullptr;
-    access rights = access::local_read;
+    rights granted = rights::local_read;
 };
 
 class handle_issuer {
@@ -98,28 +98,28 @@ public:
     /// [addr, addr + len), backed by a registration of its own (no
     /// registration to bind a window to is known). Throws rdmax::error if the
     /// device refuses, or if the options insist on windows.
-    [[nodiscard]] remote_handle issue(const void* addr, std::size_t len, access rights);
+    [[nodiscard]] remote_handle issue(const void* addr, std::size_t len, rights asked);
     /// The same over memory registered as `parent`: by a window bound to it
     /// where the options and the device allow, else as above. Throws
     /// rdmax::error naming the verb if a bind is refused, fails or does not
     /// complete within the deadline.
     [[nodiscard]] remote_handle issue(bind_target parent, const void* addr, std::size_t len,
-                                      access rights);
-    template <access R>
+                                      rights asked);
+    template <rights R>
     [[nodiscard]] remote_handle issue(const memory_region<R>& parent, const void* addr,
-                                      std::size_t len, access rights) {
-        return issue(bind_target{parent.get(), R}, addr, len, rights);
+                                      std::size_t len, rights asked) {
+        return issue(bind_target{parent.get(), R}, addr, len, asked);
     }
     /// Over memory of an arena of verbs registrations (one area).
     template <registrar Reg>
         requires std::same_as<typename Reg::handle, ibv_mr*>
     [[nodiscard]] remote_handle issue(const basic_registered_arena<Reg>& arena, const void* addr,
-                                      std::size_t len, access rights) {
+                                      std::size_t len, rights asked) {
         const auto mr = arena.registration_of(addr);
         if (!mr)
             throw_error("handle_issuer::issue", ERANGE,
                         fmt::format("{} is not in the arena", addr));
-        return issue(bind_target{*mr, arena.options().rights}, addr, len, rights);
+        return issue(bind_target{*mr, arena.options().area_rights}, addr, len, asked);
     }
 
     /// Revokes h: from now on the device refuses its key. Returns false if h
@@ -141,8 +141,8 @@ private:
         ibv_mw* mw = nullptr; ///< memory_window
     };
 
-    remote_handle issue_mr(const void* addr, std::size_t len, access rights, bool fallback);
-    remote_handle issue_mw(bind_target parent, const void* addr, std::size_t len, access rights);
+    remote_handle issue_mr(const void* addr, std::size_t len, rights asked, bool fallback);
+    remote_handle issue_mw(bind_target parent, const void* addr, std::size_t len, rights asked);
     ibv_mw* take_window();
     /// Invalidates mw's binding (key rkey) and keeps it for reuse, or, if that
     /// cannot be done, deallocates it. Under post_mutex_.

@@ -50,7 +50,7 @@ struct handle_options {
 /// Why a handle cannot be backed by a memory window, or nullptr when it can.
 /// device: the device has type-2 windows; queue_pair: the issuer was given the
 /// queue pair the peer uses; bindable: the memory's registration has
-/// access::mw_bind; local_write: it has local write, which windows granting
+/// rights::mw_bind; local_write: it has local write, which windows granting
 /// remote write or atomic need (the verbs rule, C10-74); writes: such rights are asked.
 [[nodiscard]] constexpr const char* why_no_window(bool device, bool queue_pair, bool bindable,
                                                   bool local_write, bool writes) noexcept {
@@ -60,7 +60,7 @@ struct handle_options {
         return "no queue pair was given to bind windows through (the one the peer's "
                "requests arrive on)";
     if (!bindable)
-        return "the memory's registration lacks access::mw_bind (IBV_ACCESS_MW_BIND)";
+        return "the memory's registration lacks rights::mw_bind (IBV_ACCESS_MW_BIND)";
     if (writes && !local_write)
         return "a window granting remote write or atomic needs a registration with local write";
     return nullptr;

@@ -12,19 +12,19 @@
 #include <infiniband/verbs.h>
 
 #include <rdmax/error.hpp>
-#include <rdmax/mem/access.hpp>
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/rights.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 
 namespace rdmax {
 
 /// Move-only owner of an ibv_mr registered with rights `Rights`.
-template <access Rights>
+template <rights Rights>
 class memory_region {
     static_assert(valid(Rights), "remote write and remote atomic access need local_write too");
 
 public:
-    static constexpr access rights = Rights;
+    static constexpr rights granted = Rights;
 
     /// Registers [addr, addr + length). Registration pins the pages and is
     /// slow (tens of microseconds to milliseconds): do it at set-up, or go

@@ -39,12 +39,12 @@
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
-#include <rdmax/mem/access.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/mem/memory_pressure.hpp>
 #include <rdmax/mem/page_table.hpp>
 #include <rdmax/mem/registrar.hpp>
+#include <rdmax/mem/rights.hpp>
 
 namespace rdmax {
 
@@ -186,14 +186,14 @@ public:
 
     /// [p, p + n) as a local buffer with the arena's key; throws if it is not
     /// inside one area or the arena's rights lack A.
-    template <access A>
+    template <rights A>
     [[nodiscard]] local_buffer<A> local(const void* p, std::size_t n) const {
         const area& a = checked_area<A>(p, n, "local");
         return {static_cast<std::byte*>(const_cast<void*>(p)), static_cast<std::uint32_t>(n),
                 a.keys.lkey};
     }
     /// The token a peer needs to address [p, p + n).
-    template <access A>
+    template <rights A>
     [[nodiscard]] remote_buffer<A> remote(const void* p, std::size_t n) const {
         const area& a = checked_area<A>(p, n, "remote");
         return {reinterpret_cast<std::uintptr_t>(p), n, a.keys.rkey, 0};
@@ -309,7 +309,7 @@ private:
         return areas_by_address_.find(a);
     }
 
-    template <access A>
+    template <rights A>
     const area& checked_area(const void* p, std::size_t n, const char* what) const {
         const area* a = area_of(p);
         const auto at = reinterpret_cast<std::uintptr_t>(p);
@@ -317,7 +317,7 @@ private:
         if (a == nullptr || n == 0 || n > UINT32_MAX || n > base + a->m.bytes - at)
             throw_error("registered_arena", ERANGE,
                         fmt::format("{}({}, {}) is not inside one area of the arena", what, p, n));
-        if (!has(opt_.rights, A))
+        if (!has(opt_.area_rights, A))
             throw_error(
                 "registered_arena", EACCES,
                 fmt::format("{}: the arena's registrations lack the rights asked for", what));
@@ -503,7 +503,7 @@ private:
         fresh->m = detail::map_area(bytes, opt_.area_bytes, opt_.huge_pages);
         try {
             std::lock_guard r(registrar_mutex_);
-            fresh->reg = reg_.reg(fresh->m.base, fresh->m.bytes, opt_.rights);
+            fresh->reg = reg_.reg(fresh->m.base, fresh->m.bytes, opt_.area_rights);
         } catch (...) {
             detail::unmap_area(fresh->m);
             throw;

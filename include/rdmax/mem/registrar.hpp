@@ -12,7 +12,7 @@
 #include <infiniband/verbs.h>
 
 #include <rdmax/error.hpp>
-#include <rdmax/mem/access.hpp>
+#include <rdmax/mem/rights.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 
 namespace rdmax {
@@ -27,9 +27,9 @@ struct mr_keys {
 /// idle registrations and tries once more); dereg() never fails.
 template <class R>
 concept registrar =
-    requires(R& r, void* addr, std::size_t len, access rights, typename R::handle h) {
+    requires(R& r, void* addr, std::size_t len, rights granted, typename R::handle h) {
         typename R::handle;
-        { r.reg(addr, len, rights) } -> std::same_as<typename R::handle>;
+        { r.reg(addr, len, granted) } -> std::same_as<typename R::handle>;
         { r.dereg(h) } noexcept;
         { R::keys(h) } noexcept -> std::same_as<mr_keys>;
     };
@@ -44,8 +44,8 @@ public:
         : pd_(&pd)
         , extra_(on_demand ? IBV_ACCESS_ON_DEMAND : 0) {}
 
-    [[nodiscard]] handle reg(void* addr, std::size_t len, access rights) {
-        ibv_mr* mr = ibv_reg_mr(pd_->get(), addr, len, to_ibv(rights) | extra_);
+    [[nodiscard]] handle reg(void* addr, std::size_t len, rights granted) {
+        ibv_mr* mr = ibv_reg_mr(pd_->get(), addr, len, to_ibv(granted) | extra_);
         if (mr == nullptr)
             throw_error("ibv_reg_mr", errno, fmt::format("{} bytes at {}", len, addr));
         return mr;
@@ -64,7 +64,7 @@ public:
     struct record {
         std::uintptr_t addr;
         std::size_t len;
-        access rights;
+        rights granted;
         std::uint32_t key;
     };
     using handle = record*;
@@ -77,7 +77,7 @@ public:
     int fail_errno = ENOMEM;
     std::size_t fail_next = 0;
 
-    [[nodiscard]] handle reg(void* addr, std::size_t len, access rights) {
+    [[nodiscard]] handle reg(void* addr, std::size_t len, rights granted) {
         if (fail_next > 0) {
             --fail_next;
             throw_error("counting_registrar", fail_errno);
@@ -85,7 +85,7 @@ public:
         ++regs;
         ++live;
         live_bytes += len;
-        return new record{reinterpret_cast<std::uintptr_t>(addr), len, rights,
+        return new record{reinterpret_cast<std::uintptr_t>(addr), len, granted,
                           static_cast<std::uint32_t>(regs)};
     }
     void dereg(handle h) noexcept {

@@ -54,13 +54,13 @@
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
-#include <rdmax/mem/access.hpp>
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/mem/fork_policy.hpp>
 #include <rdmax/mem/monitor.hpp>
 #include <rdmax/mem/page_table.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registrar.hpp>
+#include <rdmax/mem/rights.hpp>
 
 namespace rdmax {
 
@@ -95,20 +95,20 @@ public:
         /// than what was asked for, after merging).
         [[nodiscard]] std::uintptr_t start() const noexcept { return e_->start; }
         [[nodiscard]] std::uintptr_t end() const noexcept { return e_->end; }
-        [[nodiscard]] access rights() const noexcept { return e_->rights; }
+        [[nodiscard]] rights granted() const noexcept { return e_->granted; }
         [[nodiscard]] std::uint32_t lkey() const noexcept { return e_->keys.lkey; }
         [[nodiscard]] std::uint32_t rkey() const noexcept { return e_->keys.rkey; }
 
         /// [addr, addr + len) as a local buffer with rights A; throws if the
         /// registration does not cover it with those rights.
-        template <access A>
+        template <rights A>
         [[nodiscard]] local_buffer<A> local(const void* addr, std::size_t len) const {
             check<A>(addr, len, "local");
             return {static_cast<std::byte*>(const_cast<void*>(addr)),
                     static_cast<std::uint32_t>(len), e_->keys.lkey};
         }
         /// The token a peer needs to address [addr, addr + len).
-        template <access A>
+        template <rights A>
         [[nodiscard]] remote_buffer<A> remote(const void* addr, std::size_t len) const {
             check<A>(addr, len, "remote");
             return {reinterpret_cast<std::uintptr_t>(addr), len, e_->keys.rkey, 0};
@@ -131,10 +131,10 @@ public:
             : cache_(c)
             , e_(e)
             , users_(users) {}
-        template <access A>
+        template <rights A>
         void check(const void* addr, std::size_t len, const char* what) const {
             const auto a = reinterpret_cast<std::uintptr_t>(addr);
-            if (e_ == nullptr || a < e_->start || len > e_->end - a || !has(e_->rights, A) ||
+            if (e_ == nullptr || a < e_->start || len > e_->end - a || !has(e_->granted, A) ||
                 len > UINT32_MAX)
                 throw_error(
                     "registration_cache::handle", ERANGE,
@@ -183,7 +183,7 @@ public:
         }
 
         /// As registration_cache::get.
-        template <access A>
+        template <rights A>
         [[nodiscard]] handle get(const void* addr, std::size_t len) {
             const auto a = reinterpret_cast<std::uintptr_t>(addr);
             registration_cache& c = *cache_;
@@ -211,11 +211,11 @@ public:
         }
 
         /// As registration_cache::local and remote.
-        template <access A>
+        template <rights A>
         [[nodiscard]] held<local_buffer<A>> local(const void* addr, std::size_t len) {
             return hold_local<A>(get<A>(addr, len), addr, len);
         }
-        template <access A>
+        template <rights A>
         [[nodiscard]] held<remote_buffer<A>> remote(const void* addr, std::size_t len) {
             return hold_remote<A>(get<A>(addr, len), addr, len);
         }
@@ -285,7 +285,7 @@ public:
     /// A registration containing [addr, addr + len) with at least rights A.
     /// Throws rdmax::error if registering fails (after evicting idle
     /// registrations and trying once more when the cause was a lack of resources).
-    template <access A>
+    template <rights A>
     [[nodiscard]] handle get(const void* addr, std::size_t len) {
         const auto a = reinterpret_cast<std::uintptr_t>(addr);
         if (len == 0 || a + len < a)
@@ -313,21 +313,21 @@ public:
             }
         }
         // Verbs refuse remote write or atomic without local write: grant it.
-        constexpr access registered_rights = valid(A) ? A : A | access::local_write;
+        constexpr rights registered_rights = valid(A) ? A : A | rights::local_write;
         return miss(start, end, registered_rights);
     }
 
     /// [addr, addr + len) as a local buffer (an SGE) with the cache's key:
-    ///     auto src = cache.local<access::local_read>(data, n);
+    ///     auto src = cache.local<rights::local_read>(data, n);
     ///     qp.write(src.buffer, peer, 0, wr_id); // keep src until it completes
     /// Throws as get() does, or EINVAL above 4 GiB (one SGE's limit).
-    template <access A>
+    template <rights A>
     [[nodiscard]] held<local_buffer<A>> local(const void* addr, std::size_t len) {
         return hold_local<A>(get<A>(addr, len), addr, len);
     }
 
     /// [addr, addr + len) as the token a peer uses to address it.
-    template <access A>
+    template <rights A>
     [[nodiscard]] held<remote_buffer<A>> remote(const void* addr, std::size_t len) {
         return hold_remote<A>(get<A>(addr, len), addr, len);
     }
@@ -386,12 +386,12 @@ public:
 
 private:
     /// A handle and the buffer it covers, for local() and remote().
-    template <access A>
+    template <rights A>
     static held<local_buffer<A>> hold_local(handle h, const void* addr, std::size_t len) {
         auto b = h.template local<A>(addr, len);
         return {std::move(h), b};
     }
-    template <access A>
+    template <rights A>
     static held<remote_buffer<A>> hold_remote(handle h, const void* addr, std::size_t len) {
         auto b = h.template remote<A>(addr, len);
         return {std::move(h), b};
@@ -419,7 +419,7 @@ private:
         typename Registrar::handle reg{};
         [[no_unique_address]] typename Monitor::token watch{};
         mr_keys keys;
-        access rights = access::local_read;
+        rights granted = rights::local_read;
         std::atomic<std::uint64_t> state{dead};
         std::atomic<bool> referenced{false};
     };
@@ -434,13 +434,13 @@ private:
                                          boost::intrusive::compare<by_start>>;
     using ring_t = boost::intrusive::list<entry, boost::intrusive::base_hook<ring_hook>>;
 
-    [[nodiscard]] bool usable(const entry& e, access want) const noexcept {
-        return has(e.rights, want) && mon_.valid(e.watch);
+    [[nodiscard]] bool usable(const entry& e, rights want) const noexcept {
+        return has(e.granted, want) && mon_.valid(e.watch);
     }
 
     /// The hit path, without a lock: a referenced live entry that covers
     /// [start, end) with rights `want`, or nullptr.
-    [[nodiscard]] entry* try_hit(std::uintptr_t start, std::uintptr_t end, access want) noexcept {
+    [[nodiscard]] entry* try_hit(std::uintptr_t start, std::uintptr_t end, rights want) noexcept {
         entry* e = pages_.find(start);
         if (e == nullptr)
             return nullptr;
@@ -505,7 +505,7 @@ private:
         return it;
     }
 
-    handle miss(std::uintptr_t start, std::uintptr_t end, access want) {
+    handle miss(std::uintptr_t start, std::uintptr_t end, rights want) {
         std::unique_lock lock(mutex_);
         misses_.fetch_add(1, std::memory_order_relaxed);
         if (mon_.pending())
@@ -520,7 +520,7 @@ private:
         }
         // Merge with everything it overlaps or touches, widening the rights.
         std::uintptr_t lo = start, hi = end;
-        access rights = want;
+        rights widened = want;
         std::size_t merged = 0;
         for (auto it = first_touching(start); it != tree_.end() && it->start <= end;) {
             entry& e = *it++;
@@ -531,7 +531,7 @@ private:
             }
             lo = std::min(lo, e.start);
             hi = std::max(hi, e.end);
-            rights = rights | e.rights;
+            widened = widened | e.granted;
             ++merged;
         }
         entry* fresh = nullptr;
@@ -539,7 +539,7 @@ private:
             fresh = make_entry(start, end, want);
         } else {
             try {
-                fresh = make_entry(lo, hi, rights);
+                fresh = make_entry(lo, hi, widened);
             } catch (const rdmax::error& err) {
                 // The union may not be registrable (read-only pages under a
                 // request for write, say): serve this request alone, uncached,
@@ -596,7 +596,7 @@ private:
 
     /// A registration for this request only, outside the tree; its handle's
     /// release deregisters it.
-    handle uncached(std::uintptr_t start, std::uintptr_t end, access want) {
+    handle uncached(std::uintptr_t start, std::uintptr_t end, rights want) {
         entry* e = make_entry(start, end, want);
         e->state.store(dead | one_ref, std::memory_order_relaxed);
         uncached_.fetch_add(1, std::memory_order_relaxed);
@@ -605,15 +605,15 @@ private:
 
     /// Registers [start, end) and watches it; on a lack of resources, evicts
     /// every idle registration and tries once more.
-    entry* make_entry(std::uintptr_t start, std::uintptr_t end, access rights) {
+    entry* make_entry(std::uintptr_t start, std::uintptr_t end, rights granted) {
         std::unique_ptr<entry, recycler> e(take_entry(), recycler{this});
         e->start = start;
         e->end = end;
-        e->rights = rights;
+        e->granted = granted;
         // Watch first, so that an unmap racing with the registration is seen.
         e->watch = mon_.watch(start, end - start);
         try {
-            e->reg = register_range(start, end, rights);
+            e->reg = register_range(start, end, granted);
         } catch (...) {
             mon_.unwatch(e->watch);
             throw;
@@ -624,16 +624,16 @@ private:
     }
 
     typename Registrar::handle register_range(std::uintptr_t start, std::uintptr_t end,
-                                              access rights) {
+                                              rights granted) {
         void* addr = reinterpret_cast<void*>(start);
         try {
-            return reg_.reg(addr, end - start, rights);
+            return reg_.reg(addr, end - start, granted);
         } catch (const rdmax::error& err) {
             const int code = err.code().value();
             if (code != ENOMEM && code != EAGAIN && code != EPERM)
                 throw;
             evict_idle(SIZE_MAX); // pinned memory or MR slots ran out: make room
-            return reg_.reg(addr, end - start, rights);
+            return reg_.reg(addr, end - start, granted);
         }
     }
 

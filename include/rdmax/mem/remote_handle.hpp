@@ -10,8 +10,8 @@
 
 #include <infiniband/verbs.h>
 
-#include <rdmax/mem/access.hpp>
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/rights.hpp>
 #include <rdmax/status.hpp>
 #include <rdmax/verbs/queue_pair.hpp>
 
@@ -22,13 +22,13 @@ struct remote_handle {
     std::uint64_t addr = 0;   ///< the window's first byte, in the owner's address space
     std::uint64_t length = 0; ///< bytes in the window
     std::uint32_t rkey = 0;
-    std::uint32_t rights = 0; ///< the access bits granted (remote read, write, atomic)
+    std::uint32_t granted = 0; ///< the rights granted (remote read, write, atomic), as bits
 
-    [[nodiscard]] bool permits(access a) const noexcept {
-        return (rights & static_cast<std::uint32_t>(a)) == static_cast<std::uint32_t>(a);
+    [[nodiscard]] bool permits(rights a) const noexcept {
+        return (granted & static_cast<std::uint32_t>(a)) == static_cast<std::uint32_t>(a);
     }
     /// ok, out_of_range, zero_length or not_permitted for [offset, offset + len).
-    [[nodiscard]] status check(access a, std::uint64_t offset, std::uint64_t len) const noexcept {
+    [[nodiscard]] status check(rights a, std::uint64_t offset, std::uint64_t len) const noexcept {
         if (!permits(a))
             return status::not_permitted;
         if (len == 0)
@@ -42,23 +42,23 @@ static_assert(std::is_trivially_copyable_v<remote_handle> && sizeof(remote_handl
 
 /// RDMA-reads [offset, offset + dst.length) of the handle's window into dst,
 /// after checking bounds and rights. noexcept: a status, as the data path does.
-template <access L>
-    requires(has(L, access::local_write))
+template <rights L>
+    requires(has(L, rights::local_write))
 status read(verbs::queue_pair<verbs::rc>& qp, local_buffer<L> dst, const remote_handle& h,
             std::uint64_t offset, std::uint64_t wr_id) noexcept {
-    if (const status s = h.check(access::remote_read, offset, dst.length); s != status::ok)
+    if (const status s = h.check(rights::remote_read, offset, dst.length); s != status::ok)
         return s;
-    return qp.read(dst, remote_buffer<access::remote_read>{h.addr, h.length, h.rkey, 0}, offset,
+    return qp.read(dst, remote_buffer<rights::remote_read>{h.addr, h.length, h.rkey, 0}, offset,
                    wr_id);
 }
 
 /// RDMA-writes src into the handle's window at offset, after the same checks.
-template <access L>
+template <rights L>
 status write(verbs::queue_pair<verbs::rc>& qp, local_buffer<L> src, const remote_handle& h,
              std::uint64_t offset, std::uint64_t wr_id) noexcept {
-    if (const status s = h.check(access::remote_write, offset, src.length); s != status::ok)
+    if (const status s = h.check(rights::remote_write, offset, src.length); s != status::ok)
         return s;
-    return qp.write(src, remote_buffer<access::remote_write>{h.addr, h.length, h.rkey, 0}, offset,
+    return qp.write(src, remote_buffer<rights::remote_write>{h.addr, h.length, h.rkey, 0}, offset,
                     wr_id);
 }
 

@@ -4,7 +4,7 @@
 // and RDMAX_RCACHE_* applied to the options unless the caller passes its own.
 //
 //     auto cache = rdmax::make_verbs_cache(pd);
-//     auto src = cache.local<rdmax::access::local_read>(data, n);
+//     auto src = cache.local<rdmax::rights::local_read>(data, n);
 //     qp.write(src.buffer, peer, 0, wr_id); // keep src until the write completes
 
 #include <cerrno>

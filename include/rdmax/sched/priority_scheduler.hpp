@@ -117,16 +117,16 @@ public:
     // ---- submission -------------------------------------------------------------------------
 
     /// RDMA write of `src` to dst + dst_offset, sliced.
-    template <access L, access R>
-        requires(has(R, access::remote_write))
+    template <rights L, rights R>
+        requires(has(R, rights::remote_write))
     status write(priority p, local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
                  std::uint64_t wr_id, request_flags f = {}) noexcept {
         return submit(p, IBV_WR_RDMA_WRITE, src, remote_view(dst), dst_offset, std::nullopt, wr_id,
                       f);
     }
     /// RDMA write whose immediate arrives with the last slice.
-    template <access L, access R>
-        requires(has(R, access::remote_write))
+    template <rights L, rights R>
+        requires(has(R, rights::remote_write))
     status write_imm(priority p, local_buffer<L> src, remote_buffer<R> dst,
                      std::uint64_t dst_offset, std::uint32_t imm, std::uint64_t wr_id,
                      request_flags f = {}) noexcept {
@@ -134,20 +134,20 @@ public:
                       f);
     }
     /// RDMA read of src + src_offset into `dst`, sliced.
-    template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_read))
+    template <rights L, rights R>
+        requires(has(L, rights::local_write) && has(R, rights::remote_read))
     status read(priority p, local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
                 std::uint64_t wr_id, request_flags f = {}) noexcept {
         return submit(p, IBV_WR_RDMA_READ, dst, remote_view(src), src_offset, std::nullopt, wr_id,
                       f);
     }
     /// A send, posted whole (the peer's receive must hold all of it).
-    template <access L>
+    template <rights L>
     status send(priority p, local_buffer<L> src, std::uint64_t wr_id,
                 request_flags f = {}) noexcept {
         return submit(p, IBV_WR_SEND, src, std::nullopt, 0, std::nullopt, wr_id, f);
     }
-    template <access L>
+    template <rights L>
     status send_imm(priority p, local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
                     request_flags f = {}) noexcept {
         return submit(p, IBV_WR_SEND_WITH_IMM, src, std::nullopt, 0, imm, wr_id, f);
@@ -246,8 +246,8 @@ private:
     }
 
     /// The typed calls checked the rights; past them a buffer is its bytes and key.
-    using local_view = local_buffer<access::local_read>;
-    using remote_view = remote_buffer<access::local_read>;
+    using local_view = local_buffer<rights::local_read>;
+    using remote_view = remote_buffer<rights::local_read>;
 
     status submit(priority p, ibv_wr_opcode op, local_view local, std::optional<remote_view> remote,
                   std::uint64_t remote_offset, std::optional<std::uint32_t> imm,

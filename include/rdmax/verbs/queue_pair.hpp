@@ -121,67 +121,67 @@ public:
 
     [[nodiscard]] std::uint32_t size() const noexcept { return count_; }
 
-    template <access L, access R>
-        requires(has(R, access::remote_write))
+    template <rights L, rights R>
+        requires(has(R, rights::remote_write))
     status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
                  std::uint64_t wr_id, send_flags f = {}) noexcept {
         return rdma(IBV_WR_RDMA_WRITE, std::span<const local_buffer<L>>(&src, 1), dst, dst_offset,
                     wr_id, f, std::nullopt);
     }
-    template <access L, access R>
-        requires(has(R, access::remote_write))
+    template <rights L, rights R>
+        requires(has(R, rights::remote_write))
     status write(std::span<const local_buffer<L>> srcs, remote_buffer<R> dst,
                  std::uint64_t dst_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return rdma(IBV_WR_RDMA_WRITE, srcs, dst, dst_offset, wr_id, f, std::nullopt);
     }
     /// RDMA write whose immediate arrives with a receive completion at the peer.
-    template <access L, access R>
-        requires(has(R, access::remote_write))
+    template <rights L, rights R>
+        requires(has(R, rights::remote_write))
     status write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
                      std::uint32_t imm, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return rdma(IBV_WR_RDMA_WRITE_WITH_IMM, std::span<const local_buffer<L>>(&src, 1), dst,
                     dst_offset, wr_id, f, imm);
     }
     /// RDMA read into local memory, which must allow local writes.
-    template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_read))
+    template <rights L, rights R>
+        requires(has(L, rights::local_write) && has(R, rights::remote_read))
     status read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
                 std::uint64_t wr_id, send_flags f = {}) noexcept {
         f.force_inline = false;
         return rdma(IBV_WR_RDMA_READ, std::span<const local_buffer<L>>(&dst, 1), src, src_offset,
                     wr_id, f, std::nullopt);
     }
-    template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_read))
+    template <rights L, rights R>
+        requires(has(L, rights::local_write) && has(R, rights::remote_read))
     status read(std::span<const local_buffer<L>> dsts, remote_buffer<R> src,
                 std::uint64_t src_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
         f.force_inline = false;
         return rdma(IBV_WR_RDMA_READ, dsts, src, src_offset, wr_id, f, std::nullopt);
     }
-    template <access L>
+    template <rights L>
     status send(local_buffer<L> src, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return message(std::span<const local_buffer<L>>(&src, 1), wr_id, f, std::nullopt, nullptr);
     }
-    template <access L>
+    template <rights L>
     status send(std::span<const local_buffer<L>> srcs, std::uint64_t wr_id,
                 send_flags f = {}) noexcept {
         return message(srcs, wr_id, f, std::nullopt, nullptr);
     }
-    template <access L>
+    template <rights L>
     status send_imm(local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
                     send_flags f = {}) noexcept {
         return message(std::span<const local_buffer<L>>(&src, 1), wr_id, f, imm, nullptr);
     }
     /// UD send to `to`.
-    template <access L>
+    template <rights L>
     status send_to(local_buffer<L> src, const address_handle& to, std::uint64_t wr_id,
                    send_flags f = {}) noexcept {
         return message(std::span<const local_buffer<L>>(&src, 1), wr_id, f, std::nullopt, &to);
     }
     /// If the 8 bytes at dst + offset equal `expected`, store `desired`; the old
     /// value lands in `result` (8 bytes) either way.
-    template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    template <rights L, rights R>
+        requires(has(L, rights::local_write) && has(R, rights::remote_atomic))
     status compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
                         std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
                         send_flags f = {}) noexcept {
@@ -189,8 +189,8 @@ public:
                       dst_offset, expected, desired, wr_id, f);
     }
     /// Adds `add` to the 8 bytes at dst + offset; the old value lands in `result`.
-    template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    template <rights L, rights R>
+        requires(has(L, rights::local_write) && has(R, rights::remote_atomic))
     status fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
                      std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return atomic(IBV_WR_ATOMIC_FETCH_AND_ADD, as_sge(result), dst.addr, dst.length, dst.rkey,
@@ -203,13 +203,13 @@ public:
     /// no handle of an earlier binding matches. The window then answers only
     /// to requests that arrive on this queue pair (type 2 is tied to the QP it
     /// was bound through). `mr` must have been registered with
-    /// access::mw_bind, and with local_write when `rights` include remote
+    /// rights::mw_bind, and with local_write when `rights` include remote
     /// write or atomic: ibv_mr does not say, and the device fails such a bind
     /// (IBV_WC_MW_BIND_ERR), which takes the queue pair to the error state.
     /// Once the bind has completed, set mw->rkey = rkey: the provider names
     /// the window by mw->rkey in the next bind.
     status bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint64_t addr,
-                   std::uint64_t length, access rights, std::uint64_t wr_id,
+                   std::uint64_t length, rights window_rights, std::uint64_t wr_id,
                    send_flags f = {}) noexcept;
     /// Invalidates the memory window whose key is `rkey` (IBV_WR_LOCAL_INV):
     /// once this completes the device refuses the key, and a type-2 window
@@ -226,11 +226,11 @@ private:
     // The scheduler stages slices it has already checked against typed buffers.
     friend class rdmax::sched::queue_pair_port;
 
-    template <access L>
+    template <rights L>
     static ibv_sge as_sge(const local_buffer<L>& b) noexcept {
         return {reinterpret_cast<std::uint64_t>(b.addr), b.length, b.lkey};
     }
-    template <access L>
+    template <rights L>
     status rdma(ibv_wr_opcode op, std::span<const local_buffer<L>> locals, const auto& remote,
                 std::uint64_t offset, std::uint64_t wr_id, send_flags f,
                 std::optional<std::uint32_t> imm) noexcept {
@@ -241,7 +241,7 @@ private:
         return stage_rdma(op, locals.size(), total, remote.addr, remote.length, remote.rkey, offset,
                           wr_id, f, imm);
     }
-    template <access L>
+    template <rights L>
     status message(std::span<const local_buffer<L>> locals, std::uint64_t wr_id, send_flags f,
                    std::optional<std::uint32_t> imm, const address_handle* to) noexcept {
         ibv_sge* sges = nullptr;
@@ -251,7 +251,7 @@ private:
         return stage_message(locals.size(), total, wr_id, f, imm, to);
     }
     /// Copies the buffers into the next staging slot's SGEs.
-    template <access L>
+    template <rights L>
     status gather(std::span<const local_buffer<L>> locals, ibv_sge*& sges,
                   std::uint64_t& total) noexcept {
         if (status s = reserve(locals.size(), sges); s != status::ok)
@@ -329,16 +329,16 @@ public:
 
     /// Posts a receive into `dst`, which must allow local writes. (UD: leave
     /// ud_grh_bytes of room ahead of the payload.)
-    template <access A>
-        requires(has(A, access::local_write))
+    template <rights A>
+        requires(has(A, rights::local_write))
     status post_recv(local_buffer<A> dst, std::uint64_t wr_id) noexcept {
         if (dst.length == 0)
             return status::zero_length;
         ibv_sge sge{reinterpret_cast<std::uint64_t>(dst.addr), dst.length, dst.lkey};
         return post_recv_sges(&sge, 1, wr_id);
     }
-    template <access A>
-        requires(has(A, access::local_write))
+    template <rights A>
+        requires(has(A, rights::local_write))
     status post_recv(std::span<const local_buffer<A>> dsts, std::uint64_t wr_id) noexcept {
         if (dsts.size() > max_recv_sge_)
             return status::too_many_sge;
@@ -430,36 +430,36 @@ public:
     /// INIT -> RTR -> RTS against the peer's endpoint (exchanged out of band).
     void connect(const qp_endpoint& remote);
 
-    template <access L, access R>
-        requires(has(R, access::remote_write))
+    template <rights L, rights R>
+        requires(has(R, rights::remote_write))
     status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
                  std::uint64_t wr_id, send_flags f = {}) noexcept {
         return post_one([&](send_batch& b) { return b.write(src, dst, dst_offset, wr_id, f); });
     }
-    template <access L, access R>
-        requires(has(R, access::remote_write))
+    template <rights L, rights R>
+        requires(has(R, rights::remote_write))
     status write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
                      std::uint32_t imm, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return post_one(
             [&](send_batch& b) { return b.write_imm(src, dst, dst_offset, imm, wr_id, f); });
     }
-    template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_read))
+    template <rights L, rights R>
+        requires(has(L, rights::local_write) && has(R, rights::remote_read))
     status read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
                 std::uint64_t wr_id, send_flags f = {}) noexcept {
         return post_one([&](send_batch& b) { return b.read(dst, src, src_offset, wr_id, f); });
     }
-    template <access L>
+    template <rights L>
     status send(local_buffer<L> src, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return post_one([&](send_batch& b) { return b.send(src, wr_id, f); });
     }
-    template <access L>
+    template <rights L>
     status send_imm(local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
                     send_flags f = {}) noexcept {
         return post_one([&](send_batch& b) { return b.send_imm(src, imm, wr_id, f); });
     }
-    template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    template <rights L, rights R>
+        requires(has(L, rights::local_write) && has(R, rights::remote_atomic))
     status compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
                         std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
                         send_flags f = {}) noexcept {
@@ -467,8 +467,8 @@ public:
             return b.compare_swap(result, dst, dst_offset, expected, desired, wr_id, f);
         });
     }
-    template <access L, access R>
-        requires(has(L, access::local_write) && has(R, access::remote_atomic))
+    template <rights L, rights R>
+        requires(has(L, rights::local_write) && has(R, rights::remote_atomic))
     status fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
                      std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
         return post_one(
@@ -476,10 +476,11 @@ public:
     }
     /// See send_batch::bind_mw.
     status bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint64_t addr,
-                   std::uint64_t length, access rights, std::uint64_t wr_id,
+                   std::uint64_t length, rights window_rights, std::uint64_t wr_id,
                    send_flags f = {}) noexcept {
-        return post_one(
-            [&](send_batch& b) { return b.bind_mw(mw, rkey, mr, addr, length, rights, wr_id, f); });
+        return post_one([&](send_batch& b) {
+            return b.bind_mw(mw, rkey, mr, addr, length, window_rights, wr_id, f);
+        });
     }
     /// See send_batch::local_invalidate.
     status local_invalidate(std::uint32_t rkey, std::uint64_t wr_id, send_flags f = {}) noexcept {
@@ -499,7 +500,7 @@ class queue_pair<ud> : public queue_pair_base {
 public:
     queue_pair(const protection_domain& pd, const qp_config& cfg = {});
 
-    template <access L>
+    template <rights L>
     status send_to(local_buffer<L> src, const address_handle& to, std::uint64_t wr_id,
                    send_flags f = {}) noexcept {
         return post_one([&](send_batch& b) { return b.send_to(src, to, wr_id, f); });

@@ -31,8 +31,8 @@ public:
     [[nodiscard]] int last_errno() const noexcept { return last_errno_; }
 
     /// Posts one receive into `dst` (which must allow local writes).
-    template <access A>
-        requires(has(A, access::local_write))
+    template <rights A>
+        requires(has(A, rights::local_write))
     status post_recv(local_buffer<A> dst, std::uint64_t wr_id) noexcept {
         if (dst.length == 0)
             return status::zero_length;

@@ -6,7 +6,7 @@
 
 namespace rdmax {
 
-enum class access : int {
+enum class rights : int {
     local_read = 0, ///< always granted
     local_write = IBV_ACCESS_LOCAL_WRITE,
     remote_write = IBV_ACCESS_REMOTE_WRITE,
@@ -18,32 +18,32 @@ enum class access : int {
     mw_bind = IBV_ACCESS_MW_BIND,
 };
 
-[[nodiscard]] constexpr access operator|(access a, access b) noexcept {
-    return static_cast<access>(static_cast<int>(a) | static_cast<int>(b));
+[[nodiscard]] constexpr rights operator|(rights a, rights b) noexcept {
+    return static_cast<rights>(static_cast<int>(a) | static_cast<int>(b));
 }
 
 /// True when `set` includes every right in `wanted`.
-[[nodiscard]] constexpr bool has(access set, access wanted) noexcept {
+[[nodiscard]] constexpr bool has(rights set, rights wanted) noexcept {
     return (static_cast<int>(set) & static_cast<int>(wanted)) == static_cast<int>(wanted);
 }
 
 /// The verbs flags for ibv_reg_mr.
-[[nodiscard]] constexpr int to_ibv(access a) noexcept {
+[[nodiscard]] constexpr int to_ibv(rights a) noexcept {
     return static_cast<int>(a);
 }
 
 /// Rights the verbs specification forbids alone: remote write and remote
 /// atomic need local write too (ibv_reg_mr fails with EINVAL otherwise).
-[[nodiscard]] constexpr bool valid(access a) noexcept {
-    return has(a, access::local_write) ||
-           (!has(a, access::remote_write) && !has(a, access::remote_atomic));
+[[nodiscard]] constexpr bool valid(rights a) noexcept {
+    return has(a, rights::local_write) ||
+           (!has(a, rights::remote_write) && !has(a, rights::remote_atomic));
 }
 
-inline constexpr access access_all =
-    access::local_write | access::remote_write | access::remote_read | access::remote_atomic;
+inline constexpr rights all_rights =
+    rights::local_write | rights::remote_write | rights::remote_read | rights::remote_atomic;
 
 /// The rights a peer can be granted (a remote_handle's, a memory window's).
-inline constexpr access remote_rights =
-    access::remote_write | access::remote_read | access::remote_atomic;
+inline constexpr rights remote_rights =
+    rights::remote_write | rights::remote_read | rights::remote_atomic;
 
 } // namespace rdmax

@@ -49,7 +49,8 @@ int run(const char* device, std::size_t count, std::size_t size) {
 
     const auto t0 = steady::now();
     for (std::size_t i = 0; i < count; ++i) {
-        ibv_mr* mr = ibv_reg_mr(pd.get(), buf, size, IBV_ACCESS_LOCAL_WRITE);
+        // An int, as ibv_reg_mr's macro tests it against another enum's flag.
+        ibv_mr* mr = ibv_reg_mr(pd.get(), buf, size, static_cast<int>(IBV_ACCESS_LOCAL_WRITE));
         if (mr == nullptr)
             throw_error("ibv_reg_mr", errno);
         ibv_dereg_mr(mr);

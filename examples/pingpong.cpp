@@ -206,8 +206,8 @@ struct buffers {
         : size(message_size)
         , bytes(std::size_t{size} * (1 + recv_slots))
         , mr(pd, bytes) {}
-    local_buffer<rights::local_write> send() const { return mr.local(0, size); }
-    local_buffer<rights::local_write> recv(std::uint64_t k) const {
+    [[nodiscard]] local_buffer<rights::local_write> send() const { return mr.local(0, size); }
+    [[nodiscard]] local_buffer<rights::local_write> recv(std::uint64_t k) const {
         return mr.local((1 + k) * size, size);
     }
 };
@@ -271,7 +271,7 @@ int serve(options o) {
 
 void print_latency(std::vector<double> us) {
     std::sort(us.begin(), us.end());
-    const double n = static_cast<double>(us.size());
+    const auto n = static_cast<double>(us.size());
     // Nearest rank: the smallest sample that q of all samples do not exceed.
     const auto rank = [&](double q) { return us[static_cast<std::size_t>(std::ceil(q * n)) - 1]; };
     fmt::print("[client] round-trip latency (us): min {:.1f}  median {:.1f}  avg {:.1f}  p99 "

@@ -346,6 +346,7 @@ lookup_result measure_lookup(const cache_options& opt, const mapping& area, std:
         fail("the cycle counter did not advance");
     const auto to_ns = [&](const std::vector<std::uint64_t>& c) {
         std::vector<double> ns;
+        ns.reserve(c.size());
         for (const std::uint64_t x : c)
             ns.push_back(static_cast<double>(x) * 1000.0 / per_us /
                          static_cast<double>(indices.size()));

@@ -57,6 +57,7 @@ summary time_ns(std::uint32_t batches, std::uint64_t per_batch, Body&& body) {
     rate.stop();
     if (rate.per_us() <= 0)
         fail("the cycle counter did not advance");
+    ns.reserve(c.size());
     for (const std::uint64_t x : c)
         ns.push_back(static_cast<double>(x) * 1000.0 / rate.per_us() /
                      static_cast<double>(per_batch));
@@ -118,6 +119,7 @@ summary munmap_cost(const bench_options& o) {
         c.push_back(cycles() - t0);
     }
     rate.stop();
+    us.reserve(c.size());
     for (const std::uint64_t x : c)
         us.push_back(static_cast<double>(x) / rate.per_us() / static_cast<double>(o.rounds));
     return summarize(std::move(us));

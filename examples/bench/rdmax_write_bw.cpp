@@ -80,7 +80,7 @@ bandwidth_stats summarize(std::uint32_t size, std::uint32_t iterations, std::uin
     s.msg_rate_Mpps = iterations / total_us;
     if (iterations > peak_iteration_limit)
         return s;
-    double best_cycles_per_write = static_cast<double>(marks.back().at - posted[0]);
+    auto best_cycles_per_write = static_cast<double>(marks.back().at - posted[0]);
     std::size_t first_mark = 0;
     for (std::uint32_t i = 0; i < iterations; i += post_list) {
         while (marks[first_mark].index < i)

@@ -35,3 +35,4 @@
 #include <rdmax/verbs/queue_pair.hpp>
 #include <rdmax/verbs/send_slots.hpp>
 #include <rdmax/verbs/shared_receive_queue.hpp>
+#include <rdmax/version.hpp>

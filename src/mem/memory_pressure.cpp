@@ -30,12 +30,12 @@ constexpr std::string_view trigger = "some 150000 2000000";
 class watcher {
 public:
     static watcher& get() {
-        static watcher* w = new watcher; // never destroyed: its thread may outlive main
+        static auto* w = new watcher; // never destroyed: its thread may outlive main
         return *w;
     }
 
-    bool ok() const noexcept { return fd_ >= 0; }
-    const std::string& why() const noexcept { return why_; }
+    [[nodiscard]] bool ok() const noexcept { return fd_ >= 0; }
+    [[nodiscard]] const std::string& why() const noexcept { return why_; }
 
     void add(memory_pressure_subscription::entry* e) {
         std::lock_guard g(mutex_);

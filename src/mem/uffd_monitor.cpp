@@ -97,7 +97,7 @@ public:
         return s;
     }
 
-    const std::atomic<bool>& reading() const noexcept { return reading_; }
+    [[nodiscard]] const std::atomic<bool>& reading() const noexcept { return reading_; }
 
     void subscribe(uffd_monitor::subscription& sub) {
         std::lock_guard lock(subs_mutex_);

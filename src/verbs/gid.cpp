@@ -13,9 +13,8 @@ constexpr std::array<std::uint8_t, 12> ipv4_mapped_prefix{0, 0, 0, 0, 0, 0, 0, 0
 gid gid::ipv4_mapped(std::uint32_t addr_host_order) noexcept {
     gid g;
     std::copy(ipv4_mapped_prefix.begin(), ipv4_mapped_prefix.end(), g.raw.begin());
-    for (int i = 0; i < 4; ++i)
-        g.raw[static_cast<std::size_t>(12 + i)] =
-            static_cast<std::uint8_t>(addr_host_order >> (24 - 8 * i));
+    for (std::size_t i = 0; i < 4; ++i)
+        g.raw[12 + i] = static_cast<std::uint8_t>(addr_host_order >> (24 - 8 * i));
     return g;
 }
 

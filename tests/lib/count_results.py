@@ -3,8 +3,9 @@
 
 Usage: count_results.py [--ci] PHASE=testlog.json ...
 Prints one line per phase and, last, "N passed, N failed, N skipped" alone on
-a line. With --ci a skipped rxe or kmod test counts as failed: in CI the device and
-the module are always there, so a skip there means the harness is broken.
+a line. With --ci a skipped rxe, kmod, install or tidy test counts as failed:
+in CI the device and the module are always there (and install and tidy have
+their packages), so a skip there means the harness is broken.
 """
 import json
 import sys
@@ -37,9 +38,9 @@ def main(argv):
             suite = name.split(" / ")[0].split(":")[-1]
             if result in PASS:
                 counts["passed"] += 1
-            elif result in SKIP and ci and suite in ("rxe", "kmod"):
+            elif result in SKIP and ci and suite in ("rxe", "kmod", "install", "tidy"):
                 counts["failed"] += 1
-                problems.append(f"{name} skipped, and with CI=true an rxe or kmod skip is a failure")
+                problems.append(f"{name} skipped, and with CI=true an rxe, kmod, install or tidy skip is a failure")
             elif result in SKIP:
                 counts["skipped"] += 1
             else:

@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
-#include <signal.h>
+#include <signal.h> // NOLINT(modernize-deprecated-headers): kill() is POSIX, not <csignal>
 #include <spawn.h>
 #include <string>
 #include <sys/wait.h>

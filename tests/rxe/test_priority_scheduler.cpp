@@ -301,6 +301,7 @@ TEST_CASE("scheduler: deficit round robin shares one queue pair; every byte arri
     CHECK(has_pattern(dst.bytes, 8));
     // FIFO within a level; level 1 finishes before any request of level 6.
     std::vector<std::uint64_t> order;
+    order.reserve(got.size());
     for (const auto& c : got)
         order.push_back(c.wr_id);
     CHECK(order == std::vector<std::uint64_t>{10, 11, 12, 13, 60, 61, 62, 63});

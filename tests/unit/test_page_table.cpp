@@ -22,7 +22,7 @@ constexpr std::uintptr_t pg = std::uintptr_t{1} << shift;
 TEST_CASE("page_table maps every page of a range to its value, at any alignment and size") {
     rdmax::page_table<value> t(shift);
     value a{1}, b{2}, c{3};
-    const std::uintptr_t base = std::uintptr_t{0x7f12'3450'0000};
+    const auto base = std::uintptr_t{0x7f12'3450'0000};
     t.insert(base + pg, base + 3 * pg, &a);                                 // two pages
     t.insert(base + 3 * pg, base + 3 * pg + (std::uintptr_t{1} << 30), &b); // a GiB, unaligned
     t.insert(std::uintptr_t{1} << 39, (std::uintptr_t{1} << 39) + (std::uintptr_t{1} << 21), &c);
@@ -53,7 +53,7 @@ TEST_CASE("page_table agrees with a plain map over 20000 random inserts and eras
     std::map<std::uintptr_t, std::pair<std::uintptr_t, value*>> model; // start -> (end, v)
     std::vector<value> values(64);
     std::mt19937_64 rng(7);
-    const std::uintptr_t base = std::uintptr_t{0x5500'0000'0000};
+    const auto base = std::uintptr_t{0x5500'0000'0000};
     const auto overlaps = [&](std::uintptr_t s, std::uintptr_t e) {
         auto it = model.upper_bound(s);
         if (it != model.begin() && std::prev(it)->second.first > s)

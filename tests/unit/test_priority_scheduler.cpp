@@ -303,6 +303,7 @@ TEST_CASE("strict priority: more urgent levels go first, FIFO within a level") {
     REQUIRE(s.write(urgent, local(0, 1000), remote(), 0, 5) == status::ok);
     const auto got = run(s, 1000);
     std::vector<std::uint64_t> order;
+    order.reserve(got.size());
     for (const auto& c : got)
         order.push_back(c.wr_id);
     CHECK(order == std::vector<std::uint64_t>{0, 3, 5, 2, 4, 1});

@@ -64,6 +64,7 @@ TEST_CASE("arena: blocks lie in one registered area, aligned, with that area's k
 TEST_CASE("arena: many small blocks share an area and one key; freed ones are reused") {
     arena_t a{counting_registrar{}, small()};
     std::vector<arena_t::block> blocks;
+    blocks.reserve(10000);
     for (int i = 0; i < 10000; ++i)
         blocks.push_back(a.allocate(64));
     CHECK(a.counters().areas_registered == 1); // 640 KB: one 2 MiB area
@@ -107,6 +108,7 @@ TEST_CASE("arena: freed areas stay registered up to the watermark; trim gives th
 TEST_CASE("arena: above the high watermark idle areas go back in the background") {
     arena_t a{counting_registrar{}, small(0)}; // keep nothing idle
     std::vector<arena_t::block> blocks;
+    blocks.reserve(4);
     for (int i = 0; i < 4; ++i)
         blocks.push_back(a.allocate(1500000));
     CHECK(a.registrar_ref().live == 4);

@@ -32,7 +32,7 @@ struct arena {
         auto p = reinterpret_cast<std::uintptr_t>(bytes.data());
         base = reinterpret_cast<std::byte*>((p + page - 1) & ~(page - 1));
     }
-    std::byte* at(std::size_t page_no, std::size_t offset = 0) const {
+    [[nodiscard]] std::byte* at(std::size_t page_no, std::size_t offset = 0) const {
         return base + page_no * page + offset;
     }
 };

@@ -39,7 +39,7 @@ struct mapping {
         std::memset(base, 1, len);
     }
     ~mapping() { munmap(base, len); }
-    std::byte* at(std::size_t page_no) const { return base + page_no * page; }
+    [[nodiscard]] std::byte* at(std::size_t page_no) const { return base + page_no * page; }
 };
 
 /// Whether a get() of [p, p + len) hits what is cached (no new registration).

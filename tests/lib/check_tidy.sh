@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Suite tidy: clang-tidy-16 with the project's .clang-tidy over every
+# translation unit in BUILD-DIR's compile_commands.json (the library, its
+# examples and its tests; the fuzz targets build elsewhere). Any finding fails.
+# SKIP (77) where clang-tidy-16 is not installed.
+#   check_tidy.sh BUILD-DIR SOURCE-DIR
+set -uo pipefail
+build=$1 source=$2
+tidy=${CLANG_TIDY:-clang-tidy-16}
+runner=${RUN_CLANG_TIDY:-run-clang-tidy-16}
+command -v "$tidy" >/dev/null 2>&1 && command -v "$runner" >/dev/null 2>&1 ||
+    { echo "SKIP: $tidy / $runner are not installed (apt-get install clang-tidy-16)"; exit 77; }
+cd "$source" || exit 1
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+# -quiet: only findings; the .clang-tidy at the top is found from each file.
+"$runner" -clang-tidy-binary "$(command -v "$tidy")" -p "$build" -j "$(nproc)" -quiet \
+    >"$out" 2>&1
+status=$?
+findings=$(grep -cE '(warning|error): ' "$out")
+if [ "$status" -ne 0 ] || [ "$findings" -ne 0 ]; then
+    grep -E -A3 '(warning|error): ' "$out" | head -200
+    echo "FAIL: clang-tidy reported $findings finding(s) (exit $status)"
+    exit 1
+fi
+echo "ok: $(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))))' "$build/compile_commands.json") translation units meet .clang-tidy"

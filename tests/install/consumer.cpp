@@ -1,12 +1,11 @@
 // A program outside the project, as a user would write it after
 // `meson install`: it finds rdmax through pkg-config alone, pulls in every
 // header through the umbrella one, and calls into the compiled library.
+#include <cstdio>
+#include <cstring>
 #include <unistd.h>
 
 #include <rdmax/rdmax.hpp>
-
-#include <cstdio>
-#include <cstring>
 
 using namespace rdmax;
 

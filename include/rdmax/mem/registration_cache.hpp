@@ -69,191 +69,15 @@ class registration_cache {
     struct entry;
 
 public:
-    /// A reference to a cached registration that covers what get() asked for.
-    class handle {
-    public:
-        handle() noexcept = default;
-        handle(handle&& o) noexcept
-            : cache_(std::exchange(o.cache_, nullptr))
-            , e_(std::exchange(o.e_, nullptr))
-            , users_(std::exchange(o.users_, nullptr)) {}
-        handle& operator=(handle&& o) noexcept {
-            if (this != &o) {
-                reset();
-                cache_ = std::exchange(o.cache_, nullptr);
-                e_ = std::exchange(o.e_, nullptr);
-                users_ = std::exchange(o.users_, nullptr);
-            }
-            return *this;
-        }
-        handle(const handle&) = delete;
-        handle& operator=(const handle&) = delete;
-        ~handle() { reset(); }
-
-        [[nodiscard]] explicit operator bool() const noexcept { return e_ != nullptr; }
-        /// The registration's page-aligned range and rights (it may be larger
-        /// than what was asked for, after merging).
-        [[nodiscard]] std::uintptr_t start() const noexcept { return e_->start; }
-        [[nodiscard]] std::uintptr_t end() const noexcept { return e_->end; }
-        [[nodiscard]] rights granted() const noexcept { return e_->granted; }
-        [[nodiscard]] std::uint32_t lkey() const noexcept { return e_->keys.lkey; }
-        [[nodiscard]] std::uint32_t rkey() const noexcept { return e_->keys.rkey; }
-
-        /// [addr, addr + len) as a local buffer with rights A; throws if the
-        /// registration does not cover it with those rights.
-        template <rights A>
-        [[nodiscard]] local_buffer<A> local(const void* addr, std::size_t len) const {
-            check<A>(addr, len, "local");
-            return {static_cast<std::byte*>(const_cast<void*>(addr)),
-                    static_cast<std::uint32_t>(len), e_->keys.lkey};
-        }
-        /// The token a peer needs to address [addr, addr + len).
-        template <rights A>
-        [[nodiscard]] remote_buffer<A> remote(const void* addr, std::size_t len) const {
-            check<A>(addr, len, "remote");
-            return {reinterpret_cast<std::uintptr_t>(addr), len, e_->keys.rkey, 0};
-        }
-
-        /// Drops the reference (the destructor does it too).
-        void reset() noexcept {
-            if (users_ != nullptr) // a session's: its slot holds the reference
-                --*users_;
-            else if (e_ != nullptr)
-                cache_->release(e_);
-            e_ = nullptr;
-            cache_ = nullptr;
-            users_ = nullptr;
-        }
-
-    private:
-        friend class registration_cache;
-        handle(registration_cache* c, entry* e, std::uint32_t* users = nullptr) noexcept
-            : cache_(c)
-            , e_(e)
-            , users_(users) {}
-        template <rights A>
-        void check(const void* addr, std::size_t len, const char* what) const {
-            const auto a = reinterpret_cast<std::uintptr_t>(addr);
-            if (e_ == nullptr || a < e_->start || len > e_->end - a || !has(e_->granted, A) ||
-                len > UINT32_MAX)
-                throw_error(
-                    "registration_cache::handle", ERANGE,
-                    fmt::format("{}({}, {}) is not inside the registration", what, addr, len));
-        }
-        registration_cache* cache_ = nullptr;
-        entry* e_ = nullptr;
-        std::uint32_t* users_ = nullptr; ///< set for a session's handle
-    };
-
-    /// A buffer together with the cache reference that keeps its key valid:
-    /// what the data path takes when the user hands it a raw pointer range.
-    /// Keep it until the work request that uses `buffer` has completed.
+    /// A reference to a cached registration that covers what get() asked for
+    /// (mem/cache_handle.hpp).
+    class handle;
+    /// A buffer with the reference that keeps its key valid (mem/cache_held.hpp).
     template <class Buffer>
-    struct held {
-        handle registration;
-        Buffer buffer;
-    };
-
-    /// A front end of the cache for one thread (the one posting on a queue
-    /// pair, say). It keeps a reference on each of the last registrations it
-    /// served, in a small table of its own, so that asking again for memory it
-    /// asked for lately costs no atomic read-modify-write at all: a handful of
-    /// loads and a plain increment. The cache's own get() needs two atomics
-    /// (reference and release), and on this kind of CPU one costs ~6 ns.
-    ///
-    /// A session and the handles it gives belong to one thread, and must go
-    /// before the cache does. The registrations it holds (at most `slots`)
-    /// cannot be evicted while it holds them; one that is invalidated is
-    /// never served again, and its reference is dropped at the session's next
-    /// call or at its end.
-    class session {
-    public:
-        static constexpr std::size_t slots = 32;
-
-        explicit session(registration_cache& c) noexcept
-            : cache_(&c)
-            , seen_(c.removals_.load(std::memory_order_relaxed)) {}
-        session(const session&) = delete;
-        session& operator=(const session&) = delete;
-        ~session() {
-            for (slot& s : table_)
-                if (s.e != nullptr)
-                    cache_->release(s.e);
-            flush_hits();
-        }
-
-        /// As registration_cache::get.
-        template <rights A>
-        [[nodiscard]] handle get(const void* addr, std::size_t len) {
-            const auto a = reinterpret_cast<std::uintptr_t>(addr);
-            registration_cache& c = *cache_;
-            if (c.mon_.pending() || c.removals_.load(std::memory_order_relaxed) != seen_)
-                [[unlikely]]
-                sweep();
-            slot& s = table_[(a >> c.page_shift_) % slots];
-            if (s.e != nullptr && s.start <= a && len != 0 && a + len <= s.end && a + len > a &&
-                c.usable(*s.e, A) && (s.e->state.load(std::memory_order_relaxed) & dead) == 0 &&
-                c.fork_generation_ == fork_generation()) [[likely]] {
-                ++s.users;
-                if (++hits_ == 1024) [[unlikely]]
-                    flush_hits();
-                return handle(&c, s.e, &s.users);
-            }
-            handle h = c.get<A>(addr, len);
-            if (s.users == 0 && (h.e_->state.load(std::memory_order_relaxed) & dead) == 0) {
-                // Keep it: the slot takes over the handle's reference.
-                if (s.e != nullptr)
-                    c.release(s.e);
-                s = slot{h.e_, h.e_->start, h.e_->end, 1};
-                h.users_ = &s.users;
-            }
-            return h;
-        }
-
-        /// As registration_cache::local and remote.
-        template <rights A>
-        [[nodiscard]] held<local_buffer<A>> local(const void* addr, std::size_t len) {
-            return hold_local<A>(get<A>(addr, len), addr, len);
-        }
-        template <rights A>
-        [[nodiscard]] held<remote_buffer<A>> remote(const void* addr, std::size_t len) {
-            return hold_remote<A>(get<A>(addr, len), addr, len);
-        }
-
-    private:
-        struct slot {
-            entry* e = nullptr;
-            std::uintptr_t start = 0;
-            std::uintptr_t end = 0;
-            std::uint32_t users = 0; ///< this session's handles on it
-        };
-
-        /// Lets the monitor's news reach the cache, and drops idle slots
-        /// whose registration left the cache.
-        void sweep() noexcept {
-            registration_cache& c = *cache_;
-            if (c.mon_.pending())
-                c.drain_monitor();
-            seen_ = c.removals_.load(std::memory_order_relaxed);
-            for (slot& s : table_) {
-                if (s.e != nullptr && s.users == 0 &&
-                    (s.e->state.load(std::memory_order_relaxed) & dead) != 0) {
-                    c.release(s.e);
-                    s = slot{};
-                }
-            }
-        }
-
-        void flush_hits() noexcept {
-            cache_->hits_.fetch_add(hits_, std::memory_order_relaxed);
-            hits_ = 0;
-        }
-
-        registration_cache* cache_;
-        std::uint64_t seen_;
-        std::uint64_t hits_ = 0;
-        std::array<slot, slots> table_{};
-    };
+    struct held;
+    /// A per-thread front end that serves repeats without atomics
+    /// (mem/cache_session.hpp).
+    class session;
 
     explicit registration_cache(Registrar reg, Monitor mon = {}, rcache_options opt = {})
         : reg_(std::move(reg))
@@ -761,3 +585,9 @@ private:
 };
 
 } // namespace rdmax
+
+// The nested types, defined in their own headers (each includes this one
+// first, so any of the four may be included alone).
+#include <rdmax/mem/cache_handle.hpp>
+#include <rdmax/mem/cache_held.hpp>
+#include <rdmax/mem/cache_session.hpp>

@@ -29,6 +29,7 @@
 #include <rdmax/verbs/context.hpp>
 #include <rdmax/verbs/device_limits.hpp>
 #include <rdmax/verbs/gid.hpp>
+#include <rdmax/verbs/kept_completions.hpp>
 #include <rdmax/verbs/listener.hpp>
 #include <rdmax/verbs/port.hpp>
 #include <rdmax/verbs/protection_domain.hpp>

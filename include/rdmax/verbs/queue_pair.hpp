@@ -392,7 +392,6 @@ protected:
     friend class send_batch;
     friend class connection;
     friend class rdmax::sched::queue_pair_port; // enter_error() when a post is refused
-    friend class listener;
     status post_recv_sges(ibv_sge* sges, std::uint32_t n, std::uint64_t wr_id) noexcept;
     void destroy() noexcept;
     /// Moves the QP to the error state: outstanding work completes flushed.
@@ -501,7 +500,6 @@ public:
 
 private:
     friend class connection;
-    friend class listener;
     queue_pair(const protection_domain& pd, const qp_config& cfg, rdma_cm_id* id);
     void mark_connected() noexcept;
 };

@@ -332,7 +332,11 @@ public:
     /// completion the caller would have been handed (its signaled requests'
     /// and every failure), in order, for the next poll_send / wait_send, which
     /// then see each exactly once. Allocates nothing: the keep holds up to
-    /// send_depth() completions (made when the QP was). Returns
+    /// send_depth() completions (made when the QP was). A slot is known free
+    /// when a signaled request at or after it completes, so up to
+    /// depth - signal interval + 1 slots always come free once the work
+    /// completes; more may wait for the unsignaled requests posted after the
+    /// last signaled one, until a later signaled request. Returns
     ///  - ok: n slots are free;
     ///  - queue_full: the deadline passed first, or the keep is full of
     ///    completions the caller has not taken (poll_send them, then wait);

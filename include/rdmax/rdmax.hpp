@@ -26,11 +26,15 @@
 #include <rdmax/verbs/completion_channel.hpp>
 #include <rdmax/verbs/completion_queue.hpp>
 #include <rdmax/verbs/connection.hpp>
+#include <rdmax/verbs/connection_request.hpp>
 #include <rdmax/verbs/context.hpp>
 #include <rdmax/verbs/device_limits.hpp>
+#include <rdmax/verbs/domain_per_device.hpp>
 #include <rdmax/verbs/gid.hpp>
+#include <rdmax/verbs/kept_completions.hpp>
 #include <rdmax/verbs/listener.hpp>
 #include <rdmax/verbs/port.hpp>
+#include <rdmax/verbs/prepared_connection.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 #include <rdmax/verbs/queue_pair.hpp>
 #include <rdmax/verbs/send_slots.hpp>

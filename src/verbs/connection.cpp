@@ -12,7 +12,9 @@
 
 #include <rdmax/error.hpp>
 #include <rdmax/verbs/connection.hpp>
+#include <rdmax/verbs/connection_request.hpp>
 #include <rdmax/verbs/listener.hpp>
+#include <rdmax/verbs/prepared_connection.hpp>
 
 namespace rdmax::verbs {
 
@@ -153,12 +155,22 @@ void set_ack_timeout(rdma_cm_id* id, const qp_config& cfg) noexcept {
                           sizeof ack_timeout); // older kernels lack it; their default is longer
 }
 
+/// rdma_create_qp takes only a protection domain of the id's own verbs
+/// context: librdmacm's for the device (context::open returns that one too).
 void require_device(rdma_cm_id* id, const protection_domain& pd, std::string_view what) {
-    if (id->verbs != pd.device().get())
+    if (id->verbs == pd.device().get())
+        return;
+    const std::string id_device =
+        id->verbs != nullptr ? ibv_get_device_name(id->verbs->device) : "no device";
+    if (id_device == pd.device().name())
         throw_error("rdma_create_qp", EXDEV,
-                    fmt::format("{} goes through {}, but the protection domain is on {}", what,
-                                id->verbs != nullptr ? ibv_get_device_name(id->verbs->device) : "?",
-                                pd.device().name()));
+                    fmt::format("{} goes through rdma_cm's context of {}, but the protection "
+                                "domain is on another context of {} (a second ibv_open_device): "
+                                "make it on context::open(\"{}\") or the request's device()",
+                                what, id_device, id_device, id_device));
+    throw_error("rdma_create_qp", EXDEV,
+                fmt::format("{} goes through {}, but the protection domain is on {}", what,
+                            id_device, pd.device().name()));
 }
 
 } // namespace
@@ -303,13 +315,38 @@ void connection::send_disconnect() noexcept {
     disconnect_sent_ = true;
 }
 
+void connection::create_qp(const protection_domain& pd, const qp_config& cfg,
+                           std::string_view what) {
+    if (qp_)
+        throw_error("rdma_create_qp", EEXIST, fmt::format("{}: it has a QP already", what));
+    require_device(id_, pd, what);
+    qp_.emplace(queue_pair<rc>(pd, cfg, id_));
+    set_ack_timeout(id_, cfg);
+}
+
+void connection::established(std::vector<std::byte> peer_payload) noexcept {
+    peer_payload_ = std::move(peer_payload);
+    qp_->mark_connected();
+}
+
 connection connection::connect(const protection_domain& pd, std::string_view addr,
                                std::uint16_t port, std::span<const std::byte> payload,
                                const qp_config& cfg, std::chrono::milliseconds timeout) {
     const auto deadline = clock::now() + timeout;
-    const std::vector<std::byte> pdata =
-        encode_payload(payload, max_connect_payload, "rdma_connect");
-    const std::string target = fmt::format("{}:{}", addr, port);
+    // Refused before anything is resolved or made.
+    (void)encode_payload(payload, max_connect_payload, "rdma_connect");
+    prepared_connection p(pd, addr, port, cfg, timeout);
+    return p.connect(payload, left_until(deadline));
+}
+
+// ---- prepared_connection --------------------------------------------------------------------
+
+prepared_connection::prepared_connection(const protection_domain& pd, std::string_view addr,
+                                         std::uint16_t port, const qp_config& cfg,
+                                         std::chrono::milliseconds timeout)
+    : conn_(nullptr, nullptr)
+    , target_(fmt::format("{}:{}", addr, port)) {
+    const auto deadline = clock::now() + timeout;
     sockaddr_storage dst = resolve(addr, port, false);
 
     rdma_event_channel* ch = make_channel();
@@ -320,32 +357,43 @@ connection connection::connect(const protection_domain& pd, std::string_view add
         rdma_destroy_event_channel(ch);
         throw;
     }
-    connection c(ch, id); // frees id and channel on every way out from here
+    conn_ = connection(ch, id);    // frees id and channel on every way out from here
+    conn_.disconnect_sent_ = true; // nothing to disconnect until it connects
 
     if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst),
                           static_cast<int>(left_until(deadline).count()) + 1) != 0)
-        throw_error("rdma_resolve_addr", errno, target);
-    expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "rdma_resolve_addr", target);
+        throw_error("rdma_resolve_addr", errno, target_);
+    expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "rdma_resolve_addr", target_);
     if (rdma_resolve_route(id, static_cast<int>(left_until(deadline).count()) + 1) != 0)
-        throw_error("rdma_resolve_route", errno, target);
-    expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "rdma_resolve_route", target);
-    require_device(id, pd, target);
+        throw_error("rdma_resolve_route", errno, target_);
+    expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "rdma_resolve_route", target_);
+    conn_.create_qp(pd, cfg, target_);
+}
 
-    c.qp_.emplace(queue_pair<rc>(pd, cfg, id));
-    set_ack_timeout(id, cfg);
-
+connection prepared_connection::connect(std::span<const std::byte> payload,
+                                        std::chrono::milliseconds timeout) {
+    if (!pending())
+        throw_error("rdma_connect", EINVAL,
+                    fmt::format("{}: this prepared connection was connected already", target_));
+    const auto deadline = clock::now() + timeout;
+    const std::vector<std::byte> pdata =
+        encode_payload(payload, max_connect_payload, "rdma_connect");
+    connection c = std::move(conn_); // spent from here, whatever happens
+    c.disconnect_sent_ = false;
+    const qp_config& cfg = c.qp_->config();
     rdma_conn_param param{};
     param.private_data = pdata.data();
     param.private_data_len = static_cast<std::uint8_t>(pdata.size());
-    param.responder_resources = c.qp_->rd_atomic_;
-    param.initiator_depth = c.qp_->rd_atomic_;
+    const auto rd_atomic = static_cast<std::uint8_t>(c.qp_->max_rd_atomic());
+    param.responder_resources = rd_atomic;
+    param.initiator_depth = rd_atomic;
     param.retry_count = cfg.retry_count;
     param.rnr_retry_count = cfg.rnr_retry;
-    if (rdma_connect(id, &param) != 0)
-        throw_error("rdma_connect", errno, target);
-    event_copy est = expect(ch, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_connect", target);
-    c.peer_payload_ = std::move(est.payload);
-    c.qp_->mark_connected();
+    if (rdma_connect(c.id_, &param) != 0)
+        throw_error("rdma_connect", errno, target_);
+    event_copy est =
+        expect(c.channel_, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_connect", target_);
+    c.established(std::move(est.payload));
     return c;
 }
 
@@ -418,15 +466,14 @@ context listener::device() const {
     return context::borrow(id_->verbs);
 }
 
-connection listener::accept(const protection_domain& pd, std::span<const std::byte> payload,
-                            const qp_config& cfg, std::chrono::milliseconds timeout) {
+connection_request listener::next_request(std::chrono::milliseconds timeout) {
     const auto deadline = clock::now() + timeout;
-    const std::vector<std::byte> pdata = encode_payload(payload, max_accept_payload, "rdma_accept");
-    const std::string where = fmt::format("listener on port {}", port());
-
+    std::string where = fmt::format("listener on port {}", port());
     event_copy req =
         expect(channel_, RDMA_CM_EVENT_CONNECT_REQUEST, deadline, "rdma_accept", where);
     rdma_cm_id* id = req.id;
+    // The request's own channel: its events (ESTABLISHED, DISCONNECTED) then
+    // reach whoever holds it, not the listener.
     rdma_event_channel* ch = nullptr;
     try {
         ch = make_channel();
@@ -439,28 +486,116 @@ connection listener::accept(const protection_domain& pd, std::span<const std::by
             rdma_destroy_event_channel(ch);
         throw;
     }
-    connection c(ch, id);
-    c.disconnect_sent_ = true; // nothing to disconnect until it is accepted
-    try {
-        require_device(id, pd, "the connection request");
-        c.qp_.emplace(queue_pair<rc>(pd, cfg, id));
-    } catch (...) {
-        rdma_reject(id, nullptr, 0);
-        throw;
+    connection pending(ch, id);
+    pending.disconnect_sent_ = true; // nothing to disconnect until it is accepted
+    pending.peer_payload_ = std::move(req.payload);
+    return connection_request(std::move(pending), req.initiator_depth, req.responder_resources,
+                              std::move(where));
+}
+
+connection listener::accept(const protection_domain& pd, std::span<const std::byte> payload,
+                            const qp_config& cfg, std::chrono::milliseconds timeout) {
+    return accept_choosing([&pd](const context&) -> const protection_domain& { return pd; },
+                           payload, cfg, timeout);
+}
+
+connection listener::accept_choosing(const chooser_ref& choose, std::span<const std::byte> payload,
+                                     const qp_config& cfg, std::chrono::milliseconds timeout) {
+    const auto deadline = clock::now() + timeout;
+    // Refused before a request is taken (and then rejected for it).
+    (void)encode_payload(payload, max_accept_payload, "rdma_accept");
+    connection_request req = next_request(timeout);
+    // Whatever throws from here destroys `req`, which rejects the request.
+    req.create_qp(choose(req.device()), cfg);
+    return req.accept(payload, left_until(deadline));
+}
+
+// ---- connection_request ---------------------------------------------------------------------
+
+connection_request::connection_request(connection&& pending, std::uint8_t initiator_depth,
+                                       std::uint8_t responder_resources, std::string where) noexcept
+    : conn_(std::move(pending))
+    , initiator_depth_(initiator_depth)
+    , responder_resources_(responder_resources)
+    , where_(std::move(where)) {}
+
+connection_request::connection_request(connection_request&& o) noexcept
+    : conn_(std::move(o.conn_))
+    , initiator_depth_(o.initiator_depth_)
+    , responder_resources_(o.responder_resources_)
+    , where_(std::move(o.where_)) {}
+
+connection_request& connection_request::operator=(connection_request&& o) noexcept {
+    if (this != &o) {
+        reject();
+        conn_ = std::move(o.conn_);
+        initiator_depth_ = o.initiator_depth_;
+        responder_resources_ = o.responder_resources_;
+        where_ = std::move(o.where_);
     }
+    return *this;
+}
+
+connection_request::~connection_request() {
+    reject();
+}
+
+void connection_request::reject() noexcept {
+    if (!pending())
+        return;
+    // Answer the peer now, rather than leave it to the kernel when the id
+    // goes; then free the QP, id and channel.
+    rdma_reject(conn_.id_, nullptr, 0);
+    conn_.release();
+}
+
+context connection_request::device() const {
+    if (!pending())
+        throw_error("rdma_accept", EINVAL,
+                    fmt::format("{}: the request was answered already", where_));
+    return context::borrow(conn_.id_->verbs);
+}
+
+queue_pair<rc>& connection_request::create_qp(const protection_domain& pd, const qp_config& cfg) {
+    if (!pending())
+        throw_error("rdma_create_qp", EINVAL,
+                    fmt::format("{}: the request was answered already", where_));
+    conn_.create_qp(pd, cfg, fmt::format("the connection request to the {}", where_));
+    return *conn_.qp_;
+}
+
+queue_pair<rc>& connection_request::qp() {
+    if (!has_qp())
+        throw_error("rdma_create_qp", EINVAL,
+                    fmt::format("{}: the request has no QP yet (create_qp)", where_));
+    return *conn_.qp_;
+}
+
+connection connection_request::accept(std::span<const std::byte> payload,
+                                      std::chrono::milliseconds timeout) {
+    if (!pending())
+        throw_error("rdma_accept", EINVAL,
+                    fmt::format("{}: the request was answered already", where_));
+    if (!has_qp())
+        throw_error("rdma_accept", EINVAL,
+                    fmt::format("{}: make the request's QP (create_qp) before accepting", where_));
+    const auto deadline = clock::now() + timeout;
+    const std::vector<std::byte> pdata = encode_payload(payload, max_accept_payload, "rdma_accept");
+    connection c = std::move(conn_); // spent from here, whatever happens
     c.disconnect_sent_ = false;
-    set_ack_timeout(id, cfg);
     rdma_conn_param param{};
     param.private_data = pdata.data();
     param.private_data_len = static_cast<std::uint8_t>(pdata.size());
-    param.responder_resources = std::min(c.qp_->rd_atomic_, req.initiator_depth);
-    param.initiator_depth = std::min(c.qp_->rd_atomic_, req.responder_resources);
-    param.rnr_retry_count = cfg.rnr_retry;
-    if (rdma_accept(id, &param) != 0)
-        throw_error("rdma_accept", errno, where);
-    expect(ch, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_accept", where);
-    c.peer_payload_ = std::move(req.payload);
-    c.qp_->mark_connected();
+    const auto rd_atomic = static_cast<std::uint8_t>(c.qp_->max_rd_atomic());
+    param.responder_resources = std::min(rd_atomic, initiator_depth_);
+    param.initiator_depth = std::min(rd_atomic, responder_resources_);
+    param.rnr_retry_count = c.qp_->config().rnr_retry;
+    if (rdma_accept(c.id_, &param) != 0)
+        throw_error("rdma_accept", errno, where_);
+    expect(c.channel_, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_accept", where_);
+    // The payload came with the request; established() keeps it.
+    std::vector<std::byte> peer = std::move(c.peer_payload_);
+    c.established(std::move(peer));
     return c;
 }
 

@@ -98,6 +98,10 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
     max_send_sge_ = attr.cap.max_send_sge;
     max_recv_sge_ = attr.cap.max_recv_sge;
     slots_ = send_slots(attr.cap.max_send_wr, cfg_.signal_interval);
+    // Every completion kept for the caller stands for a request of its own
+    // that left the send queue: a queue's worth covers what wait_send_slots
+    // can reap before the caller has polled what it kept.
+    kept_ = kept_completions(slots_.depth());
     wrs_.resize(cfg_.max_batch);
     sges_.resize(static_cast<std::size_t>(cfg_.max_batch) * max_send_sge_);
 
@@ -161,8 +165,7 @@ queue_pair_base::queue_pair_base(queue_pair_base&& o) noexcept
     , slots_(std::move(o.slots_))
     , wrs_(std::move(o.wrs_))
     , sges_(std::move(o.sges_))
-    , held_(std::move(o.held_))
-    , held_head_(std::exchange(o.held_head_, 0)) {}
+    , kept_(std::move(o.kept_)) {}
 
 queue_pair_base& queue_pair_base::operator=(queue_pair_base&& o) noexcept {
     if (this != &o) {
@@ -190,8 +193,7 @@ queue_pair_base& queue_pair_base::operator=(queue_pair_base&& o) noexcept {
         slots_ = std::move(o.slots_);
         wrs_ = std::move(o.wrs_);
         sges_ = std::move(o.sges_);
-        held_ = std::move(o.held_);
-        held_head_ = std::exchange(o.held_head_, 0);
+        kept_ = std::move(o.kept_);
     }
     return *this;
 }
@@ -385,20 +387,9 @@ int queue_pair_base::translate_send(const ibv_wc* wcs, int n, std::span<completi
     return k;
 }
 
-int queue_pair_base::take_held(std::span<completion> out) noexcept {
-    std::size_t k = 0;
-    while (k < out.size() && held_head_ < held_.size())
-        out[k++] = held_[held_head_++];
-    if (held_head_ == held_.size()) {
-        held_.clear(); // keeps its capacity for the next wait_send_for
-        held_head_ = 0;
-    }
-    return static_cast<int>(k);
-}
-
 int queue_pair_base::poll_send(std::span<completion> out) noexcept {
-    if (held_head_ < held_.size()) [[unlikely]]
-        return take_held(out);
+    if (!kept_.empty()) [[unlikely]]
+        return kept_.take(out);
     ibv_wc wcs[32];
     const std::size_t want = std::min(out.size(), std::size(wcs));
     const int n = send_cq_.poll(std::span(wcs, want));
@@ -407,8 +398,8 @@ int queue_pair_base::poll_send(std::span<completion> out) noexcept {
 
 int queue_pair_base::wait_send(std::span<completion> out,
                                std::chrono::microseconds timeout) noexcept {
-    if (held_head_ < held_.size()) [[unlikely]]
-        return take_held(out);
+    if (!kept_.empty()) [[unlikely]]
+        return kept_.take(out);
     using clock = std::chrono::steady_clock;
     const auto deadline = clock::now() + timeout;
     ibv_wc wcs[32];
@@ -431,24 +422,16 @@ int queue_pair_base::wait_send(std::span<completion> out,
 
 std::optional<completion> queue_pair_base::wait_send_for(std::uint64_t wr_id,
                                                          std::chrono::microseconds timeout) {
-    // It may have arrived already, during an earlier wait for another.
-    for (std::size_t i = held_head_; i < held_.size(); ++i)
-        if (held_[i].wr_id == wr_id) {
-            const completion c = held_[i];
-            held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
-            if (held_head_ == held_.size()) {
-                held_.clear();
-                held_head_ = 0;
-            }
-            return c;
-        }
+    // It may have arrived already, during an earlier wait.
+    if (std::optional<completion> c = kept_.take_id(wr_id))
+        return c;
     using clock = std::chrono::steady_clock;
     const auto deadline = clock::now() + timeout;
     ibv_wc wcs[32];
     completion got[32];
     for (;;) {
         // Room first: once polled, a completion exists nowhere else.
-        held_.reserve(held_.size() + std::size(wcs));
+        kept_.make_room(std::size(wcs));
         const auto left =
             std::chrono::duration_cast<std::chrono::microseconds>(deadline - clock::now());
         const int n = send_cq_.wait(wcs, std::max(left, std::chrono::microseconds(0)));
@@ -461,12 +444,52 @@ std::optional<completion> queue_pair_base::wait_send_for(std::uint64_t wr_id,
             if (!found && c.wr_id == wr_id)
                 found = c;
             else
-                held_.push_back(c);
+                kept_.push(c);
         }
         if (found)
             return found;
         if (clock::now() >= deadline)
             return std::nullopt;
+    }
+}
+
+status queue_pair_base::wait_send_slots(std::uint32_t n,
+                                        std::chrono::microseconds timeout) noexcept {
+    if (n > slots_.depth())
+        return status::out_of_range;
+    // A failure already kept: the queue pair is broken, and more slots would
+    // only carry more work to be flushed.
+    if (kept_.any_failed())
+        return status::qp_failed;
+    using clock = std::chrono::steady_clock;
+    const auto deadline = clock::now() + timeout;
+    ibv_wc wcs[32];
+    completion got[32];
+    for (;;) {
+        if (slots_.available() >= n)
+            return status::ok;
+        // Never poll more than the keep has room for: each polled completion
+        // gives the caller at most one, and none may be dropped.
+        const std::size_t want = std::min(kept_.room(), std::size(wcs));
+        if (want == 0)
+            return status::queue_full; // the caller's own completions fill the keep
+        const auto left =
+            std::chrono::duration_cast<std::chrono::microseconds>(deadline - clock::now());
+        const int polled =
+            send_cq_.wait(std::span(wcs, want), std::max(left, std::chrono::microseconds(0)));
+        if (polled < 0)
+            return status::qp_failed;
+        const int k = translate_send(wcs, polled, got);
+        bool failed = false;
+        for (int i = 0; i < k; ++i) {
+            const completion& c = got[static_cast<std::size_t>(i)];
+            failed = failed || !c.ok();
+            kept_.push(c);
+        }
+        if (failed)
+            return status::qp_failed;
+        if (polled == 0 && clock::now() >= deadline)
+            return slots_.available() >= n ? status::ok : status::queue_full;
     }
 }
 

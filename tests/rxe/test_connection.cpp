@@ -2,6 +2,7 @@
 // refusals and deadlines, and a peer that vanishes.
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <signal.h> // NOLINT(modernize-deprecated-headers): kill() is POSIX, not <csignal>
 #include <spawn.h>
@@ -56,6 +57,48 @@ public:
 private:
     pid_t pid_ = 0;
 };
+
+/// Open file descriptors: an rdma_cm event channel is one, so a request
+/// whose channel leaked shows here.
+std::size_t open_fds() {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+        ++n;
+    return n;
+}
+
+/// A second context of the test device, opened with ibv_open_device rather
+/// than librdmacm's: the same device, another context.
+class second_context {
+public:
+    explicit second_context(const std::string& name) {
+        int n = 0;
+        ibv_device** list = ibv_get_device_list(&n);
+        REQUIRE(list != nullptr);
+        for (int i = 0; i < n && raw_ == nullptr; ++i)
+            if (name == ibv_get_device_name(list[i]))
+                raw_ = ibv_open_device(list[i]);
+        ibv_free_device_list(list);
+        REQUIRE(raw_ != nullptr);
+    }
+    second_context(const second_context&) = delete;
+    second_context& operator=(const second_context&) = delete;
+    ~second_context() { ibv_close_device(raw_); }
+    [[nodiscard]] ibv_context* get() const { return raw_; }
+
+private:
+    ibv_context* raw_ = nullptr;
+};
+
+/// What a connect() on another thread came to: "connected", or the error.
+std::string connect_outcome(const verbs::protection_domain& pd, std::uint16_t port) {
+    try {
+        verbs::connection c = verbs::connection::connect(pd, test_addr(), port, {}, {}, 10s);
+        return "connected";
+    } catch (const rdmax::error& e) {
+        return e.what();
+    }
+}
 
 } // namespace
 
@@ -189,5 +232,195 @@ TEST_CASE("work in flight when the peer vanishes completes with an error, not a 
         CHECK((done[0].status == IBV_WC_RETRY_EXC_ERR || done[0].status == IBV_WC_WR_FLUSH_ERR));
     } else {
         CHECK(s == status::not_connected); // the disconnect was seen first
+    }
+}
+
+TEST_CASE("a listener on 0.0.0.0 accepts with the domain chosen for the request's device") {
+    verbs::listener l("0.0.0.0", 0);
+    REQUIRE(l.port() != 0);
+    CHECK_THROWS_WITH(l.device(), Catch::Matchers::Contains("wildcard"));
+
+    // The server's domain for the test device, made before any request from
+    // a context::open of it: the request's device (rdma_cm's context) must
+    // map to this same domain, and rdma_create_qp must take it.
+    verbs::domain_per_device domains;
+    verbs::context ctx = open_test_device();
+    const verbs::protection_domain& server_pd = domains(ctx);
+    registered server_mem(server_pd, 8192);
+    const remote_buffer<all_rights> server_token = server_mem.mr.remote();
+
+    verbs::protection_domain client_pd(ctx);
+    registered client_mem(client_pd, 8192);
+    const remote_buffer<all_rights> client_token = client_mem.mr.remote();
+
+    std::string chosen_for;
+    auto choose = [&](const verbs::context& device) -> const verbs::protection_domain& {
+        chosen_for = device.name();
+        return domains(device);
+    };
+    auto accepted = std::async(std::launch::async, [&] {
+        return l.accept(choose, verbs::payload_of(server_token), {}, 10s);
+    });
+    verbs::connection client = verbs::connection::connect(client_pd, test_addr(), l.port(),
+                                                          verbs::payload_of(client_token), {}, 10s);
+    verbs::connection server = accepted.get();
+
+    CHECK(chosen_for == ctx.name());
+    CHECK(domains.size() == 1); // the request's device found the domain made above
+    CHECK(&domains(ctx) == &server_pd);
+
+    auto to_server = client.peer_payload_as<remote_buffer<all_rights>>();
+    auto to_client = server.peer_payload_as<remote_buffer<all_rights>>();
+    REQUIRE(to_server.has_value());
+    REQUIRE(to_client.has_value());
+    CHECK(to_server->rkey == server_token.rkey);
+
+    // Both ways, and the bytes that arrived are checked.
+    fill_pattern(std::span(client_mem.bytes).first(4096), 31);
+    REQUIRE(client.qp().write(client_mem.mr.local(0, 4096), *to_server, 0, 1) == status::ok);
+    CHECK(wait_send(client.qp()).ok());
+    CHECK(has_pattern(std::span(server_mem.bytes).first(4096), 31));
+
+    fill_pattern(std::span(server_mem.bytes).subspan(4096), 47);
+    REQUIRE(server.qp().write(server_mem.mr.local(4096, 4096), *to_client, 4096, 2) == status::ok);
+    CHECK(wait_send(server.qp()).ok());
+    CHECK(has_pattern(std::span(client_mem.bytes).subspan(4096), 47));
+
+    client.disconnect(0ms);
+    CHECK(server.wait_disconnected(5s));
+}
+
+TEST_CASE("receives posted before the connection exists catch a peer's first send") {
+    // RNR retry 0 on both QPs: a send that found no receive would fail at
+    // once (RNR retry exceeded) rather than be retried until one is posted.
+    verbs::qp_config cfg;
+    cfg.rnr_retry = 0;
+    verbs::listener l("0.0.0.0", 0);
+    verbs::context ctx = open_test_device();
+    verbs::domain_per_device domains;
+    verbs::protection_domain client_pd(ctx);
+    registered client_in(client_pd, 4096), client_out(client_pd, 4096);
+
+    struct server_side {
+        verbs::connection conn;
+        registered* in;
+        ibv_qp_state state_at_post;
+        status posted;
+    };
+    registered* server_in = nullptr;
+    registered* server_out = nullptr;
+    std::optional<registered> server_in_store, server_out_store;
+    auto served = std::async(std::launch::async, [&] {
+        verbs::connection_request req = l.next_request(10s);
+        const verbs::protection_domain& pd = domains(req.device());
+        server_in_store.emplace(pd, 4096);
+        server_out_store.emplace(pd, 4096);
+        server_in = &*server_in_store;
+        server_out = &*server_out_store;
+        req.create_qp(pd, cfg);
+        const ibv_qp_state before = req.qp().state();
+        const status s = req.qp().post_recv(server_in->mr.local(0, 1024), 11);
+        verbs::connection c = req.accept({}, 10s);
+        return server_side{std::move(c), server_in, before, s};
+    });
+
+    verbs::prepared_connection p(client_pd, test_addr(), l.port(), cfg, 10s);
+    CHECK(p.pending());
+    CHECK(p.qp().state() == IBV_QPS_INIT); // made, not connected
+    REQUIRE(p.qp().post_recv(client_in.mr.local(0, 1024), 21) == status::ok);
+    verbs::connection client = p.connect({}, 10s);
+    CHECK(!p.pending());
+    // At once: the server's accept() may not even have returned yet.
+    fill_pattern(std::span(client_out.bytes).first(1024), 5);
+    REQUIRE(client.qp().send(client_out.mr.local(0, 1024), 22) == status::ok);
+
+    server_side server = served.get();
+    CHECK(server.state_at_post == IBV_QPS_INIT);
+    REQUIRE(server.posted == status::ok);
+    // And at once the other way: the client's receive was posted before connect.
+    fill_pattern(std::span(server_out->bytes).first(1024), 6);
+    REQUIRE(server.conn.qp().send(server_out->mr.local(0, 1024), 12) == status::ok);
+
+    // RNR retry is 0 on both QPs (each side's comes from the other's
+    // connect/accept parameters).
+    for (verbs::queue_pair<verbs::rc>* qp : {&client.qp(), &server.conn.qp()}) {
+        ibv_qp_attr attr{};
+        ibv_qp_init_attr init{};
+        REQUIRE(ibv_query_qp(qp->get(), &attr, IBV_QP_RNR_RETRY, &init) == 0);
+        CHECK(attr.rnr_retry == 0);
+    }
+
+    const verbs::completion sent = wait_send(client.qp());
+    CHECK(sent.wr_id == 22);
+    CHECK(sent.status_name() == "success");
+    const verbs::completion got = wait_recv(server.conn.qp());
+    CHECK(got.wr_id == 11);
+    CHECK(got.byte_len == 1024);
+    CHECK(has_pattern(std::span(server.in->bytes).first(1024), 5));
+
+    const verbs::completion back = wait_send(server.conn.qp());
+    CHECK(back.wr_id == 12);
+    CHECK(back.status_name() == "success");
+    const verbs::completion got_back = wait_recv(client.qp());
+    CHECK(got_back.wr_id == 21);
+    CHECK(got_back.byte_len == 1024);
+    CHECK(has_pattern(std::span(client_in.bytes).first(1024), 6));
+
+    // The control: a send with no receive posted for it does fail with RNR
+    // retry 0, so the sends above did find the receives posted early.
+    REQUIRE(client.qp().send(client_out.mr.local(0, 64), 23) == status::ok);
+    const verbs::completion rnr = wait_send(client.qp());
+    CHECK(rnr.wr_id == 23);
+    CHECK(rnr.status == IBV_WC_RNR_RETRY_EXC_ERR);
+}
+
+TEST_CASE("a request refuses a domain of another context; an unanswered one is rejected") {
+    verbs::listener l("0.0.0.0", 0);
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    second_context raw(ctx.name());
+    const verbs::context other = verbs::context::borrow(raw.get());
+    verbs::protection_domain other_pd(other);
+
+    SECTION("create_qp refuses it, naming the device; the request stays pending") {
+        auto client = std::async(std::launch::async, [&] { return connect_outcome(pd, l.port()); });
+        verbs::connection_request req = l.next_request(10s);
+        CHECK(req.device().name() == ctx.name());
+        CHECK(req.device().get() == ctx.get()); // librdmacm's context, as context::open gives
+        CHECK_THROWS_WITH(req.create_qp(other_pd),
+                          Catch::Matchers::Contains("another context of " + ctx.name()));
+        CHECK(req.pending());
+        CHECK(!req.has_qp());
+        CHECK_THROWS_WITH(req.accept(), Catch::Matchers::Contains("create_qp"));
+        CHECK(req.pending());
+        req.create_qp(pd);
+        verbs::connection server = req.accept({}, 10s);
+        CHECK(client.get() == "connected");
+    }
+
+    SECTION("accept(pd) with it rejects the request") {
+        auto client = std::async(std::launch::async, [&] { return connect_outcome(pd, l.port()); });
+        CHECK_THROWS_WITH(l.accept(other_pd, {}, {}, 10s),
+                          Catch::Matchers::Contains(ctx.name()) &&
+                              Catch::Matchers::Contains("another context"));
+        CHECK_THAT(client.get(), Catch::Matchers::Contains("REJECTED"));
+    }
+
+    SECTION("a request destroyed unanswered is rejected, and leaves nothing open") {
+        const std::size_t fds = open_fds();
+        auto client = std::async(std::launch::async, [&] { return connect_outcome(pd, l.port()); });
+        const auto t0 = clock_type::now();
+        {
+            verbs::connection_request req = l.next_request(10s);
+            CHECK(req.pending());
+        }
+        CHECK_THAT(client.get(), Catch::Matchers::Contains("REJECTED"));
+        CHECK(clock_type::now() - t0 < 5s); // answered, not left to the client's deadline
+        CHECK(open_fds() == fds);           // the request's channel and the client's are closed
+
+        // The listener still serves the next one.
+        auto again = std::async(std::launch::async, [&] { return connect_outcome(pd, l.port()); });
+        verbs::connection server = l.accept(pd, {}, {}, 10s);
+        CHECK(again.get() == "connected");
     }
 }

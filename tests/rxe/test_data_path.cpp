@@ -1,6 +1,8 @@
 // Every RC operation moves the right bytes: checked at the destination, not
 // only by its completion.
+#include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "../support/loopback.hpp"
 
@@ -202,6 +204,125 @@ TEST_CASE("selective signaling never overflows the send queue") {
     CHECK(wait_send(lp.a).wr_id == 5000);
     for (unsigned i = 0; i < 1000; i += 97)
         CHECK(has_pattern(std::span(dst.bytes).subspan(i * 64, 64), 2));
+}
+
+TEST_CASE("wait_send_slots frees slots and keeps every completion for poll_send, once, in order") {
+    verbs::qp_config cfg;
+    cfg.send_depth = 16;
+    cfg.max_batch = 8;
+    loopback lp(cfg);
+    const std::uint32_t depth = lp.a.send_depth();
+    const std::uint32_t total = 4 * depth;
+    registered src(lp.pd, 64 * std::size_t{total}), dst(lp.pd, 64 * std::size_t{total});
+    fill_pattern(src.bytes, 9);
+    std::uint32_t posted = 0;
+    // Signaled writes, each to its own 64 bytes, wr_id = their order.
+    auto post = [&] {
+        return lp.a.write(src.mr.local(posted * 64, 64), dst.mr.remote(), posted * 64, posted);
+    };
+
+    CHECK(lp.a.wait_send_slots(depth + 1, 0us) == status::out_of_range);
+    CHECK(lp.a.wait_send_slots(depth, 0us) == status::ok); // nothing in flight
+
+    // Fill the queue until it refuses.
+    status s = status::ok;
+    while ((s = post()) == status::ok)
+        ++posted;
+    REQUIRE(s == status::queue_full);
+    REQUIRE(posted == depth);
+    CHECK(lp.a.send_slots_free() == 0);
+    REQUIRE(lp.a.wait_send_slots(depth / 2, 5s) == status::ok);
+    CHECK(lp.a.send_slots_free() >= depth / 2);
+
+    // Go on posting into freed slots, waiting whenever the queue is full and
+    // never polling, until the keep (a queue's worth) is full of completions
+    // not yet taken: then the wait says so at once, and polling makes room.
+    std::vector<std::uint64_t> seen;
+    verbs::completion c[8];
+    auto take = [&](int n) {
+        for (int i = 0; i < n; ++i) {
+            CHECK(c[i].ok());
+            seen.push_back(c[i].wr_id);
+        }
+    };
+    unsigned keep_full = 0;
+    while (posted < total) {
+        s = post();
+        if (s == status::ok) {
+            ++posted;
+            continue;
+        }
+        REQUIRE(s == status::queue_full);
+        const auto t0 = std::chrono::steady_clock::now();
+        s = lp.a.wait_send_slots(1, 5s);
+        if (s == status::ok)
+            continue;
+        REQUIRE(s == status::queue_full);
+        CHECK(std::chrono::steady_clock::now() - t0 < 1s); // not the deadline: the keep
+        ++keep_full;
+        const int n = lp.a.poll_send(c);
+        REQUIRE(n > 0);
+        take(n);
+    }
+    CHECK(keep_full > 0);
+
+    // The rest, waited for; then nothing more.
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (seen.size() < total && std::chrono::steady_clock::now() < deadline) {
+        const int n = lp.a.wait_send(c, 1s);
+        REQUIRE(n >= 0);
+        take(n);
+    }
+    REQUIRE(seen.size() == total);
+    for (std::uint32_t i = 0; i < total; ++i)
+        CHECK(seen[i] == i);
+    CHECK(lp.a.poll_send(c) == 0);
+    CHECK(lp.a.send_slots_free() == depth);
+    CHECK(has_pattern(dst.bytes, 9));
+}
+
+TEST_CASE("wait_send_slots: only the caller's completions are kept; a failure ends the wait") {
+    verbs::qp_config cfg;
+    cfg.send_depth = 16;
+    cfg.max_batch = 8;
+    loopback lp(cfg);
+    const std::uint32_t depth = lp.a.send_depth();
+    registered src(lp.pd, 64 * std::size_t{depth}), dst(lp.pd, 64 * std::size_t{depth});
+    fill_pattern(src.bytes, 12);
+    verbs::send_flags quiet;
+    quiet.signaled = false;
+    // Mostly unsignaled: the library signals some for its own accounting,
+    // and their completions are not the caller's. The last is signaled: an
+    // unsignaled tail holds its slots until a later signaled request completes.
+    auto signaled = [&](std::uint32_t i) { return i % 5 == 4 || i == depth - 1; };
+    std::vector<std::uint64_t> asked;
+    for (std::uint32_t i = 0; i < depth; ++i) {
+        const verbs::send_flags f = signaled(i) ? verbs::send_flags{} : quiet;
+        if (signaled(i))
+            asked.push_back(i);
+        REQUIRE(lp.a.write(src.mr.local(i * 64, 64), dst.mr.remote(), i * 64, i, f) == status::ok);
+    }
+    REQUIRE(lp.a.wait_send_slots(depth, 5s) == status::ok);
+    CHECK(lp.a.send_slots_free() == depth);
+    verbs::completion c[32];
+    const int n = lp.a.poll_send(c);
+    REQUIRE(n == static_cast<int>(asked.size()));
+    for (std::size_t i = 0; i < asked.size(); ++i) {
+        CHECK(c[i].ok());
+        CHECK(c[i].wr_id == asked[i]);
+    }
+    CHECK(lp.a.poll_send(c) == 0);
+    CHECK(has_pattern(dst.bytes, 12));
+
+    // A write with a bad key fails; the wait keeps the failure and says so.
+    remote_buffer<all_rights> bad = dst.mr.remote();
+    bad.rkey ^= 0x5a5a00;
+    REQUIRE(lp.a.write(src.mr.local(0, 64), bad, 0, 77, quiet) == status::ok);
+    CHECK(lp.a.wait_send_slots(depth, 5s) == status::qp_failed);
+    CHECK(lp.a.wait_send_slots(1, 0us) == status::qp_failed); // until the caller takes it
+    REQUIRE(lp.a.poll_send(c) == 1);
+    CHECK(c[0].wr_id == 77);
+    CHECK(c[0].status == IBV_WC_REM_ACCESS_ERR);
 }
 
 TEST_CASE("small writes go inline; forcing inline past the limit is refused") {

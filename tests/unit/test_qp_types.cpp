@@ -2,6 +2,8 @@
 // allow them. Checked with concepts, so a refusal is a test result here
 // rather than a broken build.
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/verbs/domain_per_device.hpp>
+#include <rdmax/verbs/listener.hpp>
 #include <rdmax/verbs/queue_pair.hpp>
 
 #include "../support/catch.hpp"
@@ -48,6 +50,21 @@ static_assert(std::is_convertible_v<remote<rw | rights::remote_read>, remote<rr>
 static_assert(!std::is_convertible_v<remote<rr>, remote<rw>>);
 static_assert(std::is_convertible_v<local<rw>, local<lw>>);
 static_assert(!std::is_convertible_v<local<lw>, local<rw>>);
+
+// A wildcard listener's accept takes a chooser of the request's device's
+// protection domain that returns a reference to one that lives on; one that
+// returns a domain by value (gone before the connection) is refused.
+using verbs::context;
+using verbs::domain_chooser;
+using verbs::protection_domain;
+static_assert(domain_chooser<verbs::domain_per_device>);
+static_assert(domain_chooser<const protection_domain& (*)(const context&)>);
+static_assert(domain_chooser<protection_domain& (*)(const context&)>);
+static_assert(!domain_chooser<protection_domain (*)(const context&)>);
+static_assert(!domain_chooser<const protection_domain& (*)(int)>);
+static_assert(!domain_chooser<protection_domain>);
+static_assert(!std::is_copy_constructible_v<verbs::connection_request>);
+static_assert(std::is_nothrow_move_constructible_v<verbs::connection_request>);
 
 TEST_CASE("buffer sub-ranges are bounds-checked") {
     std::byte bytes[64];

@@ -32,12 +32,15 @@ inline constexpr std::size_t max_accept_payload = 195;
 using namespace std::chrono_literals;
 
 class listener;
+class connection_request;
+class prepared_connection;
 
 class connection {
 public:
     /// Connects to a listener at addr:port. The route must lead out of the
     /// device `pd` belongs to. Throws rdmax::error naming the step that failed
     /// (address, route, rejected, unreachable) or the deadline that passed.
+    /// To post receives before the peer can send, use prepared_connection.
     [[nodiscard]] static connection connect(const protection_domain& pd, std::string_view addr,
                                             std::uint16_t port,
                                             std::span<const std::byte> payload = {},
@@ -86,8 +89,16 @@ public:
 
 private:
     friend class listener;
+    friend class connection_request;
+    friend class prepared_connection;
     connection(rdma_event_channel* ch, rdma_cm_id* id) noexcept;
     void release() noexcept;
+    /// Makes the QP on the id, in `pd`, which must be on the id's device
+    /// (`what` names the request or target in the error). The QP starts in
+    /// INIT: it takes receives before the connection is established.
+    void create_qp(const protection_domain& pd, const qp_config& cfg, std::string_view what);
+    /// ESTABLISHED arrived: keep the peer's payload; the QP is ready to send.
+    void established(std::vector<std::byte> peer_payload) noexcept;
     /// Handles one pending connection event, if any arrives within `timeout`.
     void pump(std::chrono::milliseconds timeout) noexcept;
     /// rdma_disconnect, once: it starts this side's disconnect, or answers

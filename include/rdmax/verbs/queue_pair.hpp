@@ -27,6 +27,7 @@
 #include <rdmax/verbs/completion.hpp>
 #include <rdmax/verbs/completion_queue.hpp>
 #include <rdmax/verbs/gid.hpp>
+#include <rdmax/verbs/kept_completions.hpp>
 #include <rdmax/verbs/port.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 #include <rdmax/verbs/send_slots.hpp>
@@ -326,6 +327,23 @@ public:
     /// carries the application's requests without taking their completions.
     /// Set-up path: may allocate (bad_alloc) to keep them.
     std::optional<completion> wait_send_for(std::uint64_t wr_id, std::chrono::microseconds timeout);
+    /// After a post returned status::queue_full: waits up to `timeout` until
+    /// at least `n` send slots are free, reaping the send CQ, and keeps every
+    /// completion the caller would have been handed (its signaled requests'
+    /// and every failure), in order, for the next poll_send / wait_send, which
+    /// then see each exactly once. Allocates nothing: the keep holds up to
+    /// send_depth() completions (made when the QP was). A slot is known free
+    /// when a signaled request at or after it completes, so up to
+    /// depth - signal interval + 1 slots always come free once the work
+    /// completes; more may wait for the unsignaled requests posted after the
+    /// last signaled one, until a later signaled request. Returns
+    ///  - ok: n slots are free;
+    ///  - queue_full: the deadline passed first, or the keep is full of
+    ///    completions the caller has not taken (poll_send them, then wait);
+    ///  - qp_failed: a kept completion is a failure (or polling the CQ
+    ///    failed): the queue pair is broken; poll_send says why;
+    ///  - out_of_range: n > send_depth(), which no wait can give.
+    status wait_send_slots(std::uint32_t n, std::chrono::microseconds timeout) noexcept;
 
     /// Posts a receive into `dst`, which must allow local writes. (UD: leave
     /// ud_grh_bytes of room ahead of the payload.)
@@ -378,14 +396,11 @@ protected:
     friend class send_batch;
     friend class connection;
     friend class rdmax::sched::queue_pair_port; // enter_error() when a post is refused
-    friend class listener;
     status post_recv_sges(ibv_sge* sges, std::uint32_t n, std::uint64_t wr_id) noexcept;
     void destroy() noexcept;
     /// Moves the QP to the error state: outstanding work completes flushed.
     void enter_error() noexcept;
     int translate_send(const ibv_wc* wcs, int n, std::span<completion> out) noexcept;
-    /// Hands out completions kept by wait_send_for, oldest first.
-    int take_held(std::span<completion> out) noexcept;
 
     const protection_domain* pd_;
     qp_config cfg_;
@@ -411,10 +426,10 @@ protected:
     // Staging area for batches: allocated once, reused by every post.
     std::vector<ibv_send_wr> wrs_;
     std::vector<ibv_sge> sges_;
-    // Send completions wait_send_for took while waiting for its own; the
-    // next poll_send / wait_send hands them out first (held_[held_head_..]).
-    std::vector<completion> held_;
-    std::size_t held_head_ = 0;
+    // Send completions wait_send_for and wait_send_slots took for the
+    // caller; the next poll_send / wait_send hands them out first. Room for
+    // send_depth() of them is made with the QP.
+    kept_completions kept_;
 };
 
 template <class Transport>
@@ -489,7 +504,6 @@ public:
 
 private:
     friend class connection;
-    friend class listener;
     queue_pair(const protection_domain& pd, const qp_config& cfg, rdma_cm_id* id);
     void mark_connected() noexcept;
 };

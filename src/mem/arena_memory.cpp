@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
-#include <rdmax/mem/registered_arena.hpp>
+#include <rdmax/mem/area_mapping.hpp>
 
 namespace rdmax::detail {
 

@@ -28,7 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <memory_resource>
+#include <memory_resource> // the resource's base class, declared here
 #include <mutex>
 #include <new>
 #include <optional>
@@ -39,48 +39,16 @@
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
+#include <rdmax/mem/area_mapping.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/mem/memory_pressure.hpp>
 #include <rdmax/mem/page_table.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/rights.hpp>
+#include <rdmax/mem/spin_lock.hpp>
 
 namespace rdmax {
-
-namespace detail {
-
-/// Maps and unmaps areas (src/mem/arena_memory.cpp).
-struct area_mapping {
-    std::byte* base = nullptr;
-    std::size_t bytes = 0;
-    bool huge = false;
-};
-/// `bytes` (a multiple of 2 MiB) aligned to `align`; throws rdmax::error.
-[[nodiscard]] area_mapping map_area(std::size_t bytes, std::size_t align, bool huge_pages);
-void unmap_area(const area_mapping& m) noexcept;
-
-/// A test-and-test-and-set lock that never sleeps in the kernel: the
-/// sections it guards are a few dozen instructions long.
-class spin_lock {
-public:
-    void lock() noexcept {
-        while (flag_.exchange(true, std::memory_order_acquire))
-            while (flag_.load(std::memory_order_relaxed))
-                pause();
-    }
-    void unlock() noexcept { flag_.store(false, std::memory_order_release); }
-
-private:
-    static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-    }
-    std::atomic<bool> flag_{false};
-};
-
-} // namespace detail
 
 template <registrar Registrar>
 class basic_registered_arena {
@@ -236,27 +204,8 @@ public:
         return idle_bytes_;
     }
 
-    /// A std::pmr::memory_resource over this arena, so that a
-    /// std::pmr::vector<std::byte> lives in registered memory.
-    class resource : public std::pmr::memory_resource {
-    public:
-        explicit resource(basic_registered_arena& a) noexcept
-            : arena_(&a) {}
-        [[nodiscard]] basic_registered_arena& arena() const noexcept { return *arena_; }
-
-    private:
-        void* do_allocate(std::size_t bytes, std::size_t alignment) override {
-            return arena_->allocate(bytes == 0 ? 1 : bytes, alignment).data;
-        }
-        void do_deallocate(void* p, std::size_t bytes, std::size_t) override {
-            arena_->deallocate(p, bytes == 0 ? 1 : bytes);
-        }
-        [[nodiscard]] bool do_is_equal(const std::pmr::memory_resource& o) const noexcept override {
-            const auto* r = dynamic_cast<const resource*>(&o);
-            return r != nullptr && r->arena_ == arena_;
-        }
-        basic_registered_arena* arena_;
-    };
+    /// A std::pmr::memory_resource over this arena (mem/arena_resource.hpp).
+    class resource;
 
 private:
     // A span's state: a size class (0..classes-1), or one of these.
@@ -648,3 +597,6 @@ private:
 using registered_arena = basic_registered_arena<verbs_registrar>;
 
 } // namespace rdmax
+
+// Defined in its own header, which includes this one first.
+#include <rdmax/mem/arena_resource.hpp>

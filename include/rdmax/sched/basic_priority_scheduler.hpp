@@ -1,0 +1,612 @@
+#pragma once
+// basic_priority_scheduler<Policy, Port>: priority and slicing inside one
+// send queue (sRDMA, seed 004; Justitia's chunk sizes). priority_scheduler.hpp
+// puts it on an RC queue pair; unit tests put it on a simulated send queue.
+//
+// A send queue is FIFO: a 64-byte urgent write waits behind every byte posted
+// before it. The scheduler keeps requests in one FIFO queue per priority
+// level, cuts RDMA writes and reads into slices, and posts slices only while
+// the bytes and work requests in flight are under a budget. So a new request
+// waits for at most the budget's bytes, plus one slice, whatever is queued.
+//
+// A small request (at most one small slice) of the most urgent level that has
+// work is not held by the byte budget: it goes at once, and waits only for
+// the bytes already in flight.
+//
+// What is guaranteed:
+// - one completion per request, with the caller's wr_id, once all its slices
+//   completed (or at once on failure, when the slices it did post are done);
+//   the first failed slice gives its status; requests that were never posted,
+//   or partly posted, when the queue pair failed complete with
+//   IBV_WC_WR_FLUSH_ERR, and later submissions are refused;
+// - FIFO within a level: a request's slices are all posted before the next
+//   request of its level starts, so a READ after a WRITE of the same level
+//   to the same range sees the write;
+// - across levels, no order: a more urgent request overtakes a less urgent
+//   one, even between two of its slices. A request submitted with
+//   `fence = true` is posted only once every request submitted before it, of
+//   any level, was posted whole, and its first slice carries IBV_SEND_FENCE
+//   (it also waits for earlier reads): so a READ with fence sees every write
+//   submitted before it;
+// - WRITE, WRITE_WITH_IMM (the immediate on the last slice only) and READ
+//   are sliced; SEND is posted whole; READ slices in flight stay within the
+//   queue pair's max_rd_atomic;
+// - the slice size adapts: small while a more urgent level has work or had
+//   some within `hold`, large otherwise;
+// - only the last slice of a request is signaled, and those others that the
+//   budget's accounting needs (so that a completion always comes back
+//   before the budget runs dry).
+//
+// Posting can cost as much as sending: on soft-RoCE the doorbell system call
+// transmits the slices it carries, in the caller's thread. So a doorbell that
+// carries a level's slices carries none of a less urgent level (they go with
+// the next call), and poll() hands back finished requests before it posts
+// more: the caller learns that its urgent request finished without first
+// paying for the next bulk slices. On a NIC, both only delay a refill by one
+// call.
+//
+// Progress: the caller's poll() or wait() drives everything (completions in,
+// slices out); submission also posts at once when the budget allows. There is
+// no thread of its own. Like the queue pair, a scheduler is used by one thread
+// at a time, and it owns the queue pair's send side: do not post on the queue
+// pair directly while the scheduler uses it (receives are yours).
+//
+// The data path (submissions, poll) is noexcept and allocates nothing: the
+// request descriptors and the in-flight slice ring are allocated up front.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <boost/intrusive/slist.hpp>
+
+#include <rdmax/mem/buffer.hpp>
+#include <rdmax/sched/coarse_clock.hpp>
+#include <rdmax/sched/priority.hpp>
+#include <rdmax/sched/request_flags.hpp>
+#include <rdmax/sched/scheduler_options.hpp>
+#include <rdmax/sched/scheduling_policy.hpp>
+#include <rdmax/sched/send_port.hpp>
+#include <rdmax/sched/strict_priority.hpp>
+#include <rdmax/status.hpp>
+#include <rdmax/verbs/completion.hpp>
+
+namespace rdmax::sched {
+
+template <SchedulingPolicy Policy, SendPort Port>
+class basic_priority_scheduler {
+public:
+    using clock = coarse_clock;
+
+    /// The port is built from `port_args` (a queue pair, for queue_pair_port).
+    template <class... PortArgs>
+    explicit basic_priority_scheduler(scheduler_options opts, Policy policy,
+                                      PortArgs&&... port_args)
+        : port_(std::forward<PortArgs>(port_args)...)
+        , policy_(std::move(policy))
+        , opts_(clamp(opts, port_))
+        , pool_(opts_.max_requests)
+        , ring_(opts_.budget_wqes) {
+        for (request& r : pool_)
+            free_.push_front(r);
+        // Never active: not the clock's epoch, which is only the boot.
+        last_active_.fill(clock::time_point::min());
+    }
+    basic_priority_scheduler(const basic_priority_scheduler&) = delete;
+    basic_priority_scheduler& operator=(const basic_priority_scheduler&) = delete;
+    ~basic_priority_scheduler() {
+        // The queues link into pool_; unhook before the pool goes.
+        free_.clear();
+        done_.clear();
+        for (auto& q : queues_)
+            q.clear();
+    }
+
+    // ---- submission -------------------------------------------------------------------------
+
+    /// RDMA write of `src` to dst + dst_offset, sliced.
+    template <rights L, rights R>
+        requires(has(R, rights::remote_write))
+    status write(priority p, local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
+                 std::uint64_t wr_id, request_flags f = {}) noexcept {
+        return submit(p, IBV_WR_RDMA_WRITE, src, remote_view(dst), dst_offset, std::nullopt, wr_id,
+                      f);
+    }
+    /// RDMA write whose immediate arrives with the last slice.
+    template <rights L, rights R>
+        requires(has(R, rights::remote_write))
+    status write_imm(priority p, local_buffer<L> src, remote_buffer<R> dst,
+                     std::uint64_t dst_offset, std::uint32_t imm, std::uint64_t wr_id,
+                     request_flags f = {}) noexcept {
+        return submit(p, IBV_WR_RDMA_WRITE_WITH_IMM, src, remote_view(dst), dst_offset, imm, wr_id,
+                      f);
+    }
+    /// RDMA read of src + src_offset into `dst`, sliced.
+    template <rights L, rights R>
+        requires(has(L, rights::local_write) && has(R, rights::remote_read))
+    status read(priority p, local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
+                std::uint64_t wr_id, request_flags f = {}) noexcept {
+        return submit(p, IBV_WR_RDMA_READ, dst, remote_view(src), src_offset, std::nullopt, wr_id,
+                      f);
+    }
+    /// A send, posted whole (the peer's receive must hold all of it).
+    template <rights L>
+    status send(priority p, local_buffer<L> src, std::uint64_t wr_id,
+                request_flags f = {}) noexcept {
+        return submit(p, IBV_WR_SEND, src, std::nullopt, 0, std::nullopt, wr_id, f);
+    }
+    template <rights L>
+    status send_imm(priority p, local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
+                    request_flags f = {}) noexcept {
+        return submit(p, IBV_WR_SEND_WITH_IMM, src, std::nullopt, 0, imm, wr_id, f);
+    }
+
+    // ---- progress ---------------------------------------------------------------------------
+
+    /// Takes in the port's completions and returns finished requests (at
+    /// most out.size(); the rest wait for the next call). A call that has
+    /// none to return posts what the budget allows instead, and so does
+    /// every second call in a row that has some.
+    ///
+    /// Finished requests go back before more is posted because posting can
+    /// take long: on soft-RoCE the doorbell does the device's work, the
+    /// slices' packets, in this thread. Posting first would make the caller
+    /// of an urgent request wait for the next budget of bulk bytes to learn
+    /// that it finished. The exception keeps less urgent work moving for a
+    /// caller that finds a finished request at every call.
+    int poll(std::span<verbs::completion> out) noexcept {
+        reap();
+        if (done_.empty() || deferred_pump_) {
+            pump();
+            deferred_pump_ = false;
+        } else {
+            deferred_pump_ = true;
+        }
+        return deliver(out);
+    }
+
+    /// Like poll(), spinning until a request finished or `timeout` passed; 0
+    /// on timeout, at once when nothing is queued or in flight.
+    int wait(std::span<verbs::completion> out, std::chrono::microseconds timeout) noexcept {
+        // The deadline is on the coarse clock, read every 256 polls: this
+        // spins, and a precise clock may cost a system call per read.
+        const auto deadline = clock::now() + timeout + std::chrono::milliseconds(1);
+        for (std::uint32_t tries = 1;; ++tries) {
+            if (const int n = poll(out); n != 0)
+                return n;
+            if (live_total_ == 0 || ((tries & 255U) == 0 && clock::now() >= deadline))
+                return 0;
+        }
+    }
+
+    // ---- state ------------------------------------------------------------------------------
+
+    /// Requests submitted and not yet handed back by poll().
+    [[nodiscard]] std::size_t outstanding() const noexcept {
+        return opts_.max_requests - free_count_;
+    }
+    /// An earlier request failed: the queue pair is in the error state.
+    [[nodiscard]] bool failed() const noexcept { return broken_; }
+    [[nodiscard]] const scheduler_counters& counters() const noexcept { return counters_; }
+    [[nodiscard]] const scheduler_options& options() const noexcept { return opts_; }
+    [[nodiscard]] Port& port() noexcept { return port_; }
+    [[nodiscard]] Policy& policy() noexcept { return policy_; }
+
+private:
+    using link = boost::intrusive::slist_base_hook<
+        boost::intrusive::link_mode<boost::intrusive::normal_link>>;
+
+    struct request : link {
+        slice_request wr;            ///< first slice's template: addresses advance per slice
+        std::uint64_t length = 0;    ///< bytes in all
+        std::uint64_t posted = 0;    ///< bytes posted so far
+        std::uint64_t seq = 0;       ///< submission order, for fences
+        std::uint64_t wr_id = 0;     ///< the caller's
+        std::uint32_t in_flight = 0; ///< slices posted and not retired
+        ibv_wc_status result = IBV_WC_SUCCESS;
+        std::uint8_t level = 0;
+        bool report = true;  ///< hand a completion back on success
+        bool queued = false; ///< in its level's queue (not yet posted whole)
+        bool first_fenced = false;
+    };
+    using queue = boost::intrusive::slist<request, boost::intrusive::base_hook<link>,
+                                          boost::intrusive::cache_last<true>,
+                                          boost::intrusive::constant_time_size<false>>;
+
+    /// A slice posted and not yet known complete.
+    struct in_flight_slice {
+        request* req = nullptr;
+        std::uint32_t bytes = 0;
+        bool read = false;
+    };
+
+    static scheduler_options clamp(scheduler_options o, const Port& port) noexcept {
+        const std::uint32_t most_msg = std::max<std::uint32_t>(port.max_message(), 1);
+        o.small_slice = std::clamp<std::uint32_t>(o.small_slice, 1, most_msg);
+        o.large_slice = std::clamp<std::uint32_t>(o.large_slice, o.small_slice, most_msg);
+        o.budget_bytes = std::max<std::uint64_t>(o.budget_bytes, 1);
+        // Half the send queue at most: the queue pair's own selective
+        // signaling needs the other half to recycle slots.
+        const std::uint32_t half = std::max<std::uint32_t>(port.slots_free() / 2, 1);
+        o.budget_wqes = std::clamp<std::uint32_t>(o.budget_wqes, 1, half);
+        o.max_requests = std::max<std::uint32_t>(o.max_requests, 1);
+        return o;
+    }
+
+    /// The typed calls checked the rights; past them a buffer is its bytes and key.
+    using local_view = local_buffer<rights::local_read>;
+    using remote_view = remote_buffer<rights::local_read>;
+
+    status submit(priority p, ibv_wr_opcode op, local_view local, std::optional<remote_view> remote,
+                  std::uint64_t remote_offset, std::optional<std::uint32_t> imm,
+                  std::uint64_t wr_id, request_flags f) noexcept {
+        const std::uint32_t length = local.length;
+        if (p.level >= priority_levels)
+            return status::out_of_range;
+        if (broken_)
+            return status::qp_failed;
+        if (!port_.ready())
+            return status::not_connected;
+        const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
+        if (length == 0 && !imm)
+            return status::zero_length;
+        if (is_send && length > port_.max_message())
+            return status::too_long;
+        if (remote && !remote->contains(remote_offset, length))
+            return status::out_of_range;
+        if (free_.empty())
+            return status::queue_full;
+        request& r = free_.front();
+        free_.pop_front();
+        --free_count_;
+        r.wr = {};
+        r.wr.local = local.addr;
+        r.wr.length = length;
+        r.wr.lkey = local.lkey;
+        r.wr.remote_addr = remote ? remote->addr + remote_offset : 0;
+        r.wr.rkey = remote ? remote->rkey : 0;
+        r.wr.opcode = op;
+        r.wr.has_imm = imm.has_value();
+        r.wr.imm = imm.value_or(0);
+        r.wr.solicited = f.solicited;
+        r.length = length;
+        r.posted = 0;
+        r.seq = next_seq_++;
+        r.wr_id = wr_id;
+        r.in_flight = 0;
+        r.result = IBV_WC_SUCCESS;
+        r.level = p.level;
+        r.report = f.signaled;
+        r.first_fenced = f.fence;
+        r.queued = true;
+        queues_[p.level].push_back(r);
+        ++live_[p.level];
+        ++live_total_;
+        ++counters_.requests;
+        pump();
+        return status::ok;
+    }
+
+    /// A more urgent level than `level` has work, or had some within `hold`.
+    [[nodiscard]] bool contended(std::size_t level, clock::time_point now) const noexcept {
+        for (std::size_t l = 0; l < level; ++l)
+            if (live_[l] != 0 || last_active_[l] > now - opts_.hold)
+                return true;
+        return false;
+    }
+
+    /// The oldest request of `level` may start now (fences; read limits).
+    [[nodiscard]] bool startable(const request& r) const noexcept {
+        if (r.wr.opcode == IBV_WR_RDMA_READ && reads_in_flight_ >= port_.max_rd_atomic())
+            return false;
+        if (r.first_fenced && r.posted == 0)
+            for (std::size_t l = 0; l < priority_levels; ++l)
+                if (l != r.level && !queues_[l].empty() && queues_[l].front().seq < r.seq)
+                    return false;
+        return true;
+    }
+
+    /// Posts slices while the budget allows, one doorbell for all of them.
+    void pump() noexcept {
+        if (broken_ || live_total_ == 0)
+            return;
+        const auto now = clock::now();
+        std::uint64_t chain_first = next_slice_;
+        std::size_t most_urgent_staged = priority_levels;
+        for (;;) {
+            if (in_flight_wqes_ >= opts_.budget_wqes || port_.slots_free() == 0) {
+                if (any_queued())
+                    ++counters_.budget_stalls;
+                break;
+            }
+            // Over the byte budget only a small request of the most urgent
+            // level with work may still go: it adds next to nothing to the
+            // wait of what follows, and it then waits for the bytes in flight
+            // only, not also for the budget to come back.
+            const bool over_budget = in_flight_bytes_ >= opts_.budget_bytes;
+            level_mask ready = 0;
+            for (std::size_t l = 0; l < priority_levels; ++l) {
+                if (queues_[l].empty())
+                    continue;
+                const request& r = queues_[l].front();
+                if (over_budget && (r.length - r.posted > opts_.small_slice || contended(l, now)))
+                    continue;
+                if (startable(r))
+                    ready |= level_mask{1} << l;
+            }
+            if (over_budget && ready == 0) {
+                if (any_queued())
+                    ++counters_.budget_stalls;
+                break;
+            }
+            const int picked = policy_.pick(ready);
+            if (picked < 0)
+                break;
+            const auto level = static_cast<std::size_t>(picked);
+            // Once a more urgent level's slices are staged, a less urgent
+            // level's wait for the next call: the caller then gets back to
+            // polling, and learns that its urgent request finished, without
+            // first paying for posting the bulk (on soft-RoCE, posting is the
+            // packets' transmission, in this thread).
+            if (level > most_urgent_staged)
+                break;
+            const status st = post_slice(queues_[level].front(), level, contended(level, now));
+            if (st == status::ok)
+                most_urgent_staged = std::min(most_urgent_staged, level);
+            if (st == status::batch_full && next_slice_ != chain_first) {
+                if (!ring(chain_first))
+                    return;
+                chain_first = next_slice_;
+                continue;
+            }
+            if (st != status::ok)
+                break; // queue_full: the queue pair's own completions free slots
+        }
+        if (next_slice_ != chain_first)
+            ring(chain_first);
+    }
+
+    /// Stages the next slice of `r`.
+    status post_slice(request& r, std::size_t level, bool small) noexcept {
+        const bool sliced = r.wr.opcode == IBV_WR_RDMA_WRITE ||
+                            r.wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+                            r.wr.opcode == IBV_WR_RDMA_READ;
+        const std::uint64_t left = r.length - r.posted;
+        const std::uint64_t cut = small ? opts_.small_slice : opts_.large_slice;
+        const auto len = static_cast<std::uint32_t>(sliced ? std::min(left, cut) : left);
+        const bool last = r.posted + len == r.length;
+        const bool read = r.wr.opcode == IBV_WR_RDMA_READ;
+
+        slice_request s = r.wr;
+        s.id = next_slice_;
+        s.local = r.wr.local + r.posted;
+        s.length = len;
+        s.remote_addr = r.wr.remote_addr + r.posted;
+        s.has_imm = last && r.wr.has_imm;
+        s.solicited = last && r.wr.solicited;
+        if (s.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !last)
+            s.opcode = IBV_WR_RDMA_WRITE;
+        s.fence = r.first_fenced && r.posted == 0;
+        // Signal the last slice, and any slice after which the budget could
+        // run dry before a signaled completion came back.
+        const std::uint64_t bytes_after = in_flight_bytes_ + len;
+        s.signaled = last || bytes_after >= opts_.budget_bytes ||
+                     in_flight_wqes_ + 1 >= opts_.budget_wqes ||
+                     unsignaled_bytes_ + len >= opts_.budget_bytes / 2 ||
+                     (read && reads_in_flight_ + 1 >= port_.max_rd_atomic());
+        if (const status st = port_.stage(s); st != status::ok)
+            return st;
+
+        ring_[next_slice_ % ring_.size()] = {&r, len, read};
+        ++next_slice_;
+        r.posted += len;
+        ++r.in_flight;
+        in_flight_bytes_ += len;
+        ++in_flight_wqes_;
+        reads_in_flight_ += read ? 1U : 0U;
+        unsignaled_bytes_ = s.signaled ? 0 : unsignaled_bytes_ + len;
+        counters_.in_flight_bytes = in_flight_bytes_;
+        counters_.max_in_flight = std::max(counters_.max_in_flight, in_flight_bytes_);
+        ++counters_.slices;
+        counters_.small_slices += small && sliced ? 1U : 0U;
+        counters_.signaled += s.signaled ? 1U : 0U;
+        counters_.bytes += len;
+        policy_.charge(level, len);
+        if (last) {
+            queues_[level].pop_front();
+            r.queued = false;
+            if (queues_[level].empty())
+                policy_.idle(level);
+        }
+        return status::ok;
+    }
+
+    /// Rings the doorbell for the slices staged from id `first` on. False if
+    /// the device refused some, which fails the scheduler.
+    bool ring(std::uint64_t first) noexcept {
+        ++counters_.doorbells;
+        if (port_.post() == status::ok)
+            return true;
+        // The slices the device did not take would never complete: take
+        // them back, newest first, as failed. Those it took complete flushed,
+        // because the queue pair is moved to the error state: nothing waits
+        // for a completion that cannot come.
+        const std::uint64_t refused_from = first + port_.accepted();
+        while (next_slice_ > refused_from) {
+            --next_slice_;
+            release_slice(next_slice_, IBV_WC_LOC_QP_OP_ERR);
+        }
+        port_.fail();
+        fail_all(IBV_WC_WR_FLUSH_ERR);
+        return false;
+    }
+
+    [[nodiscard]] bool any_queued() const noexcept {
+        for (const auto& q : queues_)
+            if (!q.empty())
+                return true;
+        return false;
+    }
+
+    /// Takes the port's completions in.
+    void reap() noexcept {
+        verbs::completion wcs[32];
+        for (;;) {
+            const int n = port_.poll(wcs);
+            if (n <= 0)
+                break;
+            for (int i = 0; i < n; ++i) {
+                const verbs::completion& c = wcs[i];
+                // Not a slice in flight (a request someone else posted on the
+                // queue pair, such as a handle issuer's bind): not ours to retire.
+                if (c.wr_id < tail_slice_ || c.wr_id >= next_slice_) {
+                    ++counters_.foreign_completions;
+                    continue;
+                }
+                // In order: one completion retires every slice up to it.
+                while (tail_slice_ < c.wr_id)
+                    retire_oldest(IBV_WC_SUCCESS);
+                retire_oldest(c.status);
+            }
+            if (n < static_cast<int>(std::size(wcs)))
+                break;
+        }
+        if (broken_)
+            fail_all(IBV_WC_WR_FLUSH_ERR);
+    }
+
+    /// The oldest slice in flight completed with `st`.
+    void retire_oldest(ibv_wc_status st) noexcept { release_slice(tail_slice_++, st); }
+
+    void release_slice(std::uint64_t id, ibv_wc_status st) noexcept {
+        in_flight_slice& s = ring_[id % ring_.size()];
+        request& r = *s.req;
+        in_flight_bytes_ -= s.bytes;
+        --in_flight_wqes_;
+        reads_in_flight_ -= s.read ? 1U : 0U;
+        counters_.in_flight_bytes = in_flight_bytes_;
+        if (in_flight_wqes_ == 0)
+            unsignaled_bytes_ = 0;
+        --r.in_flight;
+        if (st != IBV_WC_SUCCESS) {
+            // An RC queue pair goes to the error state at its first failure;
+            // everything after it is flushed.
+            if (r.result == IBV_WC_SUCCESS)
+                r.result = st;
+            broken_ = true;
+        }
+        finish_if_done(r);
+    }
+
+    void finish_if_done(request& r) noexcept {
+        if (r.in_flight != 0)
+            return;
+        if (r.result == IBV_WC_SUCCESS && (r.queued || r.posted != r.length))
+            return;
+        if (r.queued) {
+            // A request fails while queued only as the oldest of its level
+            // (the only one with slices posted) or from fail_all(), which
+            // takes them from the front too.
+            queue& q = queues_[r.level];
+            if (&q.front() == &r)
+                q.pop_front();
+            else
+                q.remove_if([&](const request& x) { return &x == &r; });
+            r.queued = false;
+            if (queues_[r.level].empty())
+                policy_.idle(r.level);
+        }
+        --live_[r.level];
+        --live_total_;
+        last_active_[r.level] = clock::now();
+        if (r.result == IBV_WC_SUCCESS)
+            ++counters_.completed;
+        else
+            ++counters_.failed;
+        if (r.report || r.result != IBV_WC_SUCCESS) {
+            done_.push_back(r);
+        } else {
+            free_.push_front(r);
+            ++free_count_;
+        }
+    }
+
+    /// Fails every request that has not finished: the queue pair will post
+    /// nothing more.
+    void fail_all(ibv_wc_status st) noexcept {
+        broken_ = true;
+        for (std::size_t l = 0; l < priority_levels; ++l) {
+            queue& q = queues_[l];
+            while (!q.empty()) {
+                request& r = q.front();
+                if (r.result == IBV_WC_SUCCESS)
+                    r.result = st;
+                if (r.in_flight != 0) {
+                    // Its posted slices still complete (flushed): it finishes then.
+                    q.pop_front();
+                    r.queued = false;
+                    continue;
+                }
+                finish_if_done(r);
+            }
+            policy_.idle(l);
+        }
+    }
+
+    int deliver(std::span<verbs::completion> out) noexcept {
+        int k = 0;
+        while (!done_.empty() && static_cast<std::size_t>(k) < out.size()) {
+            request& r = done_.front();
+            done_.pop_front();
+            verbs::completion c;
+            c.wr_id = r.wr_id;
+            c.status = r.result;
+            c.opcode = opcode_of(r.wr.opcode);
+            c.byte_len = static_cast<std::uint32_t>(r.length);
+            out[static_cast<std::size_t>(k++)] = c;
+            free_.push_front(r);
+            ++free_count_;
+        }
+        return k;
+    }
+
+    static ibv_wc_opcode opcode_of(ibv_wr_opcode op) noexcept {
+        switch (op) {
+        case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+        case IBV_WR_SEND:
+        case IBV_WR_SEND_WITH_IMM: return IBV_WC_SEND;
+        default: return IBV_WC_RDMA_WRITE;
+        }
+    }
+
+    Port port_;
+    Policy policy_;
+    scheduler_options opts_;
+    std::vector<request> pool_;
+    std::vector<in_flight_slice> ring_;
+    queue free_;
+    queue done_;
+    std::array<queue, priority_levels> queues_;
+    std::array<std::uint32_t, priority_levels> live_{}; ///< queued or in flight, per level
+    std::array<clock::time_point, priority_levels> last_active_{};
+    std::size_t free_count_ = pool_.size();
+    std::uint32_t live_total_ = 0;
+    std::uint64_t next_seq_ = 0;
+    std::uint64_t next_slice_ = 0; ///< id of the next slice to post
+    std::uint64_t tail_slice_ = 0; ///< oldest slice in flight
+    std::uint64_t in_flight_bytes_ = 0;
+    std::uint64_t unsignaled_bytes_ = 0; ///< posted since the last signaled slice
+    std::uint32_t in_flight_wqes_ = 0;
+    std::uint32_t reads_in_flight_ = 0;
+    bool broken_ = false;
+    bool deferred_pump_ = false; ///< the last poll() returned requests without posting
+    scheduler_counters counters_;
+};
+
+} // namespace rdmax::sched

@@ -93,4 +93,24 @@ private:
     std::uint32_t* users_ = nullptr; ///< set for a session's handle
 };
 
+// The cache's local() and remote() pair a handle with its buffer: defined
+// here, where handle is complete (clang wants a by-value parameter's type
+// complete where the function is defined, whichever header came first).
+template <registrar Registrar, monitor Monitor>
+template <rights A>
+auto registration_cache<Registrar, Monitor>::hold_local(handle h, const void* addr, std::size_t len)
+    -> held<local_buffer<A>> {
+    auto b = h.template local<A>(addr, len);
+    return {std::move(h), b};
+}
+
+template <registrar Registrar, monitor Monitor>
+template <rights A>
+auto registration_cache<Registrar, Monitor>::hold_remote(handle h, const void* addr,
+                                                         std::size_t len)
+    -> held<remote_buffer<A>> {
+    auto b = h.template remote<A>(addr, len);
+    return {std::move(h), b};
+}
+
 } // namespace rdmax

@@ -209,17 +209,13 @@ public:
     static constexpr std::size_t entry_bytes = sizeof(entry);
 
 private:
-    /// A handle and the buffer it covers, for local() and remote().
+    /// A handle and the buffer it covers, for local() and remote(). Defined
+    /// in cache_handle.hpp, where handle is complete (clang wants a by-value
+    /// parameter's type complete where the function is defined).
     template <rights A>
-    static held<local_buffer<A>> hold_local(handle h, const void* addr, std::size_t len) {
-        auto b = h.template local<A>(addr, len);
-        return {std::move(h), b};
-    }
+    static held<local_buffer<A>> hold_local(handle h, const void* addr, std::size_t len);
     template <rights A>
-    static held<remote_buffer<A>> hold_remote(handle h, const void* addr, std::size_t len) {
-        auto b = h.template remote<A>(addr, len);
-        return {std::move(h), b};
-    }
+    static held<remote_buffer<A>> hold_remote(handle h, const void* addr, std::size_t len);
 
     using ring_hook = boost::intrusive::list_base_hook<>;
     using tree_hook = boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>>;

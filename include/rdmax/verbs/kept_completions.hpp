@@ -102,8 +102,12 @@ public:
     }
 
 private:
-    completion& at(std::size_t i) noexcept { return ring_[(head_ + i) % ring_.size()]; }
-    const completion& at(std::size_t i) const noexcept { return ring_[(head_ + i) % ring_.size()]; }
+    [[nodiscard]] completion& at(std::size_t i) noexcept {
+        return ring_[(head_ + i) % ring_.size()];
+    }
+    [[nodiscard]] const completion& at(std::size_t i) const noexcept {
+        return ring_[(head_ + i) % ring_.size()];
+    }
     void drop_front(std::size_t k) noexcept {
         count_ -= k;
         head_ = count_ == 0 ? 0 : (head_ + k) % ring_.size();

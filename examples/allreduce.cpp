@@ -15,11 +15,15 @@
 // carries an immediate, which raises a receive completion at the neighbour only
 // once all the chunk's bytes are there: the arrival costs no extra message.
 // The vectors live in a registered arena, so nothing is registered per call.
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory_resource>
+#include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unistd.h>

@@ -1,10 +1,12 @@
-// allreduce: ring allreduce (sum) of float vectors over RDMA writes, N ranks
-// connected in a ring with rdma_cm, in three ways of getting memory registered.
+// rdmax_allreduce_bench: ring allreduce (sum) of float vectors over RDMA writes,
+// N ranks connected in a ring with rdma_cm, in three ways of getting memory
+// registered, timed (examples/allreduce.cpp is the short version to copy).
 //
-//   allreduce -r RANK -n SIZE [-a ADDR | -H HOST0,HOST1,...] [--mode per-call|cache|arena|all]
+//   rdmax_allreduce_bench -r RANK -n SIZE [-a ADDR | -H HOST0,HOST1,...] [--mode
+//   per-call|cache|arena|all]
 //             [-s MIN] [-S MAX] [-i ITERS] [-w ROUNDS] [-t SECONDS] [-p BASE_PORT]
 //             [--json FILE] [--order interleaved|blocked] [--wait block|spin|hybrid|yield]
-//             [--keys-baseline]   (allreduce -h says more)
+//             [--keys-baseline]   (-h says more)
 //
 // examples/allreduce-local starts N ranks on this machine. The rank and size
 // can also come from mpirun or srun (OMPI_COMM_WORLD_*, PMI_*, SLURM_*).
@@ -98,7 +100,7 @@ using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 
 constexpr const char* usage_text = R"(usage:
-  allreduce -r RANK -n SIZE [-a ADDR | -H HOST0,HOST1,... | --hostfile FILE]
+  rdmax_allreduce_bench -r RANK -n SIZE [-a ADDR | -H HOST0,HOST1,... | --hostfile FILE]
             [--mode per-call|cache|arena|all] [-s MIN] [-S MAX] [-i ITERS]
             [-t SECONDS] [-p BASE_PORT] [--json FILE] [--order interleaved|blocked]
             [-w ROUNDS] [--wait block|spin|hybrid|yield] [--spin-us US]

@@ -26,7 +26,7 @@
 //   process alone, then in N processes at once (each its own context, PD and
 //   buffer, started together by a barrier): what registration costs when N
 //   ranks of a job on one machine register at the same time, as the ranks of
-//   examples/allreduce --mode per-call do. The figure to set beside a
+//   examples/bench/rdmax_allreduce_bench --mode per-call do. The figure to set beside a
 //   per-call allreduce of N ranks on the same machine.
 //
 // --alloc (no device: counting_registrar registers nothing): the median

@@ -32,6 +32,7 @@
 #include <linux/wait.h>
 #include <linux/xarray.h>
 
+#include "rdmax_compat.h"
 #include "rdmax_kmod.h"
 
 static unsigned int max_regions = 65536;
@@ -510,8 +511,7 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 	    vma->vm_end - vma->vm_start > PAGE_ALIGN(f->status_bytes))
 		return -EINVAL;
 	/* Nor may mprotect() make it writable later. */
-	vma->vm_flags &= ~VM_MAYWRITE;
-	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
+	rdmax_vm_flags_mod(vma, VM_DONTEXPAND | VM_DONTDUMP, VM_MAYWRITE);
 	return vm_map_pages(vma, f->status_pages, f->status_npages);
 }
 
@@ -610,7 +610,7 @@ static const struct file_operations rdmax_fops = {
 	.read = rdmax_read,
 	.poll = rdmax_poll,
 	.mmap = rdmax_mmap,
-	.llseek = no_llseek,
+	.llseek = rdmax_no_llseek,
 };
 
 static struct miscdevice rdmax_misc = {

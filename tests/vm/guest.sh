@@ -10,12 +10,25 @@ results=/run/rdmax-vm
 
 step() { "$@" >"$results/setup.log" 2>&1 || { echo "rdmax-vm: setup failed: $*"; cat "$results/setup.log"; echo 125 >"$results/status"; exit 125; }; }
 
+# A kernel from tests/vm/kernel's cache: its modules, where modprobe looks.
+if [ -n "${RDMAX_VM_MODULES:-}" ]; then
+    step mkdir -p "/lib/modules/$(uname -r)"
+    step mount --bind "$RDMAX_VM_MODULES" "/lib/modules/$(uname -r)"
+fi
+
 ip link set lo up
 step modprobe dummy numdummies=0
 step ip link add "$RDMAX_VM_NETDEV" type dummy
 step ip addr add "$RDMAX_TEST_ADDR/24" dev "$RDMAX_VM_NETDEV"
 step ip link set "$RDMAX_VM_NETDEV" up
-step modprobe rdma_rxe
+if [ -n "${RDMAX_VM_RXE_MODULE:-}" ]; then
+    # soft-RoCE rebuilt with tests/vm/patches (tests/vm/kernel says why).
+    for dep in $(modinfo -F depends "$RDMAX_VM_RXE_MODULE" | tr , ' '); do step modprobe "$dep"; done
+    step insmod "$RDMAX_VM_RXE_MODULE"
+    echo "rdmax-vm: soft-RoCE built with tests/vm/patches"
+else
+    step modprobe rdma_rxe
+fi
 step modprobe ib_uverbs
 step modprobe rdma_ucm
 step rdma link add "$RDMAX_TEST_DEVICE" type rxe netdev "$RDMAX_VM_NETDEV"
@@ -39,13 +52,13 @@ mapped_gid=$(echo "$RDMAX_TEST_ADDR" | awk -F. '{ printf "ffff:%02x%02x:%02x%02x
 has_gid() { cat /sys/class/infiniband/"$RDMAX_TEST_DEVICE"/ports/1/gids/* 2>/dev/null | grep -q "$mapped_gid$"; }
 wait_until has_gid || not_ready "no GID for $RDMAX_TEST_ADDR on $RDMAX_TEST_DEVICE"
 
-if [ -f "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko" ]; then
-    if [ "$(modinfo -F vermagic "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko" | cut -d' ' -f1)" = "$(uname -r)" ]; then
-        step insmod "$RDMAX_VM_PROJECT/build/kmod/rdmax.ko"
-        echo "rdmax-vm: loaded the rdmax module"
-    else
-        echo "rdmax-vm: build/kmod/rdmax.ko was built for another kernel; not loaded"
-    fi
+# kmod/build leaves the module at build/kmod/KVER/rdmax.ko.
+module=$RDMAX_VM_PROJECT/build/kmod/$(uname -r)/rdmax.ko
+if [ -f "$module" ]; then
+    step insmod "$module"
+    echo "rdmax-vm: loaded the rdmax module"
+else
+    echo "rdmax-vm: no build/kmod/$(uname -r)/rdmax.ko (kmod/build); the module is not loaded"
 fi
 
 cd "$RDMAX_VM_PROJECT" || exit 125

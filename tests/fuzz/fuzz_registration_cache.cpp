@@ -58,7 +58,7 @@ struct tracking_registrar : rdmax::counting_registrar {
     std::map<std::uint32_t, record> registered;
 
     [[nodiscard]] handle reg(void* addr, std::size_t len, rights granted) {
-        handle h = counting_registrar::reg(addr, len, rights);
+        handle h = counting_registrar::reg(addr, len, granted);
         require(registered.emplace(h->key, *h).second, "a key registered twice");
         return h;
     }
@@ -294,7 +294,7 @@ void do_get(cache_t& c, model& m, input& in) {
     }
     require(start % page == 0 && end % page == 0, "a handle's range is not page aligned");
     require(start <= lo && end >= lo + len, "a handle does not cover what was asked");
-    require(rdmax::has(rights, want), "a handle lacks rights that were asked");
+    require(rdmax::has(granted, want), "a handle lacks rights that were asked");
     require(start >= base && end <= base + arena_pages * page,
             "a handle reaches outside everything ever asked for");
     for (std::uintptr_t p = (start - base) / page; p < (end - base) / page; ++p)
@@ -306,7 +306,7 @@ void do_get(cache_t& c, model& m, input& in) {
     const bool over = c.counters().registered_count > m.opt.max_count ||
                       c.counters().registered_bytes > m.opt.max_bytes;
     const bool miss = reg.regs != regs_before;
-    m.handles.push_back({std::move(h), lo, lo + len, want, start, end, rights, key});
+    m.handles.push_back({std::move(h), lo, lo + len, want, start, end, granted, key});
     if (miss && m.opt.enable && !(armed > 0 && fail_errno == EFAULT) && over)
         require(idle_count(c, m) == 0, "over a limit after a miss with idle registrations left");
 }

@@ -17,6 +17,7 @@
 #include <rdmax/mem/memory_pressure.hpp>
 #include <rdmax/mem/memory_region.hpp>
 #include <rdmax/mem/monitor.hpp>
+#include <rdmax/mem/on_demand_check.hpp>
 #include <rdmax/mem/page_table.hpp>
 #include <rdmax/mem/pending_invalidations.hpp>
 #include <rdmax/mem/rcache_options.hpp>

@@ -68,6 +68,8 @@ device_limits query_limits(ibv_context* ctx) {
     l.mw_type_2b = (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
     l.memory_windows = l.mw_type_2a || l.mw_type_2b;
     l.on_demand_paging = (attr.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0;
+    l.odp_rc_caps = attr.odp_caps.per_transport_caps.rc_odp_caps;
+    l.odp_ud_caps = attr.odp_caps.per_transport_caps.ud_odp_caps;
     return l;
 }
 

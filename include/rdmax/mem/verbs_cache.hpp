@@ -13,10 +13,10 @@
 
 #include <rdmax/error.hpp>
 #include <rdmax/mem/auto_monitor.hpp>
+#include <rdmax/mem/on_demand_check.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/registration_cache.hpp>
-#include <rdmax/verbs/context.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 
 namespace rdmax {
@@ -24,17 +24,26 @@ namespace rdmax {
 using verbs_cache = registration_cache<verbs_registrar, auto_monitor>;
 
 /// A cache for `pd`. The options default to rcache_options{}.with_env(); a
-/// malformed RDMAX_RCACHE_* value, a monitor asked for by name that this
-/// process cannot have, or on-demand registration on a device without
-/// on-demand paging throws rdmax::error saying which and why.
+/// malformed RDMAX_RCACHE_* value, or a monitor asked for by name that this
+/// process cannot have, throws rdmax::error saying which and why.
+///
+/// With on_demand (RDMAX_RCACHE_ODP=1) the device's on-demand paging is
+/// checked first (check_on_demand: capabilities and a self-test, once per
+/// device); where it cannot be trusted, this throws ENOTSUP with the reason,
+/// rather than hand out registrations that might move wrong bytes. An ODP
+/// registration follows the process's page tables, so it cannot go stale:
+/// with monitor automatic the cache then watches nothing (manual), keeping
+/// its registrations until they are evicted or invalidate()d.
 [[nodiscard]] inline verbs_cache
 make_verbs_cache(const verbs::protection_domain& pd,
                  rcache_options opt = rcache_options{}.with_env()) {
-    if (opt.on_demand && !pd.device().limits().on_demand_paging)
-        throw_error("make_verbs_cache", ENOTSUP,
-                    fmt::format("{} has no on-demand paging (IBV_ODP_SUPPORT): register pinned "
-                                "(RDMAX_RCACHE_ODP=0)",
-                                pd.device().name()));
+    if (opt.on_demand) {
+        if (const on_demand_verdict v = check_on_demand(pd); !v.usable())
+            throw_error("make_verbs_cache", ENOTSUP,
+                        fmt::format("{}: register pinned (RDMAX_RCACHE_ODP=0)", v.problem));
+        if (opt.monitor == monitor_kind::automatic)
+            opt.monitor = monitor_kind::manual;
+    }
     return verbs_cache(verbs_registrar(pd, opt.on_demand), auto_monitor(opt.monitor), opt);
 }
 

@@ -35,6 +35,10 @@ struct device_limits {
     bool mw_type_2a = false;
     bool mw_type_2b = false;
     bool on_demand_paging = false;
+    /// IBV_ODP_SUPPORT_* bits: what on-demand registrations may be used for
+    /// on RC and UD queue pairs (mem/on_demand_check.hpp checks them).
+    std::uint32_t odp_rc_caps = 0;
+    std::uint32_t odp_ud_caps = 0;
 };
 
 } // namespace rdmax::verbs
@@ -70,7 +74,10 @@ struct fmt::formatter<rdmax::verbs::device_limits> {
                               : l.mw_type_2a && l.mw_type_2b ? "type 2A and 2B"
                               : l.mw_type_2a                 ? "type 2A"
                                                              : "type 2B");
-        row("on-demand paging", l.on_demand_paging ? "yes" : "no");
+        row("on-demand paging",
+            l.on_demand_paging
+                ? fmt::format("yes (rc caps {:#x}, ud caps {:#x})", l.odp_rc_caps, l.odp_ud_caps)
+                : std::string("no"));
         return out;
     }
 };

@@ -10,6 +10,9 @@ RDMAX_PKGS_RDMA="ibverbs-providers ibverbs-utils rdmacm-utils iproute2"
 # tests/run's fuzz suite: clang with libFuzzer and the sanitizer runtimes.
 RDMAX_PKGS_FUZZ="clang-16 libclang-rt-16-dev"
 RDMAX_PKGS_VM="qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod"
+# The VM's other kernels (tests/vm/kernel): unpacked, built in a debootstrap
+# root where their gcc is newer than this host's, BTF for their modules (pahole).
+RDMAX_PKGS_VM_MATRIX="debootstrap dwarves xz-utils zstd patch"
 
 rdmax_missing_packages() {
     local p missing=()

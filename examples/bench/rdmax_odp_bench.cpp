@@ -223,12 +223,11 @@ struct rig {
 struct region {
     std::byte* p;
     std::size_t len;
-    ibv_mr* mr;
+    ibv_mr* mr = nullptr;
     region(const verbs::protection_domain& pd, std::size_t pages, int access, bool touch)
         : p(static_cast<std::byte*>(mmap(nullptr, pages * page, PROT_READ | PROT_WRITE,
                                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)))
-        , len(pages * page)
-        , mr(nullptr) {
+        , len(pages * page) {
         if (p == MAP_FAILED)
             fail("mmap failed");
         if (touch)
@@ -243,7 +242,7 @@ struct region {
         ibv_dereg_mr(mr);
         munmap(p, len);
     }
-    std::byte* at(std::uint32_t i) const { return p + std::size_t{i} * page; }
+    [[nodiscard]] std::byte* at(std::uint32_t i) const { return p + std::size_t{i} * page; }
 };
 
 void fault_costs(const bench_options& o, const verbs::protection_domain& pd, json_list& json) {
@@ -301,6 +300,7 @@ void fault_costs(const bench_options& o, const verbs::protection_domain& pd, jso
         rate.stop();
         const auto med = [&](std::vector<std::uint64_t>& c) {
             std::vector<double> us;
+            us.reserve(c.size());
             for (const std::uint64_t x : c)
                 us.push_back(static_cast<double>(x) / rate.per_us());
             return median(us);

@@ -26,6 +26,7 @@
 #include <rdmax/mem/verbs_cache.hpp>
 
 #include "../support/loopback.hpp"
+#include "../support/pages.hpp"
 #include "../support/skip_reason.hpp"
 
 using namespace rdmax;
@@ -33,7 +34,7 @@ using namespace rdmax::test;
 
 namespace {
 
-const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+const std::size_t page = page_bytes;
 
 rcache_options on_demand(monitor_kind k = monitor_kind::automatic) {
     rcache_options o;
@@ -42,38 +43,12 @@ rcache_options on_demand(monitor_kind k = monitor_kind::automatic) {
     return o;
 }
 
-/// Anonymous pages (at `where` when given), filled with a pattern.
-std::byte* map_at(void* where, std::size_t len, unsigned seed) {
-    void* p = mmap(where, len, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | (where != nullptr ? MAP_FIXED : 0), -1, 0);
-    REQUIRE(p != MAP_FAILED);
-    auto* b = static_cast<std::byte*>(p);
-    fill_pattern(std::span(b, len), seed);
-    return b;
-}
-
 /// RDMA-reads [src, src + len) through the cache into `into`.
 void read_through(loopback& lp, verbs_cache& cache, const std::byte* src, std::size_t len,
                   registered& into) {
     auto token = cache.remote<rights::remote_read>(src, len);
     REQUIRE(lp.a.read(into.mr.local(0, len), token.buffer, 0, 1) == status::ok);
     REQUIRE(wait_send(lp.a).ok());
-}
-
-/// The physical frame behind each page of [p, p + len), from /proc/self/pagemap.
-std::vector<std::uint64_t> frames(const std::byte* p, std::size_t len) {
-    const int fd = open("/proc/self/pagemap", O_RDONLY);
-    REQUIRE(fd >= 0);
-    std::vector<std::uint64_t> out;
-    for (std::size_t off = 0; off < len; off += page) {
-        std::uint64_t entry = 0;
-        const auto at = static_cast<off_t>((reinterpret_cast<std::uintptr_t>(p) + off) / page * 8);
-        REQUIRE(pread(fd, &entry, sizeof entry, at) == static_cast<ssize_t>(sizeof entry));
-        REQUIRE((entry >> 63) == 1); // present
-        out.push_back(entry & ((std::uint64_t{1} << 55) - 1));
-    }
-    close(fd);
-    return out;
 }
 
 /// Resident anonymous memory of this process, bytes (RssAnon of /proc/self/status).

@@ -15,13 +15,14 @@
 #include <rdmax/mem/verbs_cache.hpp>
 
 #include "../support/loopback.hpp"
+#include "../support/pages.hpp"
 
 using namespace rdmax;
 using namespace rdmax::test;
 
 namespace {
 
-const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+const std::size_t page = page_bytes;
 constexpr rdmax::rights rr = rights::remote_read;
 constexpr rdmax::rights rw = rights::remote_write;
 constexpr rdmax::rights lw = rights::local_write;
@@ -36,16 +37,6 @@ verbs_cache make_cache(const verbs::protection_domain& pd, monitor_kind k) {
     return verbs_cache(verbs_registrar(pd), auto_monitor(k), with_monitor(k));
 }
 
-/// Anonymous pages at a fixed place, filled with a pattern.
-std::byte* map_at(void* where, std::size_t len, unsigned seed) {
-    void* p = mmap(where, len, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | (where != nullptr ? MAP_FIXED : 0), -1, 0);
-    REQUIRE(p != MAP_FAILED);
-    auto* b = static_cast<std::byte*>(p);
-    fill_pattern(std::span(b, len), seed);
-    return b;
-}
-
 /// RDMA-reads [src, src + len) of this process, addressed through the cache,
 /// into `into`.
 template <class Cache>
@@ -54,23 +45,6 @@ void read_through(loopback& lp, Cache& cache, const std::byte* src, std::size_t 
     auto token = cache.template remote<rr>(src, len);
     REQUIRE(lp.a.read(into.mr.local(0, len), token.buffer, 0, 1) == status::ok);
     REQUIRE(wait_send(lp.a).ok());
-}
-
-/// The physical frame behind each page of [p, p + len), from /proc/self/pagemap
-/// (frames read as 0 without CAP_SYS_ADMIN).
-std::vector<std::uint64_t> frames(const std::byte* p, std::size_t len) {
-    const int fd = open("/proc/self/pagemap", O_RDONLY);
-    REQUIRE(fd >= 0);
-    std::vector<std::uint64_t> out;
-    for (std::size_t off = 0; off < len; off += page) {
-        std::uint64_t entry = 0;
-        const auto at = static_cast<off_t>((reinterpret_cast<std::uintptr_t>(p) + off) / page * 8);
-        REQUIRE(pread(fd, &entry, sizeof entry, at) == static_cast<ssize_t>(sizeof entry));
-        REQUIRE((entry >> 63) == 1); // present
-        out.push_back(entry & ((std::uint64_t{1} << 55) - 1));
-    }
-    close(fd);
-    return out;
 }
 
 } // namespace

@@ -253,7 +253,7 @@ inline bool log_log_plot(const std::string& png, const std::string& title,
                "set key top left\nset xrange [{}:{}]\nset format y \"%g\"\n"
                "set xtics (\"64\" 64, \"1K\" 1024, \"4K\" 4096, \"16K\" 16384, \"64K\" 65536, "
                "\"256K\" 262144, \"1M\" 1048576, \"4M\" 4194304, \"16M\" 16777216, \"64M\" "
-               "67108864, \"256M\" 268435456)\n",
+               "67108864, \"256M\" 268435456, \"1G\" 1073741824)\n",
                gnuplot_quoted(title), gnuplot_quoted(xlabel), gnuplot_quoted(ylabel), lo, hi);
     for (std::size_t s = 0; s < series.size(); ++s) {
         fmt::print(gp, "$d{} << EOD\n", s);

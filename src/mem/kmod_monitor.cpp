@@ -106,7 +106,7 @@ kmod_monitor::token kmod_monitor::watch(std::uintptr_t start, std::size_t len) {
     req.cookie = start;
     for (int attempt = 0; attempt < 8; ++attempt) {
         if (ioctl(fd_, RDMAX_IOC_MONITOR, &req) == 0)
-            return {req.slot, req.generation};
+            return {generations_ + req.slot, req.generation};
         if (errno == EAGAIN) // the range changed while the module set up its watch
             continue;
         if (errno == EFAULT || errno == ENOSPC)
@@ -121,7 +121,7 @@ void kmod_monitor::unwatch(token t) noexcept {
     if (t.generation == 0 || fd_ < 0 || fork_generation() != fork_generation_)
         return;
     rdmax_unmonitor req{};
-    req.slot = t.slot;
+    req.slot = static_cast<std::uint32_t>(t.where - generations_);
     req.generation = t.generation;
     ioctl(fd_, RDMAX_IOC_UNMONITOR, &req);
 }

@@ -622,6 +622,24 @@ TEST_CASE("kmod: the cache's kmod monitor: unmap seen by one load, file mappings
     munmap(p, 4 * page);
 }
 
+TEST_CASE("kmod: a monitor's token is valid through its own pointer until unmap or unwatch") {
+    rdmax::kmod_monitor mon;
+    CHECK_FALSE(rdmax::kmod_monitor::valid(rdmax::kmod_monitor::token{})); // watches nothing
+    std::byte* p = map(2);
+    const auto a = mon.watch(reinterpret_cast<std::uintptr_t>(p), page);
+    const auto b = mon.watch(reinterpret_cast<std::uintptr_t>(p + page), page);
+    REQUIRE(rdmax::kmod_monitor::valid(a));
+    REQUIRE(rdmax::kmod_monitor::valid(b));
+    CHECK(a.where != b.where);
+    mon.unwatch(b); // the slot found from the pointer: b reads invalid at once
+    CHECK_FALSE(rdmax::kmod_monitor::valid(b));
+    CHECK(rdmax::kmod_monitor::valid(a));
+    REQUIRE(munmap(p, page) == 0);
+    CHECK_FALSE(rdmax::kmod_monitor::valid(a));
+    mon.unwatch(a);
+    munmap(p + page, page);
+}
+
 std::optional<std::string> rdmax::test::skip_reason() {
     if (rdmax::kmod_monitor::available())
         return std::nullopt;

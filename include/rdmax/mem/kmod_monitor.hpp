@@ -18,10 +18,18 @@
 
 namespace rdmax {
 
+namespace detail {
+/// What a token that watches nothing points at: odd, so never any token's
+/// generation.
+inline constexpr unsigned long long kmod_unwatched = 1;
+} // namespace detail
+
 class kmod_monitor {
 public:
+    /// Where the range's generation lives in the status area, and the
+    /// generation it had when it was watched: valid() needs nothing else.
     struct token {
-        std::uint32_t slot = 0;
+        const unsigned long long* where = &detail::kmod_unwatched;
         std::uint64_t generation = 0; ///< 0: not watched
     };
 
@@ -40,10 +48,11 @@ public:
     /// then registers per use); other failures throw.
     [[nodiscard]] token watch(std::uintptr_t start, std::size_t len);
     void unwatch(token t) noexcept;
-    /// One acquire load of the range's generation in the status area.
-    [[nodiscard]] bool valid(token t) const noexcept {
-        return t.generation != 0 &&
-               __atomic_load_n(&generations_[t.slot], __ATOMIC_ACQUIRE) == t.generation;
+    /// One acquire load of the range's generation in the status area, through
+    /// the token's own pointer (the area stays mapped while the monitor lives),
+    /// and a compare: no base pointer to reload, no branch.
+    [[nodiscard]] static bool valid(token t) noexcept {
+        return __atomic_load_n(t.where, __ATOMIC_ACQUIRE) == t.generation;
     }
     /// Reports the ranges the module saw go away as sink(ctx, start, end).
     void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept;

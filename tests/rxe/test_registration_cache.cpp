@@ -22,7 +22,6 @@ using namespace rdmax::test;
 
 namespace {
 
-const std::size_t page = page_bytes;
 constexpr rdmax::rights rr = rights::remote_read;
 constexpr rdmax::rights rw = rights::remote_write;
 constexpr rdmax::rights lw = rights::local_write;

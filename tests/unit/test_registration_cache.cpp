@@ -1,10 +1,14 @@
 // The registration cache with the counting registrar: containment, merging,
 // rights, eviction, invalidation, failure handling, and a randomized run
 // checked against a plain model.
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <random>
+#include <sys/resource.h>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -440,4 +444,71 @@ TEST_CASE("invalidate: an empty range does nothing, a wrapping one is refused") 
     CHECK_THROWS_AS(c.invalidate(a.at(0), SIZE_MAX), rdmax::error);
     c.invalidate(a.at(0, page - 1), 1); // the last byte of the page
     CHECK(c.counters().invalidations == 1);
+}
+
+TEST_CASE("limits left at 0 come from the device and the process; a cache built directly has "
+          "none") {
+    verbs::device_limits dev;
+    dev.max_mr = 1u << 20;
+    CHECK(rcache_options{}.with_device_limits(dev).max_count == 1u << 19);
+    CHECK(limits(77).with_device_limits(dev).max_count == 77); // set: kept
+
+    // Bytes: half of RLIMIT_MEMLOCK, unless this process may lock without
+    // limit (CAP_IPC_LOCK, as root) or nothing is pinned (ODP).
+    rlimit saved{};
+    REQUIRE(getrlimit(RLIMIT_MEMLOCK, &saved) == 0);
+    rlimit lowered = saved;
+    lowered.rlim_cur = std::min<rlim_t>(saved.rlim_max, rlim_t{64} << 20);
+    REQUIRE(setrlimit(RLIMIT_MEMLOCK, &lowered) == 0);
+    const std::size_t derived = rcache_options{}.with_device_limits(dev).max_bytes;
+    rcache_options odp;
+    odp.on_demand = true;
+    const std::size_t derived_odp = odp.with_device_limits(dev).max_bytes;
+    REQUIRE(setrlimit(RLIMIT_MEMLOCK, &saved) == 0);
+    bool ipc_lock = false;
+    if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+        char line[256];
+        while (std::fgets(line, sizeof line, f) != nullptr)
+            if (std::strncmp(line, "CapEff:", 7) == 0)
+                ipc_lock = ((std::strtoull(line + 7, nullptr, 16) >> 14) & 1) != 0;
+        std::fclose(f);
+    }
+    if (ipc_lock || lowered.rlim_cur == RLIM_INFINITY)
+        CHECK(derived == 0);
+    else
+        CHECK(derived == lowered.rlim_cur / 2);
+    CHECK(derived_odp == 0);
+
+    // Directly built, with the defaults: 16 k one-page ranges visited at random
+    // all hit after their first registration (4096, the old default, missed).
+    arena a(2 * 16384);
+    cache_t c{counting_registrar{}};
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<std::size_t> pick(0, 16383);
+    for (std::size_t i = 0; i < 16384; ++i)
+        c.get<lw>(a.at(2 * i), page).reset();
+    for (int i = 0; i < 100000; ++i)
+        c.get<lw>(a.at(2 * pick(rng)), page).reset();
+    CHECK(c.counters().misses == 16384);
+    CHECK(c.counters().evictions == 0);
+    CHECK(c.counters().thrash == 0);
+}
+
+TEST_CASE("thrash: misses that register a range evicted moments before are counted") {
+    arena a(32);
+    cache_t small{counting_registrar{}, {}, limits(4)};
+    for (int round = 0; round < 3; ++round)
+        for (std::size_t i = 0; i < 8; ++i)
+            small.get<lw>(a.at(2 * i), page).reset(); // 8 ranges through room for 4
+    const rcache_counters c = small.counters();
+    CHECK(c.evictions >= 16);
+    CHECK(c.thrash >= 16); // every later round re-registers what it evicted
+    CHECK(fmt::format("{}", c).find(fmt::format("thrash {}", c.thrash)) != std::string::npos);
+
+    cache_t roomy{counting_registrar{}, {}, limits(16)};
+    for (int round = 0; round < 3; ++round)
+        for (std::size_t i = 0; i < 8; ++i)
+            roomy.get<lw>(a.at(2 * i), page).reset();
+    CHECK(roomy.counters().thrash == 0);
+    CHECK(roomy.counters().evictions == 0);
 }

@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/verbs/device_limits.hpp>
+
 namespace rdmax {
 
 enum class monitor_kind : std::uint8_t { automatic, kmod, uffd, manual, none };
@@ -29,8 +31,10 @@ struct rcache_options {
     bool enable = true;
     /// Idle registrations are evicted above either limit. Registrations in
     /// use are never evicted, so the cache may exceed them while they are.
-    std::size_t max_count = 4096;
-    std::size_t max_bytes = std::size_t{1} << 34; // 16 GiB of pinned memory
+    /// 0 (the default): derived. make_verbs_cache derives them from the device
+    /// and the process (with_device_limits); a cache built directly has none.
+    std::size_t max_count = 0;
+    std::size_t max_bytes = 0;
     /// Register with IBV_ACCESS_ON_DEMAND: nothing is pinned, and the device
     /// follows the process's page tables. Only where the device has on-demand
     /// paging (make_verbs_cache refuses otherwise); soft-RoCE has it from
@@ -45,6 +49,15 @@ struct rcache_options {
     /// RDMAX_RCACHE_MONITOR (auto|kmod|uffd|manual|none) applied; a malformed
     /// value throws rdmax::error naming the variable.
     [[nodiscard]] rcache_options with_env() const;
+
+    /// These options with a limit left at 0 taken from `dev` and this process:
+    /// max_count half the device's max_mr (the rest is the application's and
+    /// its arenas'); max_bytes half of RLIMIT_MEMLOCK, or no limit where
+    /// pinning has none (an unlimited rlimit, CAP_IPC_LOCK) or nothing is
+    /// pinned (on_demand). A constant would be wrong for most devices: 4096,
+    /// the old default, made a working set of 16 k one-page buffers miss on
+    /// every access where the device holds 2^20 registrations.
+    [[nodiscard]] rcache_options with_device_limits(const verbs::device_limits& dev) const;
 };
 
 /// What the cache has done, for users to print.
@@ -59,6 +72,9 @@ struct rcache_counters {
     /// Requests served by a registration of their own, not cached: caching
     /// off, memory the monitor cannot watch, or a merge that could not register.
     std::uint64_t uncached = 0;
+    /// Misses that registered again a range evicted moments before (among the
+    /// last 64 evictions): the limits are below the working set.
+    std::uint64_t thrash = 0;
     std::uint64_t registered_count = 0; ///< now
     std::uint64_t registered_bytes = 0; ///< now
 };
@@ -71,9 +87,9 @@ struct fmt::formatter<rdmax::rcache_counters> {
     auto format(const rdmax::rcache_counters& c, fmt::format_context& ctx) const {
         return fmt::format_to(
             ctx.out(),
-            "lookups {} hits {} misses {} merges {} evictions {} invalidations {} "
+            "lookups {} hits {} misses {} merges {} evictions {} thrash {} invalidations {} "
             "registrations {} uncached {} registered {} ({} bytes)",
-            c.lookups, c.hits, c.misses, c.merges, c.evictions, c.invalidations, c.registrations,
-            c.uncached, c.registered_count, c.registered_bytes);
+            c.lookups, c.hits, c.misses, c.merges, c.evictions, c.thrash, c.invalidations,
+            c.registrations, c.uncached, c.registered_count, c.registered_bytes);
     }
 };

@@ -38,11 +38,13 @@
 // fork(): in a child the cache is inert (fork_policy.hpp): get() throws, and
 // registrations are forgotten without being deregistered.
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -89,6 +91,12 @@ public:
         // A monitor that watches nothing (auto_monitor's none) forbids caching.
         if constexpr (requires { mon_.caching(); })
             opt_.enable = opt_.enable && mon_.caching();
+        // Limits left to be derived and not derived (make_verbs_cache derives
+        // them from the device): none.
+        if (opt_.max_count == 0)
+            opt_.max_count = SIZE_MAX;
+        if (opt_.max_bytes == 0)
+            opt_.max_bytes = SIZE_MAX;
     }
 
     registration_cache(const registration_cache&) = delete;
@@ -193,6 +201,7 @@ public:
         c.lookups = c.hits + c.misses; // one atomic less on the hit path
         c.merges = merges_.load(std::memory_order_relaxed);
         c.evictions = evictions_.load(std::memory_order_relaxed);
+        c.thrash = thrash_.load(std::memory_order_relaxed);
         c.invalidations = invalidations_.load(std::memory_order_relaxed);
         c.registrations = registrations_.load(std::memory_order_relaxed);
         c.uncached = uncached_.load(std::memory_order_relaxed);
@@ -338,6 +347,7 @@ private:
             touch(*e);
             return handle(this, e);
         }
+        note_if_thrashing(start, end);
         // Merge with everything it overlaps or touches, widening the rights.
         std::uintptr_t lo = start, hi = end;
         rights widened = want;
@@ -477,6 +487,7 @@ private:
             entry& e = ring_.front();
             if (refs(e.state.load(std::memory_order_acquire)) == 0 &&
                 !e.referenced.exchange(false, std::memory_order_relaxed)) {
+                recently_evicted_[evicted_next_++ % recently_evicted_.size()] = {e.start, e.end};
                 remove_locked(e);
                 evictions_.fetch_add(1, std::memory_order_relaxed);
                 ++evicted;
@@ -485,6 +496,25 @@ private:
             ring_.splice(ring_.end(), ring_, ring_.begin()); // advance the hand
         }
         return evicted;
+    }
+
+    /// A miss for [start, end) that one of the last evictions took away is
+    /// thrashing: the limits are below the working set, and the cache registers
+    /// where it should hit. Counted, and said once per cache. Under mutex_.
+    void note_if_thrashing(std::uintptr_t start, std::uintptr_t end) {
+        const auto evicted_here = [&](const std::pair<std::uintptr_t, std::uintptr_t>& r) {
+            return r.first < end && start < r.second;
+        };
+        if (std::none_of(recently_evicted_.begin(), recently_evicted_.end(), evicted_here))
+            return;
+        if (thrash_.fetch_add(1, std::memory_order_relaxed) == 0)
+            fmt::print(stderr,
+                       "rdmax: the registration cache is thrashing: a range evicted moments "
+                       "ago is registered again ({} registrations, {} bytes cached; limits "
+                       "max_count {}, max_bytes {}): raise RDMAX_RCACHE_MAX_COUNT or "
+                       "RDMAX_RCACHE_MAX_BYTES\n",
+                       count_.load(std::memory_order_relaxed),
+                       bytes_.load(std::memory_order_relaxed), opt_.max_count, opt_.max_bytes);
     }
 
     void invalidate_locked(std::uintptr_t start, std::uintptr_t end) {
@@ -578,6 +608,10 @@ private:
     std::atomic<std::uint64_t> hits_{0}, misses_{0}, merges_{0}, evictions_{0}, invalidations_{0},
         registrations_{0}, uncached_{0}, count_{0}, bytes_{0};
     std::atomic<std::uint64_t> removals_{0}; ///< sessions drop what left since they last looked
+    std::atomic<std::uint64_t> thrash_{0};
+    /// The ranges of the last evictions ({0, 0}: none yet), for thrash_. Under mutex_.
+    std::array<std::pair<std::uintptr_t, std::uintptr_t>, 64> recently_evicted_{};
+    std::size_t evicted_next_ = 0;
 };
 
 } // namespace rdmax

@@ -23,7 +23,8 @@ namespace rdmax {
 
 using verbs_cache = registration_cache<verbs_registrar, auto_monitor>;
 
-/// A cache for `pd`. The options default to rcache_options{}.with_env(); a
+/// A cache for `pd`. The options default to rcache_options{}.with_env(), and
+/// limits left at 0 come from the device (rcache_options::with_device_limits); a
 /// malformed RDMAX_RCACHE_* value, or a monitor asked for by name that this
 /// process cannot have, throws rdmax::error saying which and why.
 ///
@@ -44,6 +45,7 @@ make_verbs_cache(const verbs::protection_domain& pd,
         if (opt.monitor == monitor_kind::automatic)
             opt.monitor = monitor_kind::manual;
     }
+    opt = opt.with_device_limits(pd.device().limits());
     return verbs_cache(verbs_registrar(pd, opt.on_demand), auto_monitor(opt.monitor), opt);
 }
 

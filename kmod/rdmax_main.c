@@ -15,6 +15,7 @@
  * come from an xarray and generations from the module's own copy; the status
  * area is only ever mapped read-only.
  */
+#include <linux/cred.h>
 #include <linux/delay.h>
 #include <linux/fs.h>
 #include <linux/miscdevice.h>
@@ -28,6 +29,7 @@
 #include <linux/slab.h>
 #include <linux/spinlock.h>
 #include <linux/uaccess.h>
+#include <linux/user_namespace.h>
 #include <linux/vmalloc.h>
 #include <linux/wait.h>
 #include <linux/xarray.h>
@@ -56,9 +58,116 @@ static void race_window(void)
 		usleep_range(us, us + us / 2);
 }
 
+/* Budgets. Any user may open the device (mode 0666, like the uverbs
+ * devices), so these limits, not the file mode, bound what one user, and all
+ * of them, can make the kernel keep: watched regions, and status-area pages
+ * (one per open file, more only as its slots are used). A refusal is ENOSPC,
+ * which rdmax's user space turns into "registered per use, not cached".
+ */
+static unsigned int max_user_regions = 262144;
+module_param(max_user_regions, uint, 0644);
+MODULE_PARM_DESC(max_user_regions,
+		 "ranges one user may watch, all files together (default 262144)");
+static unsigned int max_user_status_kib = 32768;
+module_param(max_user_status_kib, uint, 0644);
+MODULE_PARM_DESC(max_user_status_kib,
+		 "status-area KiB one user's open files may hold (default 32768)");
+static unsigned int max_total_regions = 2097152;
+module_param(max_total_regions, uint, 0644);
+MODULE_PARM_DESC(max_total_regions,
+		 "ranges all users may watch together (default 2097152)");
+static unsigned int max_total_status_kib = 262144;
+module_param(max_total_status_kib, uint, 0644);
+MODULE_PARM_DESC(max_total_status_kib,
+		 "status-area KiB all open files may hold (default 262144)");
+
+enum rdmax_budget { RDMAX_REGIONS, RDMAX_STATUS_PAGES, RDMAX_BUDGETS };
+
+/* What one user (by uid) holds, shared by that user's open files. */
+struct rdmax_user {
+	u32 uid;
+	unsigned int files; /* under users_mutex */
+	atomic_long_t used[RDMAX_BUDGETS];
+};
+
+static DEFINE_MUTEX(users_mutex);
+static DEFINE_XARRAY(users);
+static atomic_long_t total_used[RDMAX_BUDGETS];
+
 static struct kmem_cache *region_cache;
 static atomic64_t live_regions_all = ATOMIC64_INIT(0);
 static atomic64_t files_open = ATOMIC64_INIT(0);
+
+static unsigned long budget_limit(enum rdmax_budget b, bool total)
+{
+	unsigned int kib_per_page = PAGE_SIZE / 1024;
+
+	if (b == RDMAX_REGIONS)
+		return total ? READ_ONCE(max_total_regions) :
+			       READ_ONCE(max_user_regions);
+	return (total ? READ_ONCE(max_total_status_kib) :
+			READ_ONCE(max_user_status_kib)) / kib_per_page;
+}
+
+static bool take(atomic_long_t *used, unsigned long limit)
+{
+	if (atomic_long_inc_return(used) > (long)limit) {
+		atomic_long_dec(used);
+		return false;
+	}
+	return true;
+}
+
+/* Takes one unit of b from u's budget and the module's; false if either is spent. */
+static bool charge(struct rdmax_user *u, enum rdmax_budget b)
+{
+	if (!take(&u->used[b], budget_limit(b, false)))
+		return false;
+	if (!take(&total_used[b], budget_limit(b, true))) {
+		atomic_long_dec(&u->used[b]);
+		return false;
+	}
+	return true;
+}
+
+static void uncharge(struct rdmax_user *u, enum rdmax_budget b, long n)
+{
+	atomic_long_sub(n, &u->used[b]);
+	atomic_long_sub(n, &total_used[b]);
+}
+
+/* The opener's budget, made on its first open file. */
+static struct rdmax_user *user_get(void)
+{
+	u32 uid = from_kuid_munged(&init_user_ns, current_uid());
+	struct rdmax_user *u;
+
+	mutex_lock(&users_mutex);
+	u = xa_load(&users, uid);
+	if (!u) {
+		u = kzalloc(sizeof(*u), GFP_KERNEL_ACCOUNT);
+		if (u && xa_err(xa_store(&users, uid, u, GFP_KERNEL_ACCOUNT))) {
+			kfree(u);
+			u = NULL;
+		}
+		if (u)
+			u->uid = uid;
+	}
+	if (u)
+		u->files++;
+	mutex_unlock(&users_mutex);
+	return u;
+}
+
+static void user_put(struct rdmax_user *u)
+{
+	mutex_lock(&users_mutex);
+	if (--u->files == 0) {
+		xa_erase(&users, u->uid);
+		kfree(u);
+	}
+	mutex_unlock(&users_mutex);
+}
 
 struct rdmax_file;
 
@@ -88,19 +197,55 @@ struct rdmax_file {
 	struct xarray regions; /* slot -> region */
 	struct list_head events;
 	wait_queue_head_t wait;
-	/* The status area: pages charged to the opener's memory cgroup, mapped
-	 * here with vmap() and into user space read-only.
+	struct rdmax_user *user;
+	/* The status area: status_bytes of address space, backed by pages
+	 * charged to the opener's memory cgroup and budget as its slots are
+	 * first used (page 0, the header, at open), mapped into user space
+	 * read-only, page by page as it touches them. Pages stay until close,
+	 * so a slot's generation only grows.
 	 */
-	struct rdmax_status *status;
-	struct page **status_pages;
-	unsigned int status_npages;
+	struct rdmax_status *status; /* page 0 */
+	struct page **status_pages; /* NULL: not yet used */
+	unsigned int status_npages, status_used;
 	size_t status_bytes;
 	u64 live, monitors, unmonitors, invalidations, events_read;
 };
 
+static size_t slot_offset(u32 slot)
+{
+	return RDMAX_STATUS_GENERATIONS + (size_t)slot * sizeof(__u64);
+}
+
+/* Only for a slot whose page status_page_get() made. */
 static __u64 *generation_of(struct rdmax_file *f, u32 slot)
 {
-	return (__u64 *)((char *)f->status + RDMAX_STATUS_GENERATIONS) + slot;
+	size_t off = slot_offset(slot);
+
+	return (__u64 *)((char *)page_address(f->status_pages[off >> PAGE_SHIFT]) +
+			 offset_in_page(off));
+}
+
+/* Makes the page that holds slot's generation, charged, on the slot's first
+ * use. Under f->ioctl_lock (or at open).
+ */
+static int status_page_get(struct rdmax_file *f, u32 slot)
+{
+	unsigned int i = slot_offset(slot) >> PAGE_SHIFT;
+	struct page *page;
+
+	if (f->status_pages[i])
+		return 0;
+	if (!charge(f->user, RDMAX_STATUS_PAGES))
+		return -ENOSPC;
+	page = alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO);
+	if (!page) {
+		uncharge(f->user, RDMAX_STATUS_PAGES, 1);
+		return -ENOMEM;
+	}
+	f->status_used++;
+	/* pairs with the acquire load of the fault handler */
+	smp_store_release(&f->status_pages[i], page);
+	return 0;
 }
 
 /* Events that leave the pages where they were do not invalidate: mprotect
@@ -240,6 +385,7 @@ static void region_free(struct rdmax_file *f, struct rdmax_region *r)
 	spin_unlock(&f->lock);
 	kmem_cache_free(region_cache, r);
 	atomic64_dec(&live_regions_all);
+	uncharge(f->user, RDMAX_REGIONS, 1);
 }
 
 static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
@@ -260,9 +406,13 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	if (req.addr + req.len > TASK_SIZE)
 		return -EFAULT;
 
+	if (!charge(f->user, RDMAX_REGIONS))
+		return -ENOSPC;
 	r = kmem_cache_alloc(region_cache, GFP_KERNEL); /* SLAB_ACCOUNT */
-	if (!r)
+	if (!r) {
+		uncharge(f->user, RDMAX_REGIONS, 1);
 		return -ENOMEM;
+	}
 	memset(r, 0, sizeof(*r));
 	r->file = f;
 	r->start = req.addr;
@@ -274,15 +424,20 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	 * fault (userfaultfd): let the other threads' ioctls be killed.
 	 */
 	if (mutex_lock_killable(&f->ioctl_lock)) {
-		kmem_cache_free(region_cache, r);
-		return -EINTR;
+		ret = -EINTR;
+		goto unlocked;
 	}
+	/* The lowest free slot: the pages in use stay a dense prefix. */
 	ret = xa_alloc(&f->regions, &slot, r, XA_LIMIT(0, max_regions - 1),
 		       GFP_KERNEL_ACCOUNT);
 	if (ret) {
-		mutex_unlock(&f->ioctl_lock);
-		kmem_cache_free(region_cache, r);
-		return ret == -EBUSY ? -ENOSPC : ret;
+		ret = ret == -EBUSY ? -ENOSPC : ret;
+		goto locked;
+	}
+	ret = status_page_get(f, slot);
+	if (ret) {
+		xa_erase(&f->regions, slot);
+		goto locked;
 	}
 	r->slot = slot;
 	/* A generation no use of this slot had before: old tokens never match.
@@ -299,10 +454,8 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 					   req.len, &rdmax_notifier_ops);
 	if (ret) {
 		region_retire(f, r); /* not in the tree: nothing to wait for */
-		mutex_unlock(&f->ioctl_lock);
-		kmem_cache_free(region_cache, r);
 		atomic64_dec(&live_regions_all);
-		return ret;
+		goto locked;
 	}
 	/* The range must be mapped, and stay so while we look: a munmap that
 	 * races with MONITOR either ran before the notifier (the range is not
@@ -339,6 +492,13 @@ undo:
 	region_retire(f, r);
 	mutex_unlock(&f->ioctl_lock);
 	region_free(f, r);
+	return ret;
+
+locked:
+	mutex_unlock(&f->ioctl_lock);
+unlocked:
+	kmem_cache_free(region_cache, r);
+	uncharge(f->user, RDMAX_REGIONS, 1);
 	return ret;
 }
 
@@ -499,6 +659,26 @@ static __poll_t rdmax_poll(struct file *file, poll_table *wait)
 	return READ_ONCE(f->status->pending_events) ? EPOLLIN | EPOLLRDNORM : 0;
 }
 
+/* A page of the status area on first touch; past the slots this file has
+ * used, there is none (user space reads only slots it was given).
+ */
+static vm_fault_t rdmax_status_fault(struct vm_fault *vmf)
+{
+	struct rdmax_file *f = vmf->vma->vm_private_data;
+	struct page *page = NULL;
+
+	if (vmf->pgoff < f->status_npages)
+		/* pairs with the release store of status_page_get() */
+		page = smp_load_acquire(&f->status_pages[vmf->pgoff]);
+	if (!page)
+		return VM_FAULT_SIGBUS;
+	return vmf_insert_page(vmf->vma, vmf->address, page);
+}
+
+static const struct vm_operations_struct rdmax_status_vm_ops = {
+	.fault = rdmax_status_fault,
+};
+
 static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 {
 	struct rdmax_file *f = file->private_data;
@@ -510,9 +690,15 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 	if (vma->vm_pgoff != 0 ||
 	    vma->vm_end - vma->vm_start > PAGE_ALIGN(f->status_bytes))
 		return -EINVAL;
-	/* Nor may mprotect() make it writable later. */
-	rdmax_vm_flags_mod(vma, VM_DONTEXPAND | VM_DONTDUMP, VM_MAYWRITE);
-	return vm_map_pages(vma, f->status_pages, f->status_npages);
+	/* Nor may mprotect() make it writable later. Pages are inserted as
+	 * they are touched (VM_MIXEDMAP must be set here, under mmap_lock
+	 * held for writing, for vm_insert_page() at fault time).
+	 */
+	rdmax_vm_flags_mod(vma, VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP,
+			   VM_MAYWRITE);
+	vma->vm_ops = &rdmax_status_vm_ops;
+	vma->vm_private_data = f; /* the vma holds the file, so f lives */
+	return 0;
 }
 
 /* Any part of it may be missing: undoes what status_alloc() got done. */
@@ -520,52 +706,57 @@ static void status_free(struct rdmax_file *f)
 {
 	unsigned int i;
 
-	if (f->status)
-		vunmap(f->status);
 	for (i = 0; f->status_pages && i < f->status_npages; i++)
 		if (f->status_pages[i])
-			__free_page(f->status_pages[i]);
+			put_page(f->status_pages[i]);
 	kvfree(f->status_pages);
+	if (f->user)
+		uncharge(f->user, RDMAX_STATUS_PAGES, f->status_used);
 }
 
-/* Some 512 KiB per open file by default: charged to the opener's memory
- * cgroup, as the regions are, since any user may open the device.
+/* The page table of the status area (1 KiB at the default max_regions) and
+ * its page 0, the header: an open file that watches nothing costs about
+ * that, charged to the opener's memory cgroup and budget.
  */
 static int status_alloc(struct rdmax_file *f)
 {
-	unsigned int i;
+	int ret;
 
 	f->status_npages = f->status_bytes >> PAGE_SHIFT;
 	f->status_pages = kvcalloc(f->status_npages, sizeof(*f->status_pages),
 				   GFP_KERNEL_ACCOUNT);
 	if (!f->status_pages)
 		return -ENOMEM;
-	for (i = 0; i < f->status_npages; i++) {
-		f->status_pages[i] =
-			alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO);
-		if (!f->status_pages[i])
-			return -ENOMEM;
-	}
-	f->status =
-		vmap(f->status_pages, f->status_npages, VM_MAP, PAGE_KERNEL);
-	return f->status ? 0 : -ENOMEM;
+	ret = status_page_get(f, 0);
+	if (ret)
+		return ret;
+	f->status = page_address(f->status_pages[0]);
+	return 0;
 }
 
 static int rdmax_open(struct inode *inode, struct file *file)
 {
 	struct rdmax_file *f;
+	int ret;
 
 	if (!current->mm)
 		return -EINVAL;
-	f = kzalloc(sizeof(*f), GFP_KERNEL);
+	f = kzalloc(sizeof(*f), GFP_KERNEL_ACCOUNT);
 	if (!f)
 		return -ENOMEM;
-	f->status_bytes = PAGE_ALIGN(RDMAX_STATUS_GENERATIONS +
-				     (size_t)max_regions * sizeof(__u64));
-	if (status_alloc(f)) {
-		status_free(f);
+	f->user = user_get();
+	if (!f->user) {
 		kfree(f);
 		return -ENOMEM;
+	}
+	f->status_bytes = PAGE_ALIGN(RDMAX_STATUS_GENERATIONS +
+				     (size_t)max_regions * sizeof(__u64));
+	ret = status_alloc(f);
+	if (ret) {
+		status_free(f);
+		user_put(f->user);
+		kfree(f);
+		return ret;
 	}
 	f->status->abi_version = RDMAX_KMOD_ABI_VERSION;
 	f->status->max_regions = max_regions;
@@ -597,6 +788,7 @@ static int rdmax_release(struct inode *inode, struct file *file)
 	xa_destroy(&f->regions);
 	mmdrop(f->mm);
 	status_free(f);
+	user_put(f->user);
 	kfree(f);
 	atomic64_dec(&files_open);
 	return 0;
@@ -650,6 +842,7 @@ static void __exit rdmax_exit(void)
 {
 	misc_deregister(&rdmax_misc);
 	kmem_cache_destroy(region_cache);
+	xa_destroy(&users); /* empty: every file has closed */
 }
 
 module_init(rdmax_init);

@@ -1,5 +1,7 @@
 // The user-space side of /dev/rdmax. See kmod_monitor.hpp and
 // kmod/uapi/rdmax_kmod.h.
+#include <atomic>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <fcntl.h>
@@ -109,8 +111,18 @@ kmod_monitor::token kmod_monitor::watch(std::uintptr_t start, std::size_t len) {
             return {generations_ + req.slot, req.generation};
         if (errno == EAGAIN) // the range changed while the module set up its watch
             continue;
-        if (errno == EFAULT || errno == ENOSPC)
-            return {}; // not mapped (the registration will say so), or a full table
+        if (errno == ENOSPC) {
+            // The file's table, the user's budget or the module's is full:
+            // such memory is registered per use. Said once per process.
+            static std::atomic<bool> told{false};
+            if (!told.exchange(true))
+                fmt::print(stderr, "rdmax: /dev/rdmax watches no more ranges for this user "
+                                   "(ENOSPC: its module limits); memory beyond them is "
+                                   "registered per use, not cached\n");
+            return {};
+        }
+        if (errno == EFAULT)
+            return {}; // not mapped: the registration will say so
         throw_error("ioctl(RDMAX_IOC_MONITOR)", errno,
                     fmt::format("{} bytes at {:#x}", len, start));
     }

@@ -1,8 +1,9 @@
 // The rdmax module (/dev/rdmax): every way the kernel takes pages away from a
 // watched range invalidates it before the call returns; what does not change
 // the pages does not; fork, close and exit; races of MONITOR with munmap; no
-// leaks; every bad input gets its errno; the status area stays read-only; and
-// the registration cache's kmod monitor on top. SKIP (77) without the module.
+// leaks; every bad input gets its errno; the status area stays read-only; the
+// registration cache's kmod monitor on top; and the budgets that bound what any
+// user (tested as nobody) can make it keep. SKIP (77) without the module.
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <string>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -638,6 +640,165 @@ TEST_CASE("kmod: a monitor's token is valid through its own pointer until unmap 
     CHECK_FALSE(rdmax::kmod_monitor::valid(a));
     mon.unwatch(a);
     munmap(p + page, page);
+}
+
+/// A module parameter (/sys/module/rdmax/parameters/NAME), set for a scope.
+class module_param {
+public:
+    module_param(std::string name, const std::string& value)
+        : path_("/sys/module/rdmax/parameters/" + std::move(name)) {
+        std::ifstream in(path_);
+        REQUIRE(std::getline(in, old_));
+        REQUIRE(write(value));
+    }
+    ~module_param() { (void)write(old_); }
+    module_param(const module_param&) = delete;
+    module_param& operator=(const module_param&) = delete;
+
+    static long read(const std::string& name) {
+        std::ifstream in("/sys/module/rdmax/parameters/" + name);
+        long v = -1;
+        in >> v;
+        return v;
+    }
+
+private:
+    [[nodiscard]] bool write(const std::string& value) const {
+        std::ofstream out(path_);
+        out << value << std::flush;
+        return static_cast<bool>(out);
+    }
+    std::string path_, old_;
+};
+
+/// MemAvailable of /proc/meminfo, KiB.
+long mem_available_kib() {
+    std::ifstream in("/proc/meminfo");
+    for (std::string key; in >> key;) {
+        long v = 0;
+        in >> v;
+        if (key == "MemAvailable:")
+            return v;
+        in.ignore(256, '\n');
+    }
+    return -1;
+}
+
+/// Runs body() in a child as the unprivileged user nobody (65534) with room for
+/// `files` descriptors; the body writes its findings into `out` (shared memory).
+template <class Result, class Body>
+bool as_nobody(std::size_t files, Result& out, Body body) {
+    if (geteuid() != 0) {
+        WARN("not root: cannot become an unprivileged user here; this part is not run");
+        return false;
+    }
+    auto* shared = static_cast<Result*>(
+        mmap(nullptr, sizeof(Result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(shared != MAP_FAILED);
+    *shared = Result{};
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        const rlimit lim{files, files};
+        if (setrlimit(RLIMIT_NOFILE, &lim) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+            _exit(2);
+        body(*shared);
+        _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    out = *shared;
+    munmap(shared, sizeof(Result));
+    return true;
+}
+
+TEST_CASE("kmod: an unprivileged user opens until refused; memory grows by at most its budget") {
+    struct findings {
+        long opened = 0, refused_errno = 0, before_kib = 0, holding_kib = 0;
+    } f;
+    const long budget_kib = module_param::read("max_user_status_kib");
+    REQUIRE(budget_kib > 0);
+    // Room for far more descriptors than the budget allows files.
+    if (!as_nobody(200000, f, [](findings& r) {
+            r.before_kib = mem_available_kib();
+            std::vector<int> fds;
+            for (;;) {
+                const int fd = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC);
+                if (fd < 0) {
+                    r.refused_errno = errno;
+                    break;
+                }
+                fds.push_back(fd);
+            }
+            r.opened = static_cast<long>(fds.size());
+            r.holding_kib = mem_available_kib();
+            for (const int fd : fds)
+                close(fd);
+        }))
+        return;
+    const long grown_kib = f.before_kib - f.holding_kib;
+    fmt::print("as nobody: {} opens until {} ({}); MemAvailable fell by {} KiB ({:.1f} KiB an "
+               "open; budget {} KiB)\n",
+               f.opened, f.refused_errno, std::strerror(static_cast<int>(f.refused_errno)),
+               grown_kib, static_cast<double>(grown_kib) / static_cast<double>(f.opened),
+               budget_kib);
+    CHECK(f.refused_errno == ENOSPC);  // the budget, not the descriptor limit
+    CHECK(f.opened >= budget_kib / 8); // a user still opens thousands of files
+    CHECK(f.opened <= budget_kib / static_cast<long>(page / 1024));
+    // The status pages are the budget; the rest of an open (its file, its page
+    // table, its bookkeeping) is a few KiB more: at most 16 KiB an open in all.
+    CHECK(grown_kib <= budget_kib + 8 * 1024 + f.opened * 4);
+    CHECK(grown_kib <= f.opened * 16 + 8 * 1024);
+}
+
+TEST_CASE("kmod: 10^4 opens and closes leave no memory behind") {
+    std::byte* p = map(1);
+    const auto cycles = [&](int n) {
+        for (int i = 0; i < n; ++i) {
+            device d;
+            d.watch(p, page);
+        }
+    };
+    cycles(1000); // caches settle
+    const long before = mem_available_kib();
+    cycles(10000);
+    const long after = mem_available_kib();
+    fmt::print("10000 opens, watches and closes: MemAvailable {} KiB -> {} KiB\n", before, after);
+    CHECK(before - after < 4 * 1024); // a page an open kept would be 40 MiB
+    munmap(p, page);
+}
+
+TEST_CASE("kmod: a user at its region budget gets ENOSPC; the cache serves it uncached") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot set the module's budget; not run");
+        return;
+    }
+    const module_param limit("max_user_regions", "8");
+    std::byte* p = map(32);
+    {
+        device d;
+        std::vector<rdmax_monitor> held;
+        held.reserve(8);
+        for (int i = 0; i < 8; ++i)
+            held.push_back(d.watch(p + static_cast<std::size_t>(i) * page, page));
+        rdmax_monitor m{};
+        CHECK(d.monitor(p + 8 * page, page, m) == ENOSPC);
+        REQUIRE(d.unwatch(held.back()) == 0); // a region given back is room again
+        CHECK(d.monitor(p + 8 * page, page, m) == 0);
+    } // closed: the budget is back
+    using cache_t = rdmax::registration_cache<rdmax::counting_registrar, rdmax::kmod_monitor>;
+    cache_t c{rdmax::counting_registrar{}};
+    for (int round = 0; round < 2; ++round)
+        for (std::size_t i = 0; i < 16; ++i)
+            c.get<rdmax::rights::local_write>(p + 2 * i * page, page).reset(); // never merged
+    const auto n = c.counters();
+    fmt::print("cache at a budget of 8 regions, 16 pages twice: {}\n", n);
+    CHECK(n.uncached == 16); // the 8 pages the module would not watch, each time
+    CHECK(c.registrar_ref().live == 8);
+    munmap(p, 32 * page);
 }
 
 std::optional<std::string> rdmax::test::skip_reason() {

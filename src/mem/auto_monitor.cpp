@@ -43,17 +43,24 @@ auto_monitor::auto_monitor(monitor_kind requested) {
         return;
     case monitor_kind::automatic: break;
     }
+    std::string why_not_kmod =
+        ::access(kmod_device, F_OK) == 0 ? fmt::format("{} cannot be used", kmod_device)
+                                         : fmt::format("{} is not loaded", kmod_device);
     if (kmod_monitor::available()) {
-        kmod_.emplace();
-        kind_ = monitor_kind::kmod;
-        return;
+        try {
+            kmod_.emplace();
+            kind_ = monitor_kind::kmod;
+            return;
+        } catch (const rdmax::error& e) {
+            // The module is there but refused this open (past this user's
+            // budget: ENOSPC): watch with userfaultfd instead.
+            why_not_kmod = e.what();
+        }
     }
     if (uffd_monitor::available()) {
-        notice_once(
-            no_kmod_notice,
-            fmt::format("{} {}: the registration cache watches memory with userfaultfd",
-                        kmod_device,
-                        ::access(kmod_device, F_OK) == 0 ? "cannot be used" : "is not loaded"));
+        notice_once(no_kmod_notice,
+                    fmt::format("{}: the registration cache watches memory with userfaultfd",
+                                why_not_kmod));
         uffd_.emplace();
         kind_ = monitor_kind::uffd;
         return;

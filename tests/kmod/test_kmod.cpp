@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/kmod_monitor.hpp>
 #include <rdmax/mem/registration_cache.hpp>
 
@@ -799,6 +800,16 @@ TEST_CASE("kmod: a user at its region budget gets ENOSPC; the cache serves it un
     CHECK(n.uncached == 16); // the 8 pages the module would not watch, each time
     CHECK(c.registrar_ref().live == 8);
     munmap(p, 32 * page);
+
+    // An open past the user's status budget: ENOSPC, and a cache with monitor
+    // auto watches with userfaultfd instead of failing.
+    const device holding; // this user's one page of status
+    const module_param pages("max_user_status_kib", std::to_string(page / 1024));
+    errno = 0;
+    CHECK(open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC) < 0);
+    CHECK(errno == ENOSPC);
+    const rdmax::auto_monitor fallback(rdmax::monitor_kind::automatic);
+    CHECK(fallback.kind() == rdmax::monitor_kind::uffd);
 }
 
 std::optional<std::string> rdmax::test::skip_reason() {

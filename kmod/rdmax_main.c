@@ -66,12 +66,14 @@ static void race_window(void)
  */
 static unsigned int max_user_regions = 262144;
 module_param(max_user_regions, uint, 0644);
-MODULE_PARM_DESC(max_user_regions,
-		 "ranges one user may watch, all files together (default 262144)");
+MODULE_PARM_DESC(
+	max_user_regions,
+	"ranges one user may watch, all files together (default 262144)");
 static unsigned int max_user_status_kib = 32768;
 module_param(max_user_status_kib, uint, 0644);
-MODULE_PARM_DESC(max_user_status_kib,
-		 "status-area KiB one user's open files may hold (default 32768)");
+MODULE_PARM_DESC(
+	max_user_status_kib,
+	"status-area KiB one user's open files may hold (default 32768)");
 static unsigned int max_total_regions = 2097152;
 module_param(max_total_regions, uint, 0644);
 MODULE_PARM_DESC(max_total_regions,
@@ -103,10 +105,11 @@ static unsigned long budget_limit(enum rdmax_budget b, bool total)
 	unsigned int kib_per_page = PAGE_SIZE / 1024;
 
 	if (b == RDMAX_REGIONS)
-		return total ? READ_ONCE(max_total_regions) :
-			       READ_ONCE(max_user_regions);
-	return (total ? READ_ONCE(max_total_status_kib) :
-			READ_ONCE(max_user_status_kib)) / kib_per_page;
+		return total ? READ_ONCE(max_total_regions)
+			     : READ_ONCE(max_user_regions);
+	return (total ? READ_ONCE(max_total_status_kib)
+		      : READ_ONCE(max_user_status_kib)) /
+	       kib_per_page;
 }
 
 static bool take(atomic_long_t *used, unsigned long limit)
@@ -118,7 +121,9 @@ static bool take(atomic_long_t *used, unsigned long limit)
 	return true;
 }
 
-/* Takes one unit of b from u's budget and the module's; false if either is spent. */
+/* Takes one unit of b from u's budget and the module's; false if either
+ * is spent.
+ */
 static bool charge(struct rdmax_user *u, enum rdmax_budget b)
 {
 	if (!take(&u->used[b], budget_limit(b, false)))
@@ -205,7 +210,7 @@ struct rdmax_file {
 	 * so a slot's generation only grows.
 	 */
 	struct rdmax_status *status; /* page 0 */
-	struct page **status_pages; /* NULL: not yet used */
+	struct page **status_pages;  /* NULL: not yet used */
 	unsigned int status_npages, status_used;
 	size_t status_bytes;
 	u64 live, monitors, unmonitors, invalidations, events_read;
@@ -221,7 +226,8 @@ static __u64 *generation_of(struct rdmax_file *f, u32 slot)
 {
 	size_t off = slot_offset(slot);
 
-	return (__u64 *)((char *)page_address(f->status_pages[off >> PAGE_SHIFT]) +
+	return (__u64 *)((char *)page_address(
+				 f->status_pages[off >> PAGE_SHIFT]) +
 			 offset_in_page(off));
 }
 

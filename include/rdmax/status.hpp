@@ -11,7 +11,8 @@ enum class [[nodiscard]] status : std::uint8_t {
     ok = 0,
     zero_length,       ///< a transfer of 0 bytes
     too_long,          ///< longer than the port's max message size
-    out_of_range,      ///< [offset, offset + length) is not inside the buffer
+    out_of_range,      ///< [offset, offset + length) is not inside the buffer, or the
+                       ///< buffer runs past the end of the address space (a forged token)
     misaligned_atomic, ///< atomic target not 8-byte aligned, or not 8 bytes long
     too_many_sge,      ///< more scatter/gather entries than the queue pair allows
     inline_too_large,  ///< inline asked for more bytes than the queue pair's limit

@@ -43,9 +43,9 @@ auto_monitor::auto_monitor(monitor_kind requested) {
         return;
     case monitor_kind::automatic: break;
     }
-    std::string why_not_kmod =
-        ::access(kmod_device, F_OK) == 0 ? fmt::format("{} cannot be used", kmod_device)
-                                         : fmt::format("{} is not loaded", kmod_device);
+    std::string why_not_kmod = ::access(kmod_device, F_OK) == 0
+                                   ? fmt::format("{} cannot be used", kmod_device)
+                                   : fmt::format("{} is not loaded", kmod_device);
     if (kmod_monitor::available()) {
         try {
             kmod_.emplace();

@@ -1,7 +1,6 @@
 // The user-space side of /dev/rdmax. See kmod_monitor.hpp and
 // kmod/uapi/rdmax_kmod.h.
 #include <atomic>
-#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <fcntl.h>

@@ -562,6 +562,17 @@ status send_batch::commit(ibv_send_wr& wr, std::uint64_t wr_id, send_flags f, bo
     return status::ok;
 }
 
+namespace {
+
+/// A remote buffer whose range runs past the end of the address space: a
+/// token no registration made (a peer's garbage or a forgery). Refused, so
+/// that remote_addr never wraps around to an address the peer did not name.
+bool wraps(std::uint64_t raddr, std::uint64_t rlen) noexcept {
+    return rlen > UINT64_MAX - raddr;
+}
+
+} // namespace
+
 status send_batch::stage_rdma(ibv_wr_opcode op, std::size_t nsge, std::uint64_t total,
                               std::uint64_t raddr, std::uint64_t rlen, std::uint32_t rkey,
                               std::uint64_t offset, std::uint64_t wr_id, send_flags f,
@@ -572,7 +583,7 @@ status send_batch::stage_rdma(ibv_wr_opcode op, std::size_t nsge, std::uint64_t 
         return status::zero_length;
     if (total > qp_.max_msg_)
         return status::too_long;
-    if (offset > rlen || total > rlen - offset)
+    if (offset > rlen || total > rlen - offset || wraps(raddr, rlen))
         return status::out_of_range;
     ibv_send_wr& wr = qp_.wrs_[count_];
     wr = {};
@@ -620,7 +631,7 @@ status send_batch::atomic(ibv_wr_opcode op, ibv_sge result, std::uint64_t raddr,
         return status::not_connected;
     if (result.length != 8 || (raddr + offset) % 8 != 0)
         return status::misaligned_atomic;
-    if (offset > rlen || 8 > rlen - offset)
+    if (offset > rlen || 8 > rlen - offset || wraps(raddr, rlen))
         return status::out_of_range;
     if (f.force_inline)
         return status::inline_too_large;

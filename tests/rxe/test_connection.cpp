@@ -1,14 +1,19 @@
 // rdma_cm connections: payload exchange, data over them, clean disconnect,
 // refusals and deadlines, and a peer that vanishes.
+#include <arpa/inet.h>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <poll.h>
 #include <signal.h> // NOLINT(modernize-deprecated-headers): kill() is POSIX, not <csignal>
 #include <spawn.h>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <rdma/rdma_cma.h>
 
 #include "../support/loopback.hpp"
 
@@ -98,6 +103,60 @@ std::string connect_outcome(const verbs::protection_domain& pd, std::uint16_t po
     } catch (const rdmax::error& e) {
         return e.what();
     }
+}
+
+/// Waits up to 5 s for the next rdma_cm event; true if it is `want`.
+bool next_cm_event_is(rdma_event_channel* ch, rdma_cm_event_type want) {
+    pollfd p{ch->fd, POLLIN, 0};
+    if (poll(&p, 1, 5000) != 1)
+        return false;
+    rdma_cm_event* ev = nullptr;
+    if (rdma_get_cm_event(ch, &ev) != 0)
+        return false;
+    const bool ok = ev->event == want;
+    rdma_ack_cm_event(ev);
+    return ok;
+}
+
+/// A client that speaks rdma_cm but not rdmax: `raw` goes out as the private
+/// data as it is, with no length prefix. True once the connection was
+/// established (it is then disconnected and torn down).
+bool raw_cm_connect(const std::string& addr, std::uint16_t port, std::span<const std::byte> raw) {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    REQUIRE(ch != nullptr);
+    rdma_cm_id* id = nullptr;
+    REQUIRE(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    REQUIRE(inet_pton(AF_INET, addr.c_str(), &to.sin_addr) == 1);
+    ibv_pd* pd = nullptr;
+    bool ok = rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&to), 2000) == 0 &&
+              next_cm_event_is(ch, RDMA_CM_EVENT_ADDR_RESOLVED) &&
+              rdma_resolve_route(id, 2000) == 0 &&
+              next_cm_event_is(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+    if (ok)
+        pd = ibv_alloc_pd(id->verbs);
+    ibv_qp_init_attr qa{};
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    ok = ok && pd != nullptr && rdma_create_qp(id, pd, &qa) == 0;
+    rdma_conn_param param{};
+    param.private_data = raw.data();
+    param.private_data_len = static_cast<std::uint8_t>(raw.size());
+    param.responder_resources = param.initiator_depth = 1;
+    param.retry_count = param.rnr_retry_count = 3;
+    ok = ok && rdma_connect(id, &param) == 0 && next_cm_event_is(ch, RDMA_CM_EVENT_ESTABLISHED);
+    if (ok)
+        rdma_disconnect(id);
+    if (id->qp != nullptr)
+        rdma_destroy_qp(id);
+    if (pd != nullptr)
+        ibv_dealloc_pd(pd);
+    rdma_destroy_id(id);
+    rdma_destroy_event_channel(ch);
+    return ok;
 }
 
 } // namespace
@@ -232,6 +291,120 @@ TEST_CASE("work in flight when the peer vanishes completes with an error, not a 
         CHECK((done[0].status == IBV_WC_RETRY_EXC_ERR || done[0].status == IBV_WC_WR_FLUSH_ERR));
     } else {
         CHECK(s == status::not_connected); // the disconnect was seen first
+    }
+}
+
+TEST_CASE("a client that is not rdmax: its private data is taken only as far as its length "
+          "prefix allows") {
+    verbs::listener l(test_addr(), 0);
+    verbs::context ctx = l.device();
+    verbs::protection_domain pd(ctx);
+    registered mem(pd, 4096);
+    const auto bytes = [](std::initializer_list<int> v) {
+        std::vector<std::byte> out;
+        for (const int b : v)
+            out.push_back(static_cast<std::byte>(b));
+        return out;
+    };
+    std::vector<std::byte> forged(1 + sizeof(remote_buffer<all_rights>));
+    forged[0] = static_cast<std::byte>(sizeof(remote_buffer<all_rights>));
+    // A token whose range runs past the end of the address space.
+    const remote_buffer<all_rights> absurd{UINT64_MAX - 100, 4096, 0x1234, 0};
+    std::memcpy(forged.data() + 1, &absurd, sizeof absurd);
+    struct sample {
+        const char* what;
+        std::vector<std::byte> raw;
+        std::vector<std::byte> seen;
+    };
+    const std::vector<sample> samples{
+        {"no private data", {}, {}},
+        {"a length prefix past the private data", bytes({255, 1, 2, 3}), {}},
+        {"a prefix of 3 and garbage after it", bytes({3, 7, 8, 9, 0xee, 0xee}), bytes({7, 8, 9})},
+        {"the whole 56 bytes of 0xaa", std::vector<std::byte>(56, std::byte{0xaa}), {}},
+        {"a forged token", forged, {forged.begin() + 1, forged.end()}},
+    };
+    for (const sample& s : samples) {
+        CAPTURE(s.what);
+        auto accepted = std::async(std::launch::async, [&] { return l.accept(pd, {}, {}, 10s); });
+        const bool established = raw_cm_connect(test_addr(), l.port(), s.raw);
+        verbs::connection c = accepted.get();
+        CHECK(established);
+        const auto got = c.peer_payload();
+        CHECK(std::vector<std::byte>(got.begin(), got.end()) == s.seen);
+        const auto token = c.peer_payload_as<remote_buffer<all_rights>>();
+        CHECK(token.has_value() == (s.seen.size() == sizeof(remote_buffer<all_rights>)));
+        if (token) // refused before anything is posted, never wrapped around
+            CHECK(c.qp().write(mem.mr.local(0, 64), *token, 0, 1) == status::out_of_range);
+    }
+}
+
+TEST_CASE("absurd remote tokens: refused before posting, or a completion error in time") {
+    loopback lp;
+    registered src(lp.pd, 4096), dst(lp.pd, 4096);
+    const remote_buffer<all_rights> real = dst.mr.remote();
+    // Ranges that run past the end of the address space: every kind refused.
+    // (8-byte aligned, so that an atomic is refused for the range, not alignment)
+    const remote_buffer<all_rights> wraps{UINT64_MAX - 103, 4096, real.rkey, 0};
+    CHECK(lp.a.write(src.mr.local(0, 64), wraps, 0, 1) == status::out_of_range);
+    CHECK(lp.a.read(src.mr.local(0, 64), wraps, 0, 1) == status::out_of_range);
+    CHECK(lp.a.fetch_add(src.mr.local(0, 8), wraps, 0, 1, 1) == status::out_of_range);
+    const remote_buffer<all_rights> huge{real.addr, UINT64_MAX - real.addr, real.rkey, 0};
+    CHECK(lp.a.write(src.mr.local(0, 64), huge, UINT64_MAX, 1) == status::out_of_range);
+    // Inside what the token claims, outside what the peer registered, or under
+    // a key it never gave: the device refuses it, in time, and the queue pair
+    // fails cleanly.
+    const auto t0 = clock_type::now();
+    REQUIRE(lp.a.write(src.mr.local(0, 64), huge, std::uint64_t{1} << 40, 2) == status::ok);
+    verbs::completion c[1];
+    REQUIRE(lp.a.wait_send(c, 10s) == 1);
+    CHECK(!c[0].ok());
+    CHECK(clock_type::now() - t0 < 10s);
+    // The queue pair is in the error state now: what is posted after it
+    // completes flushed, in time, and never moves bytes.
+    fill_pattern(src.bytes, 4);
+    const status after = lp.a.write(src.mr.local(0, 64), real, 0, 3);
+    if (after == status::ok) {
+        REQUIRE(lp.a.wait_send(c, 10s) == 1);
+        CHECK(c[0].status == IBV_WC_WR_FLUSH_ERR);
+    } else {
+        CHECK((after == status::qp_failed || after == status::not_connected));
+    }
+    CHECK(!has_pattern(std::span(dst.bytes).first(64), 4));
+}
+
+TEST_CASE("every kind of operation in flight when the peer vanishes ends in an error in time") {
+    enum class op { read, send, write_imm, fetch_add };
+    for (const op kind : {op::read, op::send, op::write_imm, op::fetch_add}) {
+        CAPTURE(static_cast<int>(kind));
+        verbs::listener l(test_addr(), 0);
+        verbs::context ctx = l.device();
+        verbs::protection_domain pd(ctx);
+        registered mem(pd, 4096);
+        peer_process peer(test_addr(), l.port());
+        verbs::qp_config cfg;
+        cfg.ack_timeout = 12; // 16.8 ms per try
+        cfg.retry_count = 3;
+        verbs::connection c = l.accept(pd, {}, cfg, 20s);
+        // The rights are only what this side claims; the dead peer answers nothing.
+        auto token = c.peer_payload_as<remote_buffer<all_rights>>();
+        REQUIRE(token.has_value());
+        peer.kill_now();
+        status s = status::ok;
+        switch (kind) {
+        case op::read: s = c.qp().read(mem.mr.local(0, 64), *token, 0, 7); break;
+        case op::send: s = c.qp().send(mem.mr.local(0, 64), 7); break;
+        case op::write_imm: s = c.qp().write_imm(mem.mr.local(0, 64), *token, 0, 42, 7); break;
+        case op::fetch_add: s = c.qp().fetch_add(mem.mr.local(0, 8), *token, 0, 1, 7); break;
+        }
+        if (s != status::ok) {
+            CHECK(s == status::not_connected); // the disconnect was seen first
+            continue;
+        }
+        verbs::completion done[1];
+        const auto t0 = clock_type::now();
+        REQUIRE(c.wait_send(done, 30s) == 1);
+        CHECK(clock_type::now() - t0 < 30s);
+        CHECK(!done[0].ok());
     }
 }
 

@@ -97,7 +97,6 @@ static DEFINE_XARRAY(users);
 static atomic_long_t total_used[RDMAX_BUDGETS];
 
 static struct kmem_cache *region_cache;
-static atomic64_t live_regions_all = ATOMIC64_INIT(0);
 static atomic64_t files_open = ATOMIC64_INIT(0);
 
 static unsigned long budget_limit(enum rdmax_budget b, bool total)
@@ -390,7 +389,6 @@ static void region_free(struct rdmax_file *f, struct rdmax_region *r)
 	dequeue_locked(f, r);
 	spin_unlock(&f->lock);
 	kmem_cache_free(region_cache, r);
-	atomic64_dec(&live_regions_all);
 	uncharge(f->user, RDMAX_REGIONS, 1);
 }
 
@@ -454,13 +452,11 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	/* pairs with the acquire load of a validity check */
 	smp_store_release(generation_of(f, slot), generation);
 	spin_unlock(&f->lock);
-	atomic64_inc(&live_regions_all);
 
 	ret = mmu_interval_notifier_insert(&r->notifier, f->mm, r->start,
 					   req.len, &rdmax_notifier_ops);
 	if (ret) {
 		region_retire(f, r); /* not in the tree: nothing to wait for */
-		atomic64_dec(&live_regions_all);
 		goto locked;
 	}
 	/* The range must be mapped, and stay so while we look: a munmap that
@@ -555,7 +551,8 @@ static long rdmax_do_query(struct rdmax_file *f, void __user *arg)
 	q.invalidations = f->invalidations;
 	q.events_read = f->events_read;
 	spin_unlock(&f->lock);
-	q.module_live_regions = atomic64_read(&live_regions_all);
+	/* the module's region budget counts every region from its MONITOR on */
+	q.module_live_regions = atomic_long_read(&total_used[RDMAX_REGIONS]);
 	q.module_files = atomic64_read(&files_open);
 	return copy_to_user(arg, &q, sizeof(q)) ? -EFAULT : 0;
 }

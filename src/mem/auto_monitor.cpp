@@ -1,5 +1,4 @@
 #include <cerrno>
-#include <cstdio>
 #include <mutex>
 #include <string>
 #include <unistd.h>
@@ -9,16 +8,15 @@
 #include <rdmax/error.hpp>
 #include <rdmax/mem/auto_monitor.hpp>
 
+#include "../notice.hpp"
+
 namespace rdmax {
 
 namespace {
 
-constexpr const char* kmod_device = "/dev/rdmax";
+using detail::notice_once;
 
-/// One line on stderr, once per process and message.
-void notice_once(std::once_flag& once, const std::string& line) {
-    std::call_once(once, [&] { std::fprintf(stderr, "rdmax: %s\n", line.c_str()); });
-}
+constexpr const char* kmod_device = "/dev/rdmax";
 
 std::once_flag no_kmod_notice, no_monitor_notice;
 

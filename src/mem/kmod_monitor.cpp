@@ -1,9 +1,9 @@
 // The user-space side of /dev/rdmax. See kmod_monitor.hpp and
 // kmod/uapi/rdmax_kmod.h.
-#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <fcntl.h>
+#include <mutex>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -15,6 +15,7 @@
 #include <rdmax/mem/fork_policy.hpp>
 #include <rdmax/mem/kmod_monitor.hpp>
 
+#include "../notice.hpp"
 #include "rdmax_kmod.h"
 
 namespace rdmax {
@@ -112,12 +113,11 @@ kmod_monitor::token kmod_monitor::watch(std::uintptr_t start, std::size_t len) {
             continue;
         if (errno == ENOSPC) {
             // The file's table, the user's budget or the module's is full:
-            // such memory is registered per use. Said once per process.
-            static std::atomic<bool> told{false};
-            if (!told.exchange(true))
-                fmt::print(stderr, "rdmax: /dev/rdmax watches no more ranges for this user "
-                                   "(ENOSPC: its module limits); memory beyond them is "
-                                   "registered per use, not cached\n");
+            // such memory is registered per use.
+            static std::once_flag told;
+            detail::notice_once(told, "/dev/rdmax watches no more ranges for this user "
+                                      "(ENOSPC: its module limits); memory beyond them is "
+                                      "registered per use, not cached");
             return {};
         }
         if (errno == EFAULT)

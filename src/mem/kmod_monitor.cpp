@@ -38,7 +38,9 @@ kmod_monitor::kmod_monitor()
     : fork_generation_(fork_generation()) {
     fd_ = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0)
-        throw_error("open", errno, RDMAX_KMOD_DEVICE " (load kmod/rdmax.ko)");
+        throw_error("open", errno,
+                    errno == ENOSPC ? RDMAX_KMOD_DEVICE " (this user's module budget is spent)"
+                                    : RDMAX_KMOD_DEVICE " (load kmod/rdmax.ko)");
     rdmax_query q{};
     if (ioctl(fd_, RDMAX_IOC_QUERY, &q) != 0) {
         const int e = errno;

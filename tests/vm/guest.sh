@@ -1,6 +1,7 @@
 #!/bin/bash
 # Runs inside the test VM, as root in the host's root filesystem (overlaid, so
-# writable). Brings up soft-RoCE on a dummy netdev, loads the rdmax module when
+# writable). Brings up soft-RoCE on a dummy netdev (or, as one of two hosts, on
+# the virtio NIC joining it to the other: RDMAX_VM_NET=virtio), loads the rdmax module when
 # one has been built for this kernel, then runs the job the host wrote and
 # leaves its exit status in the results share.
 set -u
@@ -16,9 +17,37 @@ if [ -n "${RDMAX_VM_MODULES:-}" ]; then
     step mount --bind "$RDMAX_VM_MODULES" "/lib/modules/$(uname -r)"
 fi
 
+# Runs "$@" until it succeeds, for 5 s at most; its status at the deadline.
+wait_until() {
+    for _ in $(seq 50); do
+        "$@" && return 0
+        sleep 0.1
+    done
+    "$@"
+}
+not_ready() { echo "rdmax-vm: $1"; echo 125 >"$results/status"; exit 125; }
+
 ip link set lo up
-step modprobe dummy numdummies=0
-step ip link add "$RDMAX_VM_NETDEV" type dummy
+if [ "${RDMAX_VM_NET:-dummy}" = virtio ]; then
+    # One of two hosts (tests/vm/run --hosts 2): the virtio NIC with the MAC the
+    # host gave it carries the link to the other guest. No udev here: load the
+    # driver (built in on some kernels) and find the interface by its MAC.
+    modprobe virtio_net >"$results/setup.log" 2>&1 || [ -d /sys/bus/virtio/drivers/virtio_net ] ||
+        { echo "rdmax-vm: setup failed: modprobe virtio_net"; cat "$results/setup.log"; echo 125 >"$results/status"; exit 125; }
+    netdev_by_mac() {
+        local d
+        for d in /sys/class/net/*; do
+            [ "$(cat "$d/address" 2>/dev/null)" = "$RDMAX_VM_MAC" ] && { basename "$d"; return 0; }
+        done
+        return 1
+    }
+    wait_until netdev_by_mac >/dev/null || not_ready "no network interface with MAC $RDMAX_VM_MAC"
+    RDMAX_VM_NETDEV=$(netdev_by_mac)
+    export RDMAX_VM_NETDEV
+else
+    step modprobe dummy numdummies=0
+    step ip link add "$RDMAX_VM_NETDEV" type dummy
+fi
 step ip addr add "$RDMAX_TEST_ADDR/24" dev "$RDMAX_VM_NETDEV"
 step ip link set "$RDMAX_VM_NETDEV" up
 if [ -n "${RDMAX_VM_RXE_MODULE:-}" ]; then
@@ -32,16 +61,6 @@ fi
 step modprobe ib_uverbs
 step modprobe rdma_ucm
 step rdma link add "$RDMAX_TEST_DEVICE" type rxe netdev "$RDMAX_VM_NETDEV"
-
-# Runs "$@" until it succeeds, for 5 s at most; its status at the deadline.
-wait_until() {
-    for _ in $(seq 50); do
-        "$@" && return 0
-        sleep 0.1
-    done
-    "$@"
-}
-not_ready() { echo "rdmax-vm: $1"; echo 125 >"$results/status"; exit 125; }
 
 # The port goes ACTIVE once the netdev is up; then the GID of the address
 # (IPv4-mapped: ...:ffff:c000:0201) is added in the background, and the tests

@@ -28,6 +28,17 @@ wait_until() {
 not_ready() { echo "rdmax-vm: $1"; echo 125 >"$results/status"; exit 125; }
 
 ip link set lo up
+# A host name (the kernel's is "(none)", which Open MPI's mpirun refuses), known
+# to /etc/hosts (the overlay's copy): rdmax-vm, or rdmax-host0/1 for two hosts.
+vm_hostname=rdmax-vm
+[ -z "${RDMAX_HOST_INDEX:-}" ] || vm_hostname=rdmax-host$RDMAX_HOST_INDEX
+step hostname "$vm_hostname"
+if [ -n "${RDMAX_HOSTS:-}" ]; then
+    i=0
+    for a in ${RDMAX_HOSTS//,/ }; do echo "$a rdmax-host$i" >>/etc/hosts; i=$((i + 1)); done
+else
+    echo "$RDMAX_TEST_ADDR $vm_hostname" >>/etc/hosts
+fi
 if [ "${RDMAX_VM_NET:-dummy}" = virtio ]; then
     # One of two hosts (tests/vm/run --hosts 2): the virtio NIC with the MAC the
     # host gave it carries the link to the other guest. No udev here: load the

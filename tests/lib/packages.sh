@@ -13,6 +13,8 @@ RDMAX_PKGS_VM="qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-sta
 # The VM's other kernels (tests/vm/kernel): unpacked, built in a debootstrap
 # root where their gcc is newer than this host's, BTF for their modules (pahole).
 RDMAX_PKGS_VM_MATRIX="debootstrap dwarves xz-utils zstd patch"
+# The multi-host suite (tests/multihost/run.sh): mpirun in the guests.
+RDMAX_PKGS_VM_2HOST="openmpi-bin"
 
 rdmax_missing_packages() {
     local p missing=()

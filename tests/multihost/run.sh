@@ -21,7 +21,8 @@
 #
 # Knobs: RDMAX_VM_RESULTS (where the log goes; default build/test-results/vm-2host),
 # RDMAX_VM_TIMEOUT (each guest's deadline; default 900 s), RDMAX_MULTIHOST_CALLS
-# (rpc_echo calls and kv_service operations; default 200: TCG is slow).
+# (rpc_echo calls and kv_service operations; default 200: TCG is slow),
+# RDMAX_MULTIHOST_BIN (where rpc_echo and kv_service are; default build/examples).
 # The log, RESULTS/testlog.json, has one record a step ("rdmax:multihost / STEP"),
 # OK only when every host that runs the step succeeded; tests/run counts it.
 # Exit status: 0 when no step failed.
@@ -35,9 +36,16 @@ cd "$project" || exit 1
 steps="rdma-pingpong:0,1 rdmax-pingpong:0,1 allreduce:0,1 mpirun-1host:0 mpirun-2host:0,1 rpc_echo:0,1 kv_service:0,1"
 
 if [ "${1:-}" != --guest ]; then
-    [ $# -eq 0 ] || { sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+    [ $# -eq 0 ] || { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+    RDMAX_WHO=$0
+    # shellcheck source=../lib/packages.sh
+    . "$project/tests/lib/packages.sh"
+    # shellcheck disable=SC2086
+    rdmax_require install $RDMAX_PKGS_VM_2HOST
     results=${RDMAX_VM_RESULTS:-$project/build/test-results/vm-2host}
-    rm -rf "$results" && mkdir -p "$results"
+    # A log left by an earlier run must not be counted as this one's.
+    rm -rf "$results/testlog.json" "$results/host0" "$results/host1"
+    mkdir -p "$results" || exit 1
     vm_status=0
     RDMAX_VM_TIMEOUT=${RDMAX_VM_TIMEOUT:-900} RDMAX_VM_RESULTS=$results \
         "$project/tests/vm/run" --hosts 2 -- tests/multihost/run.sh --guest || vm_status=$?
@@ -99,6 +107,7 @@ log=/run/rdmax-vm/multihost.json
 : >"$log"
 calls=${RDMAX_MULTIHOST_CALLS:-200}
 examples=$project/build/examples
+rpc_bin=${RDMAX_MULTIHOST_BIN:-$examples}
 bench=$examples/bench/rdmax_allreduce_bench
 any_failed=0
 export OMPI_MCA_btl=self,tcp # the ranks never call MPI; keep Open MPI off the RDMA device
@@ -171,9 +180,9 @@ server_client() {
 
 # A program of the examples that may not be built yet: SKIPPED, loudly, if absent.
 built() {
-    [ -x "$examples/$2" ] && return 0
-    echo "multihost[host$me]: ******** $1 SKIPPED: $examples/$2 is not built ********"
-    record "$1" SKIP 0 "build/examples/$2 is not built"
+    [ -x "$rpc_bin/$2" ] && return 0
+    echo "multihost[host$me]: ******** $1 SKIPPED: $rpc_bin/$2 is not built ********"
+    record "$1" SKIP 0 "$rpc_bin/$2 is not built"
     return 1
 }
 
@@ -223,12 +232,12 @@ fi
 
 # 6, 7. The RPC examples, where built.
 if built rpc_echo rpc_echo; then
-    server_client rpc_echo "$examples/rpc_echo" --server --addr "$RDMAX_HOST_ADDR" --port 7471 --clients 1 --timeout 60 \
-        -- "$examples/rpc_echo" --connect "$RDMAX_PEER_ADDR" --port 7471 --calls "$calls" --verify
+    server_client rpc_echo "$rpc_bin/rpc_echo" --server --addr "$RDMAX_HOST_ADDR" --port 7471 --clients 1 --timeout 60 \
+        -- "$rpc_bin/rpc_echo" --connect "$RDMAX_PEER_ADDR" --port 7471 --calls "$calls" --verify
 fi
 if built kv_service kv_service; then
-    server_client kv_service "$examples/kv_service" --server --addr "$RDMAX_HOST_ADDR" --port 7472 --clients 1 --timeout 60 \
-        -- "$examples/kv_service" --connect "$RDMAX_PEER_ADDR" --port 7472 --ops "$calls" --verify
+    server_client kv_service "$rpc_bin/kv_service" --server --addr "$RDMAX_HOST_ADDR" --port 7472 --clients 1 --timeout 60 \
+        -- "$rpc_bin/kv_service" --connect "$RDMAX_PEER_ADDR" --port 7472 --ops "$calls" --verify
 fi
 
 exit "$any_failed"

@@ -471,7 +471,31 @@ connection_request listener::next_request(std::chrono::milliseconds timeout) {
     std::string where = fmt::format("listener on port {}", port());
     event_copy req =
         expect(channel_, RDMA_CM_EVENT_CONNECT_REQUEST, deadline, "rdma_accept", where);
-    rdma_cm_id* id = req.id;
+    return hand_over(req.id, std::move(req.payload), req.initiator_depth,
+                     req.responder_resources);
+}
+
+std::optional<connection_request> listener::poll_request() {
+    for (;;) {
+        rdma_cm_event* ev = next_event(channel_, clock::now());
+        if (ev == nullptr)
+            return std::nullopt;
+        event_copy req = take(ev);
+        if (req.type == RDMA_CM_EVENT_CONNECT_REQUEST)
+            return hand_over(req.id, std::move(req.payload), req.initiator_depth,
+                             req.responder_resources);
+        // Any other event of a listener's channel is of no use here.
+    }
+}
+
+int listener::fd() const noexcept {
+    return channel_->fd;
+}
+
+connection_request listener::hand_over(rdma_cm_id* id, std::vector<std::byte> payload,
+                                       std::uint8_t initiator_depth,
+                                       std::uint8_t responder_resources) {
+    std::string where = fmt::format("listener on port {}", port());
     // The request's own channel: its events (ESTABLISHED, DISCONNECTED) then
     // reach whoever holds it, not the listener.
     rdma_event_channel* ch = nullptr;
@@ -488,8 +512,8 @@ connection_request listener::next_request(std::chrono::milliseconds timeout) {
     }
     connection pending(ch, id);
     pending.disconnect_sent_ = true; // nothing to disconnect until it is accepted
-    pending.peer_payload_ = std::move(req.payload);
-    return connection_request(std::move(pending), req.initiator_depth, req.responder_resources,
+    pending.peer_payload_ = std::move(payload);
+    return connection_request(std::move(pending), initiator_depth, responder_resources,
                               std::move(where));
 }
 

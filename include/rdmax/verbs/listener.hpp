@@ -5,9 +5,11 @@
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include <rdma/rdma_cma.h>
 
@@ -50,6 +52,11 @@ public:
     /// receives, then accepts or rejects it (see connection_request). Throws
     /// at the deadline.
     [[nodiscard]] connection_request next_request(std::chrono::milliseconds timeout = 5s);
+    /// Without waiting: the next connection request if one has arrived.
+    /// For a loop that serves many peers (poll fd() with its other fds).
+    [[nodiscard]] std::optional<connection_request> poll_request();
+    /// The event channel's descriptor: readable when a request may be waiting.
+    [[nodiscard]] int fd() const noexcept;
 
     /// Waits up to `timeout` for a connection request, accepts it with a QP
     /// made in `pd` and `payload` in the reply; throws at the deadline. A
@@ -79,6 +86,9 @@ private:
     connection accept_choosing(const chooser_ref& choose, std::span<const std::byte> payload,
                                const qp_config& cfg, std::chrono::milliseconds timeout);
     void release() noexcept;
+    /// Gives the request `id` a channel of its own and wraps it, unanswered.
+    connection_request hand_over(rdma_cm_id* id, std::vector<std::byte> payload,
+                                 std::uint8_t initiator_depth, std::uint8_t responder_resources);
     rdma_event_channel* channel_ = nullptr;
     rdma_cm_id* id_ = nullptr;
 };

@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <iterator>
 #include <span>
 
 #include <infiniband/verbs.h>
@@ -43,6 +44,28 @@ public:
         wr.num_sge = 1;
         ibv_recv_wr* bad = nullptr;
         if (int rc = ibv_post_srq_recv(srq_, &wr, &bad); rc != 0) {
+            last_errno_ = rc;
+            return status::post_failed;
+        }
+        return status::ok;
+    }
+
+    /// Posts `count` receives with no buffer (at most 64 per call, one
+    /// chain): what a write-with-immediate consumes, for its immediate alone.
+    /// A send that lands on one fails there (local length error).
+    status post_empty(std::uint32_t count, std::uint64_t wr_id) noexcept {
+        if (count == 0)
+            return status::zero_length;
+        ibv_recv_wr wrs[64];
+        if (count > std::size(wrs))
+            return status::batch_full;
+        for (std::uint32_t i = 0; i < count; ++i) {
+            wrs[i] = ibv_recv_wr{};
+            wrs[i].wr_id = wr_id;
+            wrs[i].next = i + 1 < count ? &wrs[i + 1] : nullptr;
+        }
+        ibv_recv_wr* bad = nullptr;
+        if (int rc = ibv_post_srq_recv(srq_, wrs, &bad); rc != 0) {
             last_errno_ = rc;
             return status::post_failed;
         }

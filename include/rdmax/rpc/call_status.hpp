@@ -1,0 +1,62 @@
+#pragma once
+// How an RPC ended, as the caller sees it. The first values travel in a
+// reply's header (the server says them); the rest the client decides.
+
+#include <cstdint>
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace rdmax::rpc {
+
+enum class [[nodiscard]] call_status : std::uint32_t {
+    ok = 0,
+    // Said by the server, in the reply.
+    unknown_method = 1,    ///< no handler for the method id
+    handler_failed = 2,    ///< the handler threw or refused the request
+    request_too_large = 3, ///< the request's body is over the server's max_message
+    reply_too_large = 4,   ///< the reply fits neither the slot nor the buffer the caller offered
+    read_failed = 5,       ///< the server could not read the request's body from the caller
+    // Decided by the client.
+    timed_out = 16,    ///< no reply before the call's deadline
+    peer_gone = 17,    ///< the connection failed or the peer disconnected
+    no_credit = 18,    ///< every slot of the connection holds a call: poll, then call again
+    too_large = 19,    ///< the request is over max_message, or needs a registration the device refused
+    bad_peer = 20,     ///< no such peer (never connected, or disconnected)
+    bad_reply = 21,    ///< the reply broke the protocol (its header or length)
+    invalid_method = 22, ///< method id 0 is reserved
+};
+
+[[nodiscard]] constexpr std::string_view to_string(call_status s) noexcept {
+    switch (s) {
+    case call_status::ok: return "ok";
+    case call_status::unknown_method: return "the server has no handler for this method";
+    case call_status::handler_failed: return "the server's handler failed";
+    case call_status::request_too_large: return "request over the server's max_message";
+    case call_status::reply_too_large:
+        return "reply fits neither the slot nor the caller's reply buffer";
+    case call_status::read_failed: return "the server could not read the request body";
+    case call_status::timed_out: return "no reply before the deadline";
+    case call_status::peer_gone: return "the peer disconnected or its connection failed";
+    case call_status::no_credit: return "every slot of the connection holds a call";
+    case call_status::too_large: return "request too large to send";
+    case call_status::bad_peer: return "no such peer";
+    case call_status::bad_reply: return "the reply broke the protocol";
+    case call_status::invalid_method: return "method id 0 is reserved";
+    }
+    return "unknown call status";
+}
+
+/// A status the server may put in a reply (anything else there is a protocol error).
+[[nodiscard]] constexpr bool server_status(std::uint32_t s) noexcept {
+    return s <= static_cast<std::uint32_t>(call_status::read_failed);
+}
+
+} // namespace rdmax::rpc
+
+template <>
+struct fmt::formatter<rdmax::rpc::call_status> : fmt::formatter<std::string_view> {
+    auto format(rdmax::rpc::call_status s, fmt::format_context& ctx) const {
+        return fmt::formatter<std::string_view>::format(rdmax::rpc::to_string(s), ctx);
+    }
+};

@@ -1,0 +1,184 @@
+#pragma once
+// rpc::client: calls to one or more rpc::servers, from one thread, with one
+// completion queue and one shared receive queue for all of them. See
+// wire.hpp for the protocol and server.hpp for the other side.
+//
+//     rpc::client cli(pd);
+//     rpc::peer_id srv = cli.connect("192.0.2.1", 7471);
+//     rpc::call_result r = cli.call(srv, 1, rdmax::as_bytes_of(request));
+//     if (r.status == rpc::call_status::ok) use(r.reply);   // valid until the next poll or call
+//
+// Or many calls in flight: start() them (each names a cookie) and poll()
+// for their results. Every call has a deadline; a call whose peer leaves or
+// whose connection fails ends peer_gone within rpc_options::housekeeping.
+//
+// Requests that fit a slot are copied into it; larger ones stay in the
+// caller's buffer, registered through the registration cache, and the server
+// reads them (keep the buffer unchanged until the call ends). A caller that
+// expects a reply larger than a slot offers a buffer (call_options::reply_into),
+// which the server writes into.
+//
+// The call path (start, poll, call) allocates nothing and makes no system
+// call but the device's doorbell, for messages that fit a slot; a larger
+// one costs a registration the first time its buffer is seen.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <rdmax/mem/cache_held.hpp>
+#include <rdmax/mem/handle_issuer.hpp>
+#include <rdmax/mem/registered_arena.hpp>
+#include <rdmax/mem/verbs_cache.hpp>
+#include <rdmax/rpc/call_status.hpp>
+#include <rdmax/rpc/inbox.hpp>
+#include <rdmax/rpc/peer_link.hpp>
+#include <rdmax/rpc/rpc_counters.hpp>
+#include <rdmax/rpc/rpc_options.hpp>
+#include <rdmax/rpc/server.hpp>
+#include <rdmax/sched/coarse_clock.hpp>
+#include <rdmax/sched/priority.hpp>
+
+namespace rdmax::rpc {
+
+struct call_options {
+    sched::priority priority = sched::normal;
+    /// 0: rpc_options::call_timeout.
+    std::chrono::microseconds timeout{0};
+    /// Where a reply larger than a slot may go (registered through the cache;
+    /// keep it until the call ends). A reply that fits the slot stays there.
+    std::span<std::byte> reply_into = {};
+    /// The caller's name for the call, handed back in its result.
+    std::uint64_t cookie = 0;
+};
+
+struct call_result {
+    std::uint64_t cookie = 0;
+    peer_id peer;
+    call_status status = call_status::ok;
+    /// The reply's body: in the reply slot or in reply_into. Valid until the
+    /// next poll(), call() or release() (the slot then goes back to the server).
+    std::span<const std::byte> reply;
+};
+
+class client {
+public:
+    /// The protection domain must outlive the client. Throws rdmax::error.
+    explicit client(const verbs::protection_domain& pd,
+                    rpc_options opts = rpc_options{}.with_env());
+    client(const client&) = delete;
+    client& operator=(const client&) = delete;
+    ~client();
+
+    /// Connects to the server at addr:port (asking for opts.slots slots of
+    /// opts.slot_bytes; the server may grant fewer). Throws rdmax::error
+    /// naming the step (address, route, refused, deadline).
+    [[nodiscard]] peer_id connect(std::string_view addr, std::uint16_t port);
+    /// Closes the connection; its calls in flight end peer_gone.
+    void disconnect(peer_id p) noexcept;
+
+    /// Starts a call of `method` (1 .. 65535) with `request`. Returns ok, or
+    /// why it did not start (bad_peer, peer_gone, no_credit, too_large,
+    /// invalid_method): then nothing was sent and no result will come.
+    call_status start(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                      const call_options& o = {}) noexcept;
+    /// Results of calls that ended (at most out.size(); the rest wait).
+    int poll(std::span<call_result> out) noexcept;
+    /// Gives back now the slots of the results the last poll() handed out
+    /// (the next poll() would): their replies are no longer valid. For a
+    /// loop that starts new calls after taking results.
+    void release() noexcept { release_handed_out(); }
+    /// Starts a call and waits for its result (spinning; the deadline bounds
+    /// it). Results of other calls that end meanwhile wait for poll().
+    call_result call(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                     const call_options& o = {}) noexcept;
+    /// poll(), sleeping on fd() up to `timeout` when nothing has ended.
+    int wait(std::span<call_result> out, std::chrono::microseconds timeout) noexcept;
+    [[nodiscard]] int fd() const noexcept { return inbox_.fd(); }
+    bool arm() noexcept { return inbox_.arm(); }
+
+    /// Calls started and not yet handed back.
+    [[nodiscard]] std::size_t in_flight() const noexcept { return in_flight_; }
+    /// Slots of `p`: calls it may have in flight at once (0 if no such peer).
+    [[nodiscard]] std::uint16_t slots(peer_id p) const noexcept;
+    /// Slot bytes granted by `p`'s server (what fits inline: this less 16..48).
+    [[nodiscard]] std::uint32_t slot_bytes(peer_id p) const noexcept;
+    [[nodiscard]] bool connected(peer_id p) const noexcept;
+    [[nodiscard]] const rpc_counters& counters() const noexcept { return counters_; }
+    [[nodiscard]] const rpc_options& options() const noexcept { return opts_; }
+
+private:
+    enum class slot_phase : std::uint8_t {
+        free,      ///< the caller's credit, unused
+        in_flight, ///< request sent, no reply yet
+        abandoned, ///< its deadline passed: the slot waits for the late reply
+        done,      ///< its result is queued or handed out; freed at the next poll
+    };
+    struct slot_state {
+        slot_phase phase = slot_phase::free;
+        std::uint32_t seq = 0;
+        std::uint64_t cookie = 0;
+        sched::coarse_clock::time_point deadline{};
+        std::span<std::byte> reply_into;
+        std::optional<verbs_cache::held<remote_buffer<rights::remote_read>>> body_reg;
+        std::optional<verbs_cache::held<remote_buffer<rights::remote_write>>> reply_reg;
+    };
+    struct slot_ref {
+        std::uint32_t link = 0;
+        std::uint32_t slot = 0;
+        std::uint32_t seq = 0;
+        bool release = false; ///< handing the result out gives the slot back at the next poll
+    };
+    struct link {
+        std::uint32_t generation = 0;
+        std::unique_ptr<peer_link> wire;
+        std::vector<slot_state> slots;
+        std::vector<std::uint16_t> free_slots;
+        std::uint32_t next_seq = 1;
+        std::uint32_t in_flight = 0;
+        std::uint32_t held = 0; ///< slots done: results queued or handed out
+    };
+
+    /// start() for call(): the slot it took, or the status it refused with.
+    call_status start_on(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                         const call_options& o, slot_ref& taken) noexcept;
+    void push_result(const call_result& r, const slot_ref& ref) noexcept;
+    void grow_results();
+    void progress() noexcept;
+    void on_receive(const ibv_wc& wc) noexcept;
+    void housekeeping() noexcept;
+    void fail_link(link& l, std::uint32_t index) noexcept;
+    void finish(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                std::span<const std::byte> reply) noexcept;
+    void release_handed_out() noexcept;
+    void teardown_idle() noexcept;
+    [[nodiscard]] link* find(peer_id p) noexcept;
+    [[nodiscard]] const link* find(peer_id p) const noexcept;
+    verbs_cache& cache();
+
+    const verbs::protection_domain* pd_;
+    rpc_options opts_;
+    registered_arena arena_;
+    handle_issuer issuer_;
+    inbox inbox_;
+    std::unique_ptr<verbs_cache> cache_; ///< made at the first body or reply over a slot
+    std::vector<link> links_;
+    std::unordered_map<std::uint32_t, std::uint32_t> by_qp_;
+    std::uint32_t generations_ = 0;
+    // Results: a ring of those not yet handed out, and the slots handed out
+    // by the last poll (freed at the next). Sized at connect for every slot.
+    std::vector<call_result> results_;
+    std::size_t results_head_ = 0, results_count_ = 0;
+    std::vector<slot_ref> queued_slots_; ///< parallel to results_: its slot, or link UINT32_MAX
+    std::vector<slot_ref> handed_out_;
+    std::size_t in_flight_ = 0;
+    sched::coarse_clock::time_point next_housekeeping_{};
+    rpc_counters counters_;
+};
+
+} // namespace rdmax::rpc

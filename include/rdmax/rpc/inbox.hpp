@@ -1,0 +1,64 @@
+#pragma once
+// The receive side of an RPC endpoint (server or client): one completion
+// queue and one shared receive queue for every connection, the receives
+// zero-length (a write-with-immediate needs one only for its immediate), and
+// a completion channel so that the endpoint can sleep, alone or in the
+// caller's own epoll loop.
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+
+#include <infiniband/verbs.h>
+
+#include <rdmax/verbs/completion_channel.hpp>
+#include <rdmax/verbs/completion_queue.hpp>
+#include <rdmax/verbs/protection_domain.hpp>
+#include <rdmax/verbs/shared_receive_queue.hpp>
+
+namespace rdmax::rpc {
+
+class inbox {
+public:
+    /// `depth` receives posted at all times (clamped to the device's
+    /// max_srq_wr and max_cqe); throws rdmax::error naming the verb.
+    inbox(const verbs::protection_domain& pd, std::uint32_t depth);
+    inbox(const inbox&) = delete;
+    inbox& operator=(const inbox&) = delete;
+    ~inbox();
+
+    [[nodiscard]] verbs::completion_queue& cq() noexcept { return cq_; }
+    [[nodiscard]] verbs::shared_receive_queue& srq() noexcept { return srq_; }
+    [[nodiscard]] std::uint32_t depth() const noexcept { return depth_; }
+
+    /// Receive completions, without blocking.
+    [[nodiscard]] int poll(std::span<ibv_wc> out) noexcept { return cq_.poll(out); }
+    /// Gives back `n` receives that completions took (posted in batches).
+    void replenish(std::uint32_t n) noexcept;
+
+    /// An epoll descriptor, readable when a completion or an event of a
+    /// watched descriptor (watch()) may be waiting. Arm first.
+    [[nodiscard]] int fd() const noexcept { return epoll_fd_; }
+    /// Adds a descriptor (rdma_cm channels) to fd()'s set; forget() removes it.
+    void watch(int fd);
+    void forget(int fd) noexcept;
+    /// Asks for a wake-up at the next completion: arm, poll once more (a
+    /// completion that came before the arming raises no event), and sleep
+    /// only if that poll found nothing. False if the device refused.
+    bool arm() noexcept;
+    /// Sleeps until fd() is readable or `timeout` passed, then takes the
+    /// channel's events. Arm first.
+    void sleep(std::chrono::microseconds timeout) noexcept;
+
+private:
+    void take_events() noexcept;
+
+    verbs::completion_channel channel_;
+    verbs::completion_queue cq_;
+    verbs::shared_receive_queue srq_;
+    std::uint32_t depth_;
+    std::uint32_t owed_ = 0; ///< receives taken and not yet given back
+    int epoll_fd_ = -1;
+};
+
+} // namespace rdmax::rpc

@@ -1,0 +1,44 @@
+#pragma once
+// Options of RPC servers and clients, with their RDMAX_RPC_* overrides.
+
+#include <chrono>
+#include <cstdint>
+
+#include <rdmax/sched/scheduler_options.hpp>
+
+namespace rdmax::rpc {
+
+struct rpc_options {
+    /// Slots per connection: calls in flight on it at most (the client asks,
+    /// the server grants at most its own). At most wire max_slots.
+    std::uint16_t slots = 64;
+    /// Bytes per slot: header, descriptors and inline body (64 B .. 256 KiB,
+    /// a multiple of 8). Bodies over it go by READ (requests) or into the
+    /// caller's reply buffer (replies).
+    std::uint32_t slot_bytes = 4096;
+    /// Largest request or reply body, inline or not (the server refuses
+    /// larger requests with request_too_large; the client refuses to send them).
+    std::uint32_t max_message = 16U << 20;
+    /// Server: connections at once; more are refused.
+    std::uint32_t max_peers = 256;
+    /// Client: a call's deadline unless the call names its own.
+    std::chrono::milliseconds call_timeout{5000};
+    /// Connection setup and teardown deadline (rdma_cm).
+    std::chrono::milliseconds connect_timeout{5000};
+    /// How often poll() looks at connection events (new peers, peers gone)
+    /// and deadlines: these cost system calls, so not at every poll.
+    std::chrono::microseconds housekeeping{2000};
+    /// Each connection's scheduler (priorities, slicing of large transfers).
+    sched::scheduler_options scheduler = {};
+
+    /// These options with RDMAX_RPC_SLOTS, RDMAX_RPC_SLOT_BYTES,
+    /// RDMAX_RPC_MAX_MESSAGE (K/M/G allowed), RDMAX_RPC_MAX_PEERS,
+    /// RDMAX_RPC_TIMEOUT_MS, RDMAX_RPC_CONNECT_TIMEOUT_MS and
+    /// RDMAX_RPC_HOUSEKEEPING_US applied, and the scheduler's RDMAX_SCHED_*;
+    /// a malformed or out-of-range value throws rdmax::error naming it.
+    [[nodiscard]] rpc_options with_env() const;
+    /// Throws rdmax::error if a field is out of range.
+    void check(const char* who) const;
+};
+
+} // namespace rdmax::rpc

@@ -1,0 +1,192 @@
+#pragma once
+// rpc::server: serves many clients from one thread, one completion queue and
+// one shared receive queue (LITE's RPC, seed 001; eRPC's sessions and
+// credits). See wire.hpp for the protocol.
+//
+//     rpc::server srv(pd, "0.0.0.0", 7471);
+//     srv.on(1, [](rpc::request_context& c) { c.reply(c.body()); });  // echo
+//     for (;;) srv.wait(100ms);   // or poll() in a spin loop, or fd() in epoll
+//
+// Handlers run in the thread that calls poll() or wait(), one at a time. A
+// handler answers with reply() (inline in the caller's slot, or into the
+// buffer the caller offered when it does not fit) or fail(status), or
+// defers: defer() returns a token, and reply(token, ...) answers later. A
+// handler that returns without answering or deferring answers
+// handler_failed, and so does one that throws.
+//
+// A peer that breaks the protocol (a message of the wrong kind, a slot out
+// of range, a bad length or header, a request into a slot still being
+// answered, a send instead of a write-with-immediate) has the message
+// dropped, the rejection counted, and its connection closed; no other
+// connection's state is touched (each connection's ring has a key of its
+// own). A request with an unknown method is answered unknown_method.
+//
+// The call path (receive, handler, reply) allocates nothing and makes no
+// system call but the device's doorbell (a system call on soft-RoCE, a
+// write to a mapped page on a NIC). New connections, peers that leave and
+// deadlines are looked at every rpc_options::housekeeping, which costs a
+// few system calls.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <rdmax/mem/handle_issuer.hpp>
+#include <rdmax/mem/registered_arena.hpp>
+#include <rdmax/rpc/call_status.hpp>
+#include <rdmax/rpc/inbox.hpp>
+#include <rdmax/rpc/peer_link.hpp>
+#include <rdmax/rpc/rpc_counters.hpp>
+#include <rdmax/rpc/rpc_options.hpp>
+#include <rdmax/sched/coarse_clock.hpp>
+#include <rdmax/sched/priority.hpp>
+#include <rdmax/verbs/listener.hpp>
+
+namespace rdmax::rpc {
+
+/// Names a connection: an index and a generation, so that a peer's id is
+/// never mistaken for a later peer's.
+struct peer_id {
+    std::uint32_t index = UINT32_MAX;
+    std::uint32_t generation = 0;
+    friend constexpr bool operator==(peer_id, peer_id) = default;
+};
+
+/// A deferred call, to answer later with server::reply or server::fail.
+struct deferred_call {
+    peer_id peer;
+    std::uint32_t slot = 0;
+    std::uint32_t call_seq = 0;
+};
+
+class server;
+
+/// What a handler sees: the request, and how to answer it. Valid during the handler.
+class request_context {
+public:
+    [[nodiscard]] std::uint16_t method() const noexcept { return method_; }
+    [[nodiscard]] peer_id peer() const noexcept { return peer_; }
+    [[nodiscard]] sched::priority priority() const noexcept { return prio_; }
+    /// The request's body (in the ring slot, or read from the caller's buffer).
+    [[nodiscard]] std::span<const std::byte> body() const noexcept { return body_; }
+    /// Bytes the caller can take back: the slot's room, or its reply buffer's.
+    [[nodiscard]] std::size_t reply_capacity() const noexcept;
+    /// Room in the reply slot to build a reply in place (reply_in_place).
+    [[nodiscard]] std::span<std::byte> reply_space() const noexcept { return space_; }
+
+    /// Answers with `bytes` (copied; over the slot's room into the caller's buffer).
+    void reply(std::span<const std::byte> bytes) noexcept;
+    /// Answers with the first n bytes of reply_space().
+    void reply_in_place(std::size_t n) noexcept;
+    /// Answers with a status and no body (a status the server may say).
+    void fail(call_status s) noexcept;
+    /// Answers later: the slot stays the caller's until server::reply or fail.
+    [[nodiscard]] deferred_call defer() noexcept;
+
+private:
+    friend class server;
+    server* srv_ = nullptr;
+    peer_id peer_;
+    std::uint32_t slot_ = 0;
+    std::uint32_t seq_ = 0;
+    std::uint16_t method_ = 0;
+    sched::priority prio_;
+    std::span<const std::byte> body_;
+    std::span<std::byte> space_;
+    bool answered_ = false;
+};
+
+class server {
+public:
+    using handler = std::function<void(request_context&)>;
+
+    /// Listens on addr:port (port 0: any; see port()). The protection domain
+    /// must outlive the server and be on the device that carries addr (a
+    /// request on another device is refused). Throws rdmax::error.
+    server(const verbs::protection_domain& pd, std::string_view addr, std::uint16_t port,
+           rpc_options opts = rpc_options{}.with_env());
+    server(const server&) = delete;
+    server& operator=(const server&) = delete;
+    ~server();
+
+    /// Serves `method` (1 .. 65535) with `h`, replacing an earlier handler.
+    void on(std::uint16_t method, handler h);
+
+    /// Progress without blocking: takes what arrived, runs handlers, posts
+    /// replies; every housekeeping interval, accepts and drops connections.
+    /// Returns the requests handled.
+    int poll() noexcept;
+    /// poll(), sleeping on fd() up to `timeout` when there is nothing to do.
+    int wait(std::chrono::microseconds timeout) noexcept;
+    /// Readable when poll() may have work: for the caller's own epoll loop
+    /// (call arm() before sleeping on it, then poll()).
+    [[nodiscard]] int fd() const noexcept { return inbox_.fd(); }
+    bool arm() noexcept { return inbox_.arm(); }
+
+    /// Answers a deferred call; false if its peer is gone (nothing sent).
+    bool reply(const deferred_call& d, std::span<const std::byte> bytes) noexcept;
+    bool fail(const deferred_call& d, call_status s) noexcept;
+
+    /// Closes a peer's connection (its calls in flight get no answer).
+    void disconnect(peer_id p) noexcept;
+
+    [[nodiscard]] std::uint16_t port() const noexcept { return listener_.port(); }
+    [[nodiscard]] std::size_t peers() const noexcept { return live_; }
+    [[nodiscard]] const rpc_counters& counters() const noexcept { return counters_; }
+    [[nodiscard]] const rpc_options& options() const noexcept { return opts_; }
+
+private:
+    friend class request_context;
+    struct slot_state {
+        bool busy = false; ///< a request arrived, its answer is not yet sent
+        std::uint32_t seq = 0;
+        std::uint8_t prio = 0;
+        std::uint16_t method = 0;
+        std::optional<buffer_descriptor> reply_buffer;
+        arena_block body;  ///< a request body read from the caller
+        arena_block reply; ///< a reply body being written into the caller's buffer
+    };
+    struct link {
+        std::uint32_t generation = 0;
+        std::unique_ptr<peer_link> wire;
+        std::vector<slot_state> slots;
+    };
+
+    void housekeeping() noexcept;
+    void accept_pending();
+    void accept_one(verbs::connection_request req);
+    void on_receive(const ibv_wc& wc) noexcept;
+    void on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes) noexcept;
+    void run_handler(link& l, std::uint32_t index, std::uint32_t slot,
+                     std::span<const std::byte> body) noexcept;
+    void drive(link& l) noexcept;
+    void reject(link& l, violation v) noexcept;
+    /// Posts the answer of slot s: status and body.
+    void answer(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                std::span<const std::byte> body, bool in_place) noexcept;
+    void teardown(std::uint32_t index) noexcept;
+    [[nodiscard]] link* find(peer_id p) noexcept;
+
+    const verbs::protection_domain* pd_;
+    rpc_options opts_;
+    registered_arena arena_;
+    handle_issuer issuer_;
+    inbox inbox_;
+    verbs::listener listener_;
+    std::vector<handler> handlers_;
+    std::vector<link> links_;
+    std::vector<std::uint32_t> free_links_;
+    std::unordered_map<std::uint32_t, std::uint32_t> by_qp_; ///< qp_num -> link index
+    std::size_t live_ = 0;
+    std::uint32_t generations_ = 0;
+    sched::coarse_clock::time_point next_housekeeping_{};
+    rpc_counters counters_;
+};
+
+} // namespace rdmax::rpc

@@ -1,0 +1,258 @@
+#pragma once
+// The RPC wire format (LITE, seed 001: RPC by RDMA write-with-immediate into
+// the callee's memory).
+//
+// Each connection has two rings of `slots` slots of `slot_bytes` each: the
+// server's request ring and the client's reply ring, both in registered
+// memory, each exposed to the peer under a key that covers that ring alone
+// (so a peer can write nowhere else). A call on slot s writes the request
+// into the server's slot s with WRITE_WITH_IMM; the reply comes back into the
+// client's slot s the same way. The 32-bit immediate names the kind, the
+// slot and the bytes written; the receive that takes the immediate is
+// zero-length, from a shared receive queue.
+//
+// Credits: a slot is the caller's credit. The client uses slot s again only
+// after the reply for s arrived, which the server sends only after it is done
+// with the request in s: so no side ever overwrites a slot the other has not
+// read. A request that arrives for a slot whose reply is not yet sent is a
+// credit violation.
+//
+// A slot holds a message_header, then (requests) up to two descriptors of
+// the caller's own registered buffers, then the inline body:
+//   request: header | [request body descriptor] | [reply buffer descriptor] | [inline body]
+//   reply:   header | [inline body]
+// A request body larger than the slot stays in the caller's buffer, which
+// the server reads with RDMA READ (zero-copy on the caller's side). A reply
+// larger than the slot is written by the server into the buffer the caller
+// offered, then announced in the slot.
+//
+// Everything a peer sends is checked here before it is used: these functions
+// are pure, so the unit tests and the fuzzer hit them without a device.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+#include <rdmax/rpc/call_status.hpp>
+
+namespace rdmax::rpc {
+
+inline constexpr std::uint32_t protocol_magic = 0x52505831; // "RPX1"
+inline constexpr std::uint16_t protocol_version = 1;
+
+/// Immediate layout: bit 31 the kind, bits 30..19 the slot, bits 18..0 the bytes.
+inline constexpr unsigned imm_slot_bits = 12;
+inline constexpr unsigned imm_bytes_bits = 19;
+inline constexpr std::uint32_t max_slots = 1U << imm_slot_bits;        // 4096
+inline constexpr std::uint32_t max_slot_bytes = 1U << (imm_bytes_bits - 1); // 256 KiB
+
+enum class message_kind : std::uint8_t { request = 0, reply = 1 };
+
+struct imm_fields {
+    message_kind kind = message_kind::request;
+    std::uint32_t slot = 0;
+    std::uint32_t bytes = 0;
+    friend constexpr bool operator==(const imm_fields&, const imm_fields&) = default;
+};
+
+[[nodiscard]] constexpr std::uint32_t encode_imm(message_kind k, std::uint32_t slot,
+                                                 std::uint32_t bytes) noexcept {
+    return (static_cast<std::uint32_t>(k) << 31) |
+           ((slot & (max_slots - 1)) << imm_bytes_bits) | (bytes & ((1U << imm_bytes_bits) - 1));
+}
+[[nodiscard]] constexpr imm_fields decode_imm(std::uint32_t imm) noexcept {
+    return {static_cast<message_kind>(imm >> 31), (imm >> imm_bytes_bits) & (max_slots - 1),
+            imm & ((1U << imm_bytes_bits) - 1)};
+}
+
+/// Request flags (message_header::flags).
+inline constexpr std::uint8_t flag_external_body = 1;  ///< the body is in the caller's buffer
+inline constexpr std::uint8_t flag_reply_buffer = 2;   ///< the caller offers a reply buffer
+/// Reply flag: the body went into the caller's reply buffer.
+inline constexpr std::uint8_t flag_external_reply = 4;
+
+/// The first bytes of every slot.
+struct message_header {
+    std::uint32_t call_seq = 0; ///< the client's number for the call; the reply echoes it
+    std::uint16_t method = 0;   ///< requests: the handler's id (0 is reserved)
+    std::uint8_t flags = 0;
+    std::uint8_t priority = 0; ///< requests: 0 (urgent) .. 7; replies go at the same level
+    std::uint32_t status = 0;  ///< replies: a call_status the server may say
+    std::uint32_t body_bytes = 0;
+};
+static_assert(sizeof(message_header) == 16 && std::is_trivially_copyable_v<message_header>);
+static_assert(std::has_unique_object_representations_v<message_header>);
+
+/// A caller's registered buffer, for the peer's READ or WRITE.
+struct buffer_descriptor {
+    std::uint64_t addr = 0;
+    std::uint32_t rkey = 0;
+    std::uint32_t length = 0;
+};
+static_assert(sizeof(buffer_descriptor) == 16);
+static_assert(std::has_unique_object_representations_v<buffer_descriptor>);
+
+/// What each side offers in the connection's private data: its ring (the
+/// client's reply ring in the request, the server's request ring in the
+/// reply) and its geometry. The server may grant fewer or smaller slots than
+/// the client asked for, never more.
+struct ring_offer {
+    std::uint32_t magic = protocol_magic;
+    std::uint16_t version = protocol_version;
+    std::uint16_t slots = 0;
+    std::uint32_t slot_bytes = 0;
+    std::uint32_t rkey = 0;
+    std::uint64_t addr = 0;
+};
+static_assert(sizeof(ring_offer) == 24 && sizeof(ring_offer) <= 55);
+static_assert(std::has_unique_object_representations_v<ring_offer>);
+
+/// The smallest slot: a header, two descriptors and some inline body.
+inline constexpr std::uint32_t min_slot_bytes = 64;
+
+/// Why an offer was refused, or nullptr.
+[[nodiscard]] constexpr const char* check_offer(const ring_offer& o) noexcept {
+    if (o.magic != protocol_magic)
+        return "not an rdmax RPC peer (magic)";
+    if (o.version != protocol_version)
+        return "another protocol version";
+    if (o.slots == 0 || o.slots > max_slots)
+        return "slot count out of range";
+    if (o.slot_bytes < min_slot_bytes || o.slot_bytes > max_slot_bytes || o.slot_bytes % 8 != 0)
+        return "slot size out of range";
+    const std::uint64_t ring = std::uint64_t{o.slots} * o.slot_bytes;
+    if (o.addr == 0 || o.addr > UINT64_MAX - ring)
+        return "ring address wraps";
+    return nullptr;
+}
+
+/// What a peer's message broke.
+enum class violation : std::uint8_t {
+    none = 0,
+    wrong_kind,   ///< a reply where a request belongs, or the reverse
+    bad_slot,     ///< slot index outside the ring
+    bad_length,   ///< shorter than a header, or longer than the slot
+    malformed,    ///< the header disagrees with the length, or with itself
+    credit,       ///< a request for a slot whose previous call was not answered
+    bad_opcode,   ///< not a WRITE_WITH_IMM, or a completion in error
+};
+
+[[nodiscard]] constexpr std::string_view to_string(violation v) noexcept {
+    switch (v) {
+    case violation::none: return "none";
+    case violation::wrong_kind: return "wrong message kind";
+    case violation::bad_slot: return "slot out of range";
+    case violation::bad_length: return "length out of range";
+    case violation::malformed: return "malformed header";
+    case violation::credit: return "credit violation";
+    case violation::bad_opcode: return "not a write-with-immediate";
+    }
+    return "unknown";
+}
+
+/// A request, checked; spans point into the slot.
+struct parsed_request {
+    message_header header;
+    std::optional<buffer_descriptor> external_body;
+    std::optional<buffer_descriptor> reply_buffer;
+    std::span<const std::byte> inline_body;
+};
+
+/// A reply, checked.
+struct parsed_reply {
+    message_header header;
+    std::span<const std::byte> inline_body;
+};
+
+namespace detail {
+template <class T>
+[[nodiscard]] T load(const std::byte* p) noexcept {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+}
+} // namespace detail
+
+/// Checks the immediate against the ring's geometry: its kind, slot and length.
+[[nodiscard]] constexpr violation check_imm(const imm_fields& f, message_kind expected,
+                                            std::uint32_t slots,
+                                            std::uint32_t slot_bytes) noexcept {
+    if (f.kind != expected)
+        return violation::wrong_kind;
+    if (f.slot >= slots)
+        return violation::bad_slot;
+    if (f.bytes < sizeof(message_header) || f.bytes > slot_bytes)
+        return violation::bad_length;
+    return violation::none;
+}
+
+/// Parses the `bytes` (from the immediate, already checked) written at the
+/// start of a request slot.
+[[nodiscard]] inline violation parse_request(std::span<const std::byte> bytes,
+                                             parsed_request& out) noexcept {
+    if (bytes.size() < sizeof(message_header))
+        return violation::bad_length;
+    out = {};
+    out.header = detail::load<message_header>(bytes.data());
+    const message_header& h = out.header;
+    std::size_t at = sizeof(message_header);
+    if ((h.flags & ~(flag_external_body | flag_reply_buffer)) != 0 || h.method == 0 ||
+        h.priority > 7 || h.status != 0)
+        return violation::malformed;
+    if ((h.flags & flag_external_body) != 0) {
+        if (bytes.size() < at + sizeof(buffer_descriptor))
+            return violation::malformed;
+        out.external_body = detail::load<buffer_descriptor>(bytes.data() + at);
+        at += sizeof(buffer_descriptor);
+        if (out.external_body->length != h.body_bytes || h.body_bytes == 0 ||
+            out.external_body->addr > UINT64_MAX - out.external_body->length)
+            return violation::malformed;
+    }
+    if ((h.flags & flag_reply_buffer) != 0) {
+        if (bytes.size() < at + sizeof(buffer_descriptor))
+            return violation::malformed;
+        out.reply_buffer = detail::load<buffer_descriptor>(bytes.data() + at);
+        at += sizeof(buffer_descriptor);
+        if (out.reply_buffer->length == 0 ||
+            out.reply_buffer->addr > UINT64_MAX - out.reply_buffer->length)
+            return violation::malformed;
+    }
+    const std::size_t inline_bytes = bytes.size() - at;
+    if (out.external_body) {
+        if (inline_bytes != 0)
+            return violation::malformed;
+    } else if (inline_bytes != h.body_bytes) {
+        return violation::malformed;
+    }
+    out.inline_body = bytes.subspan(at);
+    return violation::none;
+}
+
+/// Parses a reply slot's `bytes`; `offered` is the reply buffer's length the
+/// call offered (0: none).
+[[nodiscard]] inline violation parse_reply(std::span<const std::byte> bytes,
+                                           std::uint32_t offered, parsed_reply& out) noexcept {
+    if (bytes.size() < sizeof(message_header))
+        return violation::bad_length;
+    out = {};
+    out.header = detail::load<message_header>(bytes.data());
+    const message_header& h = out.header;
+    if ((h.flags & ~flag_external_reply) != 0 || h.method != 0 || h.priority > 7 ||
+        !server_status(h.status))
+        return violation::malformed;
+    const std::size_t inline_bytes = bytes.size() - sizeof(message_header);
+    if ((h.flags & flag_external_reply) != 0) {
+        if (inline_bytes != 0 || h.body_bytes > offered)
+            return violation::malformed;
+    } else if (inline_bytes != h.body_bytes) {
+        return violation::malformed;
+    }
+    out.inline_body = bytes.subspan(sizeof(message_header));
+    return violation::none;
+}
+
+} // namespace rdmax::rpc

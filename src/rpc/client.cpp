@@ -1,0 +1,495 @@
+#include <rdmax/rpc/client.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <arpa/inet.h>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+
+namespace rdmax::rpc {
+
+namespace {
+arena_options rpc_arena_options() {
+    arena_options a = arena_options{}.with_env();
+    a.area_rights = rights::local_write; // the ring's own key is all a peer gets
+    a.area_bytes = std::max<std::size_t>(a.area_bytes, std::size_t{2} << 20);
+    return a;
+}
+handle_options ring_key_options() {
+    handle_options h;
+    h.revoke = revoke_by::memory_region; // the key goes in the connect request
+    return h;
+}
+constexpr std::uint32_t no_slot = UINT32_MAX;
+} // namespace
+
+client::client(const verbs::protection_domain& pd, rpc_options opts)
+    : pd_(&pd)
+    , opts_((opts.check("rpc::client"), opts))
+    , arena_(verbs_registrar(pd), rpc_arena_options())
+    , issuer_(pd, ring_key_options())
+    , inbox_(pd, std::clamp<std::uint32_t>(std::uint32_t{opts_.slots} * 8U, 256, 8192)) {}
+
+client::~client() {
+    for (link& l : links_) {
+        if (!l.wire)
+            continue;
+        inbox_.forget(l.wire->conn().id()->channel->fd);
+        l.wire.reset();
+    }
+}
+
+verbs_cache& client::cache() {
+    if (!cache_)
+        cache_ = std::unique_ptr<verbs_cache>(new verbs_cache(make_verbs_cache(*pd_)));
+    return *cache_;
+}
+
+client::link* client::find(peer_id p) noexcept {
+    if (p.index >= links_.size() || !links_[p.index].wire ||
+        links_[p.index].generation != p.generation)
+        return nullptr;
+    return &links_[p.index];
+}
+const client::link* client::find(peer_id p) const noexcept {
+    return const_cast<client*>(this)->find(p);
+}
+
+bool client::connected(peer_id p) const noexcept {
+    const link* l = find(p);
+    return l != nullptr && !l->wire->broken;
+}
+std::uint16_t client::slots(peer_id p) const noexcept {
+    const link* l = find(p);
+    return l != nullptr ? l->wire->slots() : 0;
+}
+std::uint32_t client::slot_bytes(peer_id p) const noexcept {
+    const link* l = find(p);
+    return l != nullptr ? l->wire->slot_bytes() : 0;
+}
+
+peer_id client::connect(std::string_view addr, std::uint16_t port) {
+    auto wire = std::make_unique<peer_link>(arena_, issuer_, opts_.slots, opts_.slot_bytes);
+    const ring_offer mine = wire->offer();
+    verbs::connection conn = verbs::connection::connect(
+        *pd_, addr, port, verbs::payload_of(mine),
+        link_qp_config(inbox_.cq(), inbox_.srq(), opts_.slots), opts_.connect_timeout);
+    const std::optional<ring_offer> granted = conn.peer_payload_as<ring_offer>();
+    const char* why = granted ? check_offer(*granted) : "no ring offer in the reply";
+    if (why == nullptr && (granted->slots > mine.slots || granted->slot_bytes > mine.slot_bytes))
+        why = "the server granted more than was asked";
+    if (why != nullptr) {
+        ++counters_.refused;
+        throw_error("rpc::client::connect", EPROTO, fmt::format("{}:{}: {}", addr, port, why));
+    }
+    wire->attach(std::move(conn), *granted, opts_.scheduler);
+    const auto index = static_cast<std::uint32_t>(links_.size());
+    links_.emplace_back();
+    link& l = links_.back();
+    l.generation = ++generations_;
+    l.slots = std::vector<slot_state>(wire->slots());
+    l.free_slots.reserve(wire->slots());
+    for (std::uint32_t s = wire->slots(); s-- > 0;)
+        l.free_slots.push_back(static_cast<std::uint16_t>(s));
+    l.wire = std::move(wire);
+    by_qp_[l.wire->qp_num()] = index;
+    inbox_.watch(l.wire->conn().id()->channel->fd);
+    grow_results();
+    ++counters_.connected;
+    return {index, l.generation};
+}
+
+void client::grow_results() {
+    std::size_t need = 0;
+    for (const link& l : links_)
+        need += l.slots.size();
+    if (need <= results_.size())
+        return;
+    std::vector<call_result> r(need);
+    std::vector<slot_ref> q(need);
+    for (std::size_t i = 0; i < results_count_; ++i) {
+        r[i] = results_[(results_head_ + i) % results_.size()];
+        q[i] = queued_slots_[(results_head_ + i) % results_.size()];
+    }
+    results_ = std::move(r);
+    queued_slots_ = std::move(q);
+    results_head_ = 0;
+    handed_out_.reserve(need);
+}
+
+void client::push_result(const call_result& r, const slot_ref& ref) noexcept {
+    // Never full: it holds one result per slot at most, and has room for every slot.
+    const std::size_t at = (results_head_ + results_count_) % results_.size();
+    results_[at] = r;
+    queued_slots_[at] = ref;
+    ++results_count_;
+}
+
+call_status client::start(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                          const call_options& o) noexcept {
+    slot_ref taken;
+    return start_on(p, method, request, o, taken);
+}
+
+call_status client::start_on(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                             const call_options& o, slot_ref& taken) noexcept {
+    if (method == 0)
+        return call_status::invalid_method;
+    link* l = find(p);
+    if (l == nullptr)
+        return call_status::bad_peer;
+    if (l->wire->broken)
+        return call_status::peer_gone;
+    // Every call started and not yet handed back has a place in results_.
+    if (l->free_slots.empty() || in_flight_ >= results_.size()) {
+        ++counters_.no_credit;
+        return call_status::no_credit;
+    }
+    const std::uint32_t slot = l->free_slots.back();
+    slot_state& ss = l->slots[slot];
+    const std::size_t descs = o.reply_into.empty() ? 0 : 1;
+    const std::size_t room =
+        l->wire->slot_bytes() - sizeof(message_header) - descs * sizeof(buffer_descriptor);
+    const bool external = request.size() > room;
+    if (request.size() > opts_.max_message ||
+        (external && room < sizeof(buffer_descriptor)))
+        return call_status::too_large;
+    // Bodies and reply buffers over a slot: registered through the cache
+    // (a registration the first time, nanoseconds after).
+    try {
+        if (external) {
+            ss.body_reg.emplace(
+                cache().remote<rights::remote_read>(request.data(), request.size()));
+        }
+        if (!o.reply_into.empty())
+            ss.reply_reg.emplace(
+                cache().remote<rights::remote_write>(o.reply_into.data(), o.reply_into.size()));
+    } catch (...) {
+        ss.body_reg.reset();
+        ss.reply_reg.reset();
+        return call_status::too_large;
+    }
+    message_header h;
+    h.call_seq = l->next_seq++;
+    h.method = method;
+    h.priority = std::min<std::uint8_t>(o.priority.level, sched::priority_levels - 1);
+    h.body_bytes = static_cast<std::uint32_t>(request.size());
+    std::byte* out = l->wire->staging(slot);
+    std::size_t at = sizeof(message_header);
+    if (external) {
+        h.flags |= flag_external_body;
+        const buffer_descriptor d{ss.body_reg->buffer.addr, ss.body_reg->buffer.rkey,
+                                  static_cast<std::uint32_t>(request.size())};
+        std::memcpy(out + at, &d, sizeof d);
+        at += sizeof d;
+        ++counters_.external_bodies;
+    }
+    if (!o.reply_into.empty()) {
+        h.flags |= flag_reply_buffer;
+        const buffer_descriptor d{
+            ss.reply_reg->buffer.addr, ss.reply_reg->buffer.rkey,
+            static_cast<std::uint32_t>(std::min<std::size_t>(o.reply_into.size(), UINT32_MAX))};
+        std::memcpy(out + at, &d, sizeof d);
+        at += sizeof d;
+    }
+    if (!external && !request.empty()) {
+        std::memcpy(out + at, request.data(), request.size());
+        at += request.size();
+    }
+    std::memcpy(out, &h, sizeof h);
+    const status s = l->wire->send_slot(message_kind::request, slot,
+                                        static_cast<std::uint32_t>(at), o.priority);
+    if (s != status::ok) {
+        ss.body_reg.reset();
+        ss.reply_reg.reset();
+        if (s == status::queue_full) {
+            ++counters_.no_credit;
+            return call_status::no_credit;
+        }
+        l->wire->broken = true;
+        next_housekeeping_ = {};
+        return call_status::peer_gone;
+    }
+    l->free_slots.pop_back();
+    ss.phase = slot_phase::in_flight;
+    ss.seq = h.call_seq;
+    ss.cookie = o.cookie;
+    ss.reply_into = o.reply_into;
+    const auto timeout = o.timeout.count() > 0
+                             ? o.timeout
+                             : std::chrono::duration_cast<std::chrono::microseconds>(
+                                   opts_.call_timeout);
+    ss.deadline = sched::coarse_clock::now() + timeout;
+    ++l->in_flight;
+    ++in_flight_;
+    ++counters_.calls;
+    counters_.bytes_out += at;
+    taken = {static_cast<std::uint32_t>(l - links_.data()), slot, h.call_seq, true};
+    return call_status::ok;
+}
+
+void client::progress() noexcept {
+    ibv_wc wcs[32];
+    const int n = inbox_.poll(wcs);
+    for (int i = 0; i < n; ++i)
+        on_receive(wcs[i]);
+    if (n > 0)
+        inbox_.replenish(static_cast<std::uint32_t>(n));
+    for (std::uint32_t i = 0; i < links_.size(); ++i) {
+        link& l = links_[i];
+        if (!l.wire || l.wire->broken || l.wire->scheduler().outstanding() == 0)
+            continue;
+        verbs::completion out[16];
+        const int k = l.wire->scheduler().poll(out);
+        for (int j = 0; j < k; ++j)
+            if (!out[j].ok())
+                fail_link(l, i);
+    }
+    if (sched::coarse_clock::now() >= next_housekeeping_)
+        housekeeping();
+}
+
+void client::on_receive(const ibv_wc& wc) noexcept {
+    const auto it = by_qp_.find(wc.qp_num);
+    if (it == by_qp_.end()) {
+        ++counters_.stray_completions;
+        return;
+    }
+    const std::uint32_t index = it->second;
+    link& l = links_[index];
+    if (l.wire->broken) {
+        ++counters_.stray_completions;
+        return;
+    }
+    const auto bad = [&](violation v) {
+        switch (v) {
+        case violation::wrong_kind: ++counters_.rejected_kind; break;
+        case violation::bad_slot: ++counters_.rejected_slot; break;
+        case violation::bad_length: ++counters_.rejected_length; break;
+        case violation::malformed: ++counters_.rejected_malformed; break;
+        case violation::credit: ++counters_.rejected_credit; break;
+        case violation::bad_opcode: ++counters_.rejected_opcode; break;
+        case violation::none: break;
+        }
+        fail_link(l, index);
+    };
+    if (wc.status != IBV_WC_SUCCESS) {
+        if (wc.status == IBV_WC_WR_FLUSH_ERR)
+            fail_link(l, index);
+        else
+            bad(violation::bad_opcode);
+        return;
+    }
+    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+        bad(violation::bad_opcode);
+        return;
+    }
+    const imm_fields f = decode_imm(ntohl(wc.imm_data));
+    if (const violation v =
+            check_imm(f, message_kind::reply, l.wire->slots(), l.wire->slot_bytes());
+        v != violation::none) {
+        bad(v);
+        return;
+    }
+    slot_state& ss = l.slots[f.slot];
+    if (ss.phase != slot_phase::in_flight && ss.phase != slot_phase::abandoned) {
+        bad(violation::credit); // a reply for no call
+        return;
+    }
+    parsed_reply pr;
+    const auto offered = static_cast<std::uint32_t>(ss.reply_reg ? ss.reply_into.size() : 0);
+    if (const violation v = parse_reply(l.wire->inbound(f.slot, f.bytes), offered, pr);
+        v != violation::none) {
+        bad(v);
+        return;
+    }
+    if (pr.header.call_seq != ss.seq) {
+        bad(violation::malformed);
+        return;
+    }
+    counters_.bytes_in += f.bytes;
+    if (ss.phase == slot_phase::abandoned) {
+        // Its caller was told timed_out; the slot is the caller's again.
+        ++counters_.late_replies;
+        ss.body_reg.reset();
+        ss.reply_reg.reset();
+        ss.phase = slot_phase::free;
+        l.free_slots.push_back(static_cast<std::uint16_t>(f.slot));
+        return;
+    }
+    std::span<const std::byte> body = pr.inline_body;
+    if ((pr.header.flags & flag_external_reply) != 0) {
+        body = {ss.reply_into.data(), pr.header.body_bytes};
+        ++counters_.external_replies;
+    }
+    finish(l, index, f.slot, static_cast<call_status>(pr.header.status), body);
+}
+
+void client::finish(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                    std::span<const std::byte> reply) noexcept {
+    slot_state& ss = l.slots[slot];
+    ss.phase = slot_phase::done;
+    ss.body_reg.reset();
+    ss.reply_reg.reset();
+    --l.in_flight;
+    ++l.held;
+    if (st == call_status::ok)
+        ++counters_.completed;
+    else
+        ++counters_.failed;
+    push_result({ss.cookie, {index, l.generation}, st, reply}, {index, slot, ss.seq, true});
+}
+
+void client::fail_link(link& l, std::uint32_t index) noexcept {
+    if (l.wire->broken && l.in_flight == 0)
+        return;
+    if (!l.wire->broken)
+        ++counters_.disconnected;
+    l.wire->broken = true;
+    for (std::uint32_t s = 0; s < l.slots.size(); ++s) {
+        slot_state& ss = l.slots[s];
+        if (ss.phase == slot_phase::in_flight) {
+            finish(l, index, s, call_status::peer_gone, {});
+        } else if (ss.phase == slot_phase::abandoned) {
+            ss.body_reg.reset();
+            ss.reply_reg.reset();
+            ss.phase = slot_phase::free;
+        }
+    }
+    next_housekeeping_ = {};
+}
+
+void client::housekeeping() noexcept {
+    const auto now = sched::coarse_clock::now();
+    next_housekeeping_ = now + opts_.housekeeping;
+    for (std::uint32_t i = 0; i < links_.size(); ++i) {
+        link& l = links_[i];
+        if (!l.wire)
+            continue;
+        if (!l.wire->broken &&
+            (l.wire->conn().peer_disconnected() || l.wire->scheduler().failed()))
+            fail_link(l, i);
+        if (l.wire->broken || l.in_flight == 0)
+            continue;
+        for (std::uint32_t s = 0; s < l.slots.size(); ++s) {
+            slot_state& ss = l.slots[s];
+            if (ss.phase != slot_phase::in_flight || ss.deadline > now)
+                continue;
+            // The slot stays the server's until its reply comes (credits):
+            // only the caller is told.
+            ss.phase = slot_phase::abandoned;
+            --l.in_flight;
+            ++counters_.timed_out;
+            ++counters_.failed;
+            push_result({ss.cookie, {i, l.generation}, call_status::timed_out, {}},
+                        {i, no_slot, ss.seq, false});
+        }
+    }
+    teardown_idle();
+}
+
+void client::release_handed_out() noexcept {
+    for (const slot_ref& r : handed_out_) {
+        link& l = links_[r.link];
+        if (!r.release || r.slot == no_slot || !l.wire)
+            continue;
+        slot_state& ss = l.slots[r.slot];
+        if (ss.phase == slot_phase::done && ss.seq == r.seq) {
+            ss.phase = slot_phase::free;
+            --l.held;
+            if (!l.wire->broken)
+                l.free_slots.push_back(static_cast<std::uint16_t>(r.slot));
+        }
+    }
+    handed_out_.clear();
+}
+
+void client::teardown_idle() noexcept {
+    for (link& l : links_) {
+        if (!l.wire || !l.wire->broken || l.held != 0 || l.in_flight != 0)
+            continue;
+        // Only once every completion queued for it was taken: none is then
+        // left for a queue pair number a later connection may reuse.
+        ibv_wc wcs[32];
+        for (int n; (n = inbox_.poll(wcs)) > 0;) {
+            for (int i = 0; i < n; ++i)
+                on_receive(wcs[i]);
+            inbox_.replenish(static_cast<std::uint32_t>(n));
+        }
+        if (l.held != 0 || l.in_flight != 0)
+            continue;
+        inbox_.forget(l.wire->conn().id()->channel->fd);
+        by_qp_.erase(l.wire->qp_num());
+        l.wire.reset();
+        l.slots.clear();
+        l.free_slots.clear();
+    }
+}
+
+int client::poll(std::span<call_result> out) noexcept {
+    release_handed_out();
+    progress();
+    int n = 0;
+    while (results_count_ > 0 && static_cast<std::size_t>(n) < out.size()) {
+        out[static_cast<std::size_t>(n++)] = results_[results_head_];
+        handed_out_.push_back(queued_slots_[results_head_]);
+        results_head_ = (results_head_ + 1) % results_.size();
+        --results_count_;
+        --in_flight_;
+    }
+    return n;
+}
+
+call_result client::call(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                         const call_options& o) noexcept {
+    release_handed_out();
+    slot_ref taken;
+    if (const call_status s = start_on(p, method, request, o, taken); s != call_status::ok)
+        return {o.cookie, p, s, {}};
+    for (;;) {
+        progress();
+        // Its result, taken out of the queue; the others keep their order.
+        for (std::size_t i = 0; i < results_count_; ++i) {
+            const std::size_t at = (results_head_ + i) % results_.size();
+            const slot_ref& r = queued_slots_[at];
+            if (r.link != taken.link || r.seq != taken.seq)
+                continue;
+            const call_result mine = results_[at];
+            handed_out_.push_back(r);
+            for (std::size_t j = i; j + 1 < results_count_; ++j) {
+                const std::size_t from = (results_head_ + j + 1) % results_.size();
+                const std::size_t to = (results_head_ + j) % results_.size();
+                results_[to] = results_[from];
+                queued_slots_[to] = queued_slots_[from];
+            }
+            --results_count_;
+            --in_flight_;
+            return mine;
+        }
+    }
+}
+
+int client::wait(std::span<call_result> out, std::chrono::microseconds timeout) noexcept {
+    if (const int n = poll(out); n != 0)
+        return n;
+    (void)inbox_.arm();
+    if (const int n = poll(out); n != 0)
+        return n;
+    inbox_.sleep(std::min<std::chrono::microseconds>(
+        timeout, std::chrono::duration_cast<std::chrono::microseconds>(opts_.housekeeping)));
+    next_housekeeping_ = {};
+    return poll(out);
+}
+
+void client::disconnect(peer_id p) noexcept {
+    if (link* l = find(p)) {
+        fail_link(*l, p.index);
+        l->wire->conn().disconnect(std::chrono::milliseconds(0));
+    }
+}
+
+} // namespace rdmax::rpc

@@ -1,0 +1,99 @@
+#include <rdmax/rpc/inbox.hpp>
+
+#include <algorithm>
+#include <cerrno>
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+
+namespace rdmax::rpc {
+
+namespace {
+std::uint32_t clamp_depth(const verbs::protection_domain& pd, std::uint32_t depth) {
+    const verbs::device_limits& lim = pd.device().limits();
+    return std::max<std::uint32_t>(
+        64, std::min<std::uint32_t>({depth, lim.max_srq_wr, static_cast<std::uint32_t>(lim.max_cqe)}));
+}
+/// Receives given back in one chain.
+constexpr std::uint32_t refill_batch = 32;
+} // namespace
+
+inbox::inbox(const verbs::protection_domain& pd, std::uint32_t depth)
+    : channel_(pd.device())
+    , cq_(pd.device(), clamp_depth(pd, depth), &channel_)
+    , srq_(pd, clamp_depth(pd, depth), 1)
+    , depth_(clamp_depth(pd, depth)) {
+    for (std::uint32_t posted = 0; posted < depth_;) {
+        const std::uint32_t n = std::min(64U, depth_ - posted);
+        if (srq_.post_empty(n, 0) != status::ok)
+            throw_error("ibv_post_srq_recv", srq_.last_errno(),
+                        fmt::format("{} zero-length receives", depth_));
+        posted += n;
+    }
+    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_fd_ < 0)
+        throw_error("epoll_create1", errno, "rpc inbox");
+    try {
+        watch(channel_.fd());
+    } catch (...) {
+        ::close(epoll_fd_);
+        throw;
+    }
+}
+
+inbox::~inbox() {
+    if (epoll_fd_ >= 0)
+        ::close(epoll_fd_);
+}
+
+void inbox::replenish(std::uint32_t n) noexcept {
+    owed_ += n;
+    // In batches: one chain per refill_batch receives, while enough stay
+    // posted (a peer that finds none waits for "receiver not ready" retries).
+    while (owed_ >= refill_batch || (owed_ > 0 && owed_ * 4 >= depth_)) {
+        const std::uint32_t k = std::min(owed_, 64U);
+        if (srq_.post_empty(k, 0) != status::ok)
+            return; // retried at the next call: the queue keeps what it had
+        owed_ -= k;
+    }
+}
+
+void inbox::watch(int fd) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0)
+        throw_error("epoll_ctl(ADD)", errno, fmt::format("descriptor {}", fd));
+}
+
+void inbox::forget(int fd) noexcept {
+    (void)epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+}
+
+bool inbox::arm() noexcept {
+    return ibv_req_notify_cq(cq_.get(), 0) == 0;
+}
+
+void inbox::sleep(std::chrono::microseconds timeout) noexcept {
+    epoll_event evs[8];
+    const int ms = static_cast<int>(std::clamp<std::int64_t>((timeout.count() + 999) / 1000, 0,
+                                                             60'000));
+    (void)epoll_wait(epoll_fd_, evs, 8, ms);
+    take_events();
+}
+
+void inbox::take_events() noexcept {
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    unsigned n = 0;
+    while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0)
+        ++n;
+    if (n != 0)
+        ibv_ack_cq_events(cq_.get(), n);
+}
+
+} // namespace rdmax::rpc

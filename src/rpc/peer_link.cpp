@@ -1,0 +1,66 @@
+#include <rdmax/rpc/peer_link.hpp>
+
+#include <algorithm>
+
+namespace rdmax::rpc {
+
+peer_link::peer_link(registered_arena& arena, handle_issuer& issuer, std::uint16_t slots,
+                     std::uint32_t slot_bytes)
+    : issuer_(&issuer)
+    , ring_(arena, std::size_t{slots} * slot_bytes)
+    , staging_(arena, std::size_t{slots} * slot_bytes)
+    , key_(issuer.issue(ring_.data(), ring_.size(), rights::remote_write))
+    , slots_(slots)
+    , slot_bytes_(slot_bytes) {
+    // A slot read before the peer wrote it holds zeros, not old bytes.
+    std::fill_n(ring_.data(), ring_.size(), std::byte{0});
+}
+
+peer_link::~peer_link() {
+    sched_.reset();
+    conn_.reset();
+    issuer_->revoke(key_);
+}
+
+ring_offer peer_link::offer() const noexcept {
+    ring_offer o;
+    o.slots = slots_;
+    o.slot_bytes = slot_bytes_;
+    o.rkey = key_.rkey;
+    o.addr = key_.addr;
+    return o;
+}
+
+void peer_link::attach(verbs::connection conn, const ring_offer& peer,
+                       const sched::scheduler_options& opts) {
+    // The geometry granted (the server's, at most what was asked for) addresses both rings.
+    slots_ = std::min(slots_, peer.slots);
+    slot_bytes_ = std::min(slot_bytes_, peer.slot_bytes);
+    peer_ring_ = {peer.addr, std::uint64_t{slots_} * slot_bytes_, peer.rkey, 0};
+    conn_.emplace(std::move(conn));
+    qp_num_ = conn_->qp().qp_num();
+    sched_.emplace(conn_->qp(), opts);
+}
+
+status peer_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
+                            sched::priority p) noexcept {
+    const std::uint64_t at = std::uint64_t{s} * slot_bytes_;
+    return sched_->write_imm(p, staging_.local(at, bytes), peer_ring_, at, encode_imm(k, s, bytes), s,
+                             sched::request_flags{.signaled = false});
+}
+
+verbs::qp_config link_qp_config(verbs::completion_queue& recv_cq,
+                                verbs::shared_receive_queue& srq, std::uint16_t slots) {
+    verbs::qp_config cfg;
+    // Each call posts one or two requests; the scheduler keeps at most half
+    // the queue in flight.
+    cfg.send_depth = std::clamp<std::uint32_t>(4U * slots, 64, 1024);
+    cfg.max_send_sge = 2;
+    cfg.max_recv_sge = 1;
+    cfg.max_inline = 256;
+    cfg.recv_cq = &recv_cq;
+    cfg.srq = &srq;
+    return cfg;
+}
+
+} // namespace rdmax::rpc

@@ -1,0 +1,478 @@
+#include <rdmax/rpc/server.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <arpa/inet.h>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+
+namespace rdmax::rpc {
+
+namespace {
+// What a scheduler completion's wr_id names: bits 56.. the kind, 16..31 a
+// generation, 0..15 the slot.
+constexpr std::uint64_t tag_reply = 0;
+constexpr std::uint64_t tag_read = 1;
+constexpr std::uint64_t tag_external = 2;
+constexpr std::uint64_t make_wr_id(std::uint64_t tag, std::uint32_t gen, std::uint32_t slot) {
+    return (tag << 56) | (std::uint64_t{gen & 0xffffU} << 16) | slot;
+}
+
+std::uint32_t inbox_depth(const rpc_options& o) {
+    return std::clamp<std::uint32_t>(std::uint32_t{o.slots} * 16U, 256, 16384);
+}
+
+arena_options rpc_arena_options() {
+    arena_options a = arena_options{}.with_env();
+    // The areas' own keys open nothing to a peer: each ring gets a key of its own.
+    a.area_rights = rights::local_write;
+    a.area_bytes = std::max<std::size_t>(a.area_bytes, std::size_t{2} << 20);
+    return a;
+}
+
+handle_options ring_key_options() {
+    handle_options h;
+    // A registration of each ring alone, made before the connection is up
+    // (its key goes in the accept), which a window could not be.
+    h.revoke = revoke_by::memory_region;
+    return h;
+}
+} // namespace
+
+// ---- request_context ------------------------------------------------------------------------
+
+std::size_t request_context::reply_capacity() const noexcept {
+    const server::link* l = srv_->find(peer_);
+    std::size_t most = space_.size();
+    if (l != nullptr && l->slots[slot_].reply_buffer)
+        most = std::max<std::size_t>(most, l->slots[slot_].reply_buffer->length);
+    return most;
+}
+
+void request_context::reply(std::span<const std::byte> bytes) noexcept {
+    if (answered_)
+        return;
+    answered_ = true;
+    if (server::link* l = srv_->find(peer_))
+        srv_->answer(*l, peer_.index, slot_, call_status::ok, bytes, false);
+}
+
+void request_context::reply_in_place(std::size_t n) noexcept {
+    if (answered_)
+        return;
+    answered_ = true;
+    if (server::link* l = srv_->find(peer_))
+        srv_->answer(*l, peer_.index, slot_, call_status::ok,
+                     space_.first(std::min(n, space_.size())), true);
+}
+
+void request_context::fail(call_status s) noexcept {
+    if (answered_)
+        return;
+    answered_ = true;
+    if (!server_status(static_cast<std::uint32_t>(s)) || s == call_status::ok)
+        s = call_status::handler_failed;
+    if (server::link* l = srv_->find(peer_))
+        srv_->answer(*l, peer_.index, slot_, s, {}, false);
+}
+
+deferred_call request_context::defer() noexcept {
+    answered_ = true;
+    return {peer_, slot_, seq_};
+}
+
+// ---- server ---------------------------------------------------------------------------------
+
+server::server(const verbs::protection_domain& pd, std::string_view addr, std::uint16_t port,
+               rpc_options opts)
+    : pd_(&pd)
+    , opts_((opts.check("rpc::server"), opts))
+    , arena_(verbs_registrar(pd), rpc_arena_options())
+    , issuer_(pd, ring_key_options())
+    , inbox_(pd, inbox_depth(opts_))
+    , listener_(addr, port) {
+    inbox_.watch(listener_.fd());
+    links_.reserve(opts_.max_peers);
+    by_qp_.reserve(std::size_t{opts_.max_peers} * 2);
+}
+
+server::~server() {
+    for (std::uint32_t i = 0; i < links_.size(); ++i)
+        if (links_[i].wire)
+            teardown(i);
+}
+
+void server::on(std::uint16_t method, handler h) {
+    if (method == 0)
+        throw_error("rpc::server::on", EINVAL, "method id 0 is reserved");
+    if (handlers_.size() <= method)
+        handlers_.resize(std::size_t{method} + 1);
+    handlers_[method] = std::move(h);
+}
+
+server::link* server::find(peer_id p) noexcept {
+    if (p.index >= links_.size())
+        return nullptr;
+    link& l = links_[p.index];
+    if (!l.wire || l.generation != p.generation)
+        return nullptr;
+    return &l;
+}
+
+int server::poll() noexcept {
+    const std::uint64_t before = counters_.calls;
+    ibv_wc wcs[32];
+    const int n = inbox_.poll(wcs);
+    for (int i = 0; i < n; ++i)
+        on_receive(wcs[i]);
+    if (n > 0)
+        inbox_.replenish(static_cast<std::uint32_t>(n));
+    for (link& l : links_)
+        if (l.wire && !l.wire->broken && l.wire->scheduler().outstanding() != 0)
+            drive(l);
+    if (sched::coarse_clock::now() >= next_housekeeping_)
+        housekeeping();
+    return static_cast<int>(counters_.calls - before);
+}
+
+int server::wait(std::chrono::microseconds timeout) noexcept {
+    if (const int n = poll(); n != 0)
+        return n;
+    (void)inbox_.arm();
+    if (const int n = poll(); n != 0)
+        return n;
+    inbox_.sleep(std::min<std::chrono::microseconds>(timeout, std::chrono::milliseconds(50)));
+    // Whatever woke it (a completion, a connection event): look now.
+    next_housekeeping_ = {};
+    return poll();
+}
+
+void server::on_receive(const ibv_wc& wc) noexcept {
+    const auto it = by_qp_.find(wc.qp_num);
+    if (it == by_qp_.end()) {
+        ++counters_.stray_completions;
+        return;
+    }
+    link& l = links_[it->second];
+    if (l.wire->broken) {
+        ++counters_.stray_completions;
+        return;
+    }
+    if (wc.status != IBV_WC_SUCCESS) {
+        // A flush is the connection going away; anything else is the peer's
+        // doing (a send into a zero-length receive: local length error).
+        if (wc.status == IBV_WC_WR_FLUSH_ERR)
+            l.wire->broken = true;
+        else
+            reject(l, violation::bad_opcode);
+        return;
+    }
+    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+        reject(l, violation::bad_opcode);
+        return;
+    }
+    const imm_fields f = decode_imm(ntohl(wc.imm_data));
+    if (const violation v =
+            check_imm(f, message_kind::request, l.wire->slots(), l.wire->slot_bytes());
+        v != violation::none) {
+        reject(l, v);
+        return;
+    }
+    on_request(l, it->second, f.slot, f.bytes);
+}
+
+void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
+                        std::uint32_t bytes) noexcept {
+    slot_state& ss = l.slots[slot];
+    if (ss.busy) {
+        reject(l, violation::credit);
+        return;
+    }
+    parsed_request pr;
+    if (const violation v = parse_request(l.wire->inbound(slot, bytes), pr);
+        v != violation::none) {
+        reject(l, v);
+        return;
+    }
+    counters_.bytes_in += bytes;
+    ss.busy = true;
+    ss.seq = pr.header.call_seq;
+    ss.prio = pr.header.priority;
+    ss.method = pr.header.method;
+    ss.reply_buffer = pr.reply_buffer;
+    if (!pr.external_body) {
+        run_handler(l, index, slot, pr.inline_body);
+        return;
+    }
+    // The body stays in the caller's memory: read it, then run the handler.
+    const buffer_descriptor d = *pr.external_body;
+    if (d.length > opts_.max_message) {
+        ++counters_.calls;
+        answer(l, index, slot, call_status::request_too_large, {}, false);
+        return;
+    }
+    try {
+        ss.body = arena_block(arena_, d.length);
+    } catch (...) {
+        ++counters_.calls;
+        answer(l, index, slot, call_status::read_failed, {}, false);
+        return;
+    }
+    ++counters_.external_bodies;
+    const remote_buffer<rights::remote_read> src{d.addr, d.length, d.rkey, 0};
+    if (l.wire->scheduler().read(sched::priority{ss.prio}, ss.body.local(0, d.length), src, 0,
+                                 make_wr_id(tag_read, 0, slot)) != status::ok) {
+        ss.body.reset();
+        ++counters_.calls;
+        answer(l, index, slot, call_status::read_failed, {}, false);
+    }
+}
+
+void server::run_handler(link& l, std::uint32_t index, std::uint32_t slot,
+                         std::span<const std::byte> body) noexcept {
+    slot_state& ss = l.slots[slot];
+    ++counters_.calls;
+    if (ss.method >= handlers_.size() || !handlers_[ss.method]) {
+        ++counters_.unknown_method;
+        answer(l, index, slot, call_status::unknown_method, {}, false);
+        return;
+    }
+    request_context ctx;
+    ctx.srv_ = this;
+    ctx.peer_ = {index, l.generation};
+    ctx.slot_ = slot;
+    ctx.seq_ = ss.seq;
+    ctx.method_ = ss.method;
+    ctx.prio_ = sched::priority{ss.prio};
+    ctx.body_ = body;
+    ctx.space_ = {l.wire->staging(slot) + sizeof(message_header),
+                  l.wire->slot_bytes() - sizeof(message_header)};
+    try {
+        handlers_[ss.method](ctx);
+    } catch (...) {
+        // Answered below, if the handler had not yet.
+    }
+    // The handler may have dropped the connection (disconnect()).
+    if (find(ctx.peer_) == nullptr)
+        return;
+    if (!ctx.answered_)
+        answer(l, index, slot, call_status::handler_failed, {}, false);
+    l.slots[slot].body.reset();
+}
+
+void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                    std::span<const std::byte> body, bool in_place) noexcept {
+    (void)index;
+    slot_state& ss = l.slots[slot];
+    if (!ss.busy || l.wire->broken)
+        return;
+    ss.busy = false;
+    message_header h;
+    h.call_seq = ss.seq;
+    h.priority = ss.prio;
+    h.status = static_cast<std::uint32_t>(st);
+    std::byte* out = l.wire->staging(slot);
+    const std::size_t room = l.wire->slot_bytes() - sizeof(message_header);
+    const sched::priority p{ss.prio};
+    std::uint32_t bytes = sizeof(message_header);
+    if (body.size() <= room) {
+        if (!in_place && !body.empty())
+            std::memmove(out + sizeof(message_header), body.data(), body.size());
+        h.body_bytes = static_cast<std::uint32_t>(body.size());
+        bytes += h.body_bytes;
+    } else if (ss.reply_buffer && body.size() <= ss.reply_buffer->length &&
+               body.size() <= opts_.max_message) {
+        // Too large for the slot: into the buffer the caller offered, then
+        // the header says so (same level, so posted after the data).
+        try {
+            ss.reply = arena_block(arena_, body.size());
+        } catch (...) {
+            ss.reply.reset();
+        }
+        const remote_buffer<rights::remote_write> dst{ss.reply_buffer->addr,
+                                                      ss.reply_buffer->length,
+                                                      ss.reply_buffer->rkey, 0};
+        if (ss.reply) {
+            std::memcpy(ss.reply.data(), body.data(), body.size());
+            if (l.wire->scheduler().write(p, ss.reply.local(0, body.size()), dst, 0,
+                                          make_wr_id(tag_external, 0, slot),
+                                          sched::request_flags{.signaled = false}) != status::ok) {
+                l.wire->broken = true;
+                return;
+            }
+            ++counters_.external_replies;
+            h.flags = flag_external_reply;
+            h.body_bytes = static_cast<std::uint32_t>(body.size());
+            counters_.bytes_out += body.size();
+        } else {
+            h.status = static_cast<std::uint32_t>(call_status::reply_too_large);
+        }
+    } else {
+        h.status = static_cast<std::uint32_t>(call_status::reply_too_large);
+    }
+    std::memcpy(out, &h, sizeof h);
+    if (l.wire->send_slot(message_kind::reply, slot, bytes, p) != status::ok) {
+        l.wire->broken = true;
+        return;
+    }
+    counters_.bytes_out += bytes;
+}
+
+void server::drive(link& l) noexcept {
+    verbs::completion out[16];
+    const int n = l.wire->scheduler().poll(out);
+    for (int i = 0; i < n; ++i) {
+        const verbs::completion& c = out[i];
+        if (!c.ok()) {
+            l.wire->broken = true;
+            continue;
+        }
+        const std::uint64_t tag = c.wr_id >> 56;
+        const auto slot = static_cast<std::uint32_t>(c.wr_id & 0xffffU);
+        if (tag == tag_read && slot < l.slots.size()) {
+            slot_state& ss = l.slots[slot];
+            if (ss.busy && ss.body) {
+                const std::uint32_t index = static_cast<std::uint32_t>(&l - links_.data());
+                run_handler(l, index, slot, {ss.body.data(), ss.body.size()});
+            }
+        }
+    }
+    if (l.wire->scheduler().failed())
+        l.wire->broken = true;
+}
+
+void server::reject(link& l, violation v) noexcept {
+    switch (v) {
+    case violation::wrong_kind: ++counters_.rejected_kind; break;
+    case violation::bad_slot: ++counters_.rejected_slot; break;
+    case violation::bad_length: ++counters_.rejected_length; break;
+    case violation::malformed: ++counters_.rejected_malformed; break;
+    case violation::credit: ++counters_.rejected_credit; break;
+    case violation::bad_opcode: ++counters_.rejected_opcode; break;
+    case violation::none: return;
+    }
+    // Closed at the next housekeeping, after the completions already queued
+    // for it are taken; from now on they are dropped.
+    l.wire->broken = true;
+    next_housekeeping_ = {};
+}
+
+void server::housekeeping() noexcept {
+    next_housekeeping_ = sched::coarse_clock::now() + opts_.housekeeping;
+    try {
+        accept_pending();
+    } catch (...) {
+        ++counters_.refused;
+    }
+    bool any_broken = false;
+    for (link& l : links_) {
+        if (!l.wire)
+            continue;
+        if (!l.wire->broken &&
+            (l.wire->conn().peer_disconnected() || l.wire->scheduler().failed()))
+            l.wire->broken = true;
+        any_broken = any_broken || l.wire->broken;
+    }
+    if (!any_broken)
+        return;
+    // Take every completion already queued (a broken link's are dropped), so
+    // that none is left for a queue pair number a new connection may reuse.
+    ibv_wc wcs[32];
+    for (int n; (n = inbox_.poll(wcs)) > 0;) {
+        for (int i = 0; i < n; ++i)
+            on_receive(wcs[i]);
+        inbox_.replenish(static_cast<std::uint32_t>(n));
+    }
+    for (std::uint32_t i = 0; i < links_.size(); ++i)
+        if (links_[i].wire && links_[i].wire->broken)
+            teardown(i);
+}
+
+void server::accept_pending() {
+    while (std::optional<verbs::connection_request> req = listener_.poll_request()) {
+        try {
+            accept_one(std::move(*req));
+        } catch (...) {
+            ++counters_.refused; // the request is rejected as it goes
+        }
+    }
+}
+
+void server::accept_one(verbs::connection_request req) {
+    const std::optional<ring_offer> offer = req.peer_payload_as<ring_offer>();
+    if (live_ >= opts_.max_peers || !offer || check_offer(*offer) != nullptr) {
+        ++counters_.refused;
+        req.reject();
+        return;
+    }
+    const auto slots = std::min<std::uint16_t>(offer->slots, opts_.slots);
+    const std::uint32_t slot_bytes = std::min(offer->slot_bytes, opts_.slot_bytes);
+    auto wire = std::make_unique<peer_link>(arena_, issuer_, slots, slot_bytes);
+    req.create_qp(*pd_, link_qp_config(inbox_.cq(), inbox_.srq(), slots));
+    const ring_offer mine = wire->offer();
+    verbs::connection conn = req.accept(verbs::payload_of(mine), opts_.connect_timeout);
+    ring_offer peer = *offer;
+    peer.slots = slots;
+    peer.slot_bytes = slot_bytes;
+    wire->attach(std::move(conn), peer, opts_.scheduler);
+    std::uint32_t index = 0;
+    if (!free_links_.empty()) {
+        index = free_links_.back();
+        free_links_.pop_back();
+    } else {
+        index = static_cast<std::uint32_t>(links_.size());
+        links_.emplace_back();
+    }
+    link& l = links_[index];
+    l.generation = ++generations_;
+    l.slots = std::vector<slot_state>(slots);
+    l.wire = std::move(wire);
+    by_qp_[l.wire->qp_num()] = index;
+    inbox_.watch(l.wire->conn().id()->channel->fd);
+    ++live_;
+    ++counters_.connected;
+}
+
+void server::teardown(std::uint32_t index) noexcept {
+    link& l = links_[index];
+    inbox_.forget(l.wire->conn().id()->channel->fd);
+    by_qp_.erase(l.wire->qp_num());
+    l.wire.reset(); // no more DMA into or out of the slots' blocks
+    l.slots.clear();
+    free_links_.push_back(index);
+    --live_;
+    ++counters_.disconnected;
+}
+
+void server::disconnect(peer_id p) noexcept {
+    if (link* l = find(p)) {
+        l->wire->broken = true;
+        next_housekeeping_ = {};
+    }
+}
+
+bool server::reply(const deferred_call& d, std::span<const std::byte> bytes) noexcept {
+    link* l = find(d.peer);
+    if (l == nullptr || l->wire->broken || d.slot >= l->slots.size() ||
+        !l->slots[d.slot].busy || l->slots[d.slot].seq != d.call_seq)
+        return false;
+    answer(*l, d.peer.index, d.slot, call_status::ok, bytes, false);
+    return !l->wire->broken;
+}
+
+bool server::fail(const deferred_call& d, call_status s) noexcept {
+    link* l = find(d.peer);
+    if (l == nullptr || l->wire->broken || d.slot >= l->slots.size() ||
+        !l->slots[d.slot].busy || l->slots[d.slot].seq != d.call_seq)
+        return false;
+    if (!server_status(static_cast<std::uint32_t>(s)) || s == call_status::ok)
+        s = call_status::handler_failed;
+    answer(*l, d.peer.index, d.slot, s, {}, false);
+    return !l->wire->broken;
+}
+
+} // namespace rdmax::rpc

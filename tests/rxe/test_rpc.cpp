@@ -1,0 +1,716 @@
+// RPC over write-with-immediate on a real device: echo of every size, many
+// calls and clients on one server thread, bodies and replies over a slot,
+// deadlines and late replies, deferred answers, priorities, a server that
+// goes away, hand-crafted bad peers, and no allocation on the call path.
+#include <arpa/inet.h>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <numeric>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "../support/loopback.hpp"
+
+using namespace rdmax;
+using namespace rdmax::test;
+using clock_type = std::chrono::steady_clock;
+
+// ---- allocation counting: every operator new of this program ---------------------------------
+// The replacements pair malloc with free; GCC sees through inlined new and
+// delete expressions and would call that a mismatch.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace {
+std::atomic<std::uint64_t> allocations{0};
+} // namespace
+
+void* operator new(std::size_t n) {
+    allocations.fetch_add(1, std::memory_order_relaxed);
+    if (void* p = std::malloc(n == 0 ? 1 : n))
+        return p;
+    throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) {
+    return operator new(n);
+}
+void operator delete(void* p) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+    std::free(p);
+}
+
+namespace {
+
+constexpr std::uint16_t m_echo = 1;    // reply = request
+constexpr std::uint16_t m_sum = 2;     // reply = 8-byte sum of the bytes, then `n` pattern bytes
+constexpr std::uint16_t m_defer = 3;   // answered later (or never)
+constexpr std::uint16_t m_throw = 4;   // the handler throws
+constexpr std::uint16_t m_reverse = 5; // reply = request reversed, built in place
+
+std::string test_addr() {
+    return test_address().value_or("192.0.2.1");
+}
+
+std::span<const std::byte> bytes_of(const std::vector<std::byte>& v) {
+    return {v.data(), v.size()};
+}
+
+rpc::rpc_options small_options() {
+    rpc::rpc_options o;
+    o.slots = 16;
+    o.slot_bytes = 4096;
+    o.call_timeout = std::chrono::seconds(20);
+    o.housekeeping = std::chrono::microseconds(1000);
+    return o;
+}
+
+/// The server's handlers for these tests.
+struct handlers {
+    std::vector<rpc::deferred_call> deferred;
+    std::vector<std::byte> big_reply;
+
+    void install(rpc::server& s) {
+        s.on(m_echo, [](rpc::request_context& c) { c.reply(c.body()); });
+        s.on(m_reverse, [](rpc::request_context& c) {
+            const auto in = c.body();
+            auto out = c.reply_space();
+            if (in.size() > out.size())
+                return c.fail(rpc::call_status::reply_too_large);
+            for (std::size_t i = 0; i < in.size(); ++i)
+                out[i] = in[in.size() - 1 - i];
+            c.reply_in_place(in.size());
+        });
+        s.on(m_sum, [this](rpc::request_context& c) {
+            std::uint64_t sum = 0;
+            for (std::byte b : c.body())
+                sum += static_cast<std::uint8_t>(b);
+            // The size of the reply's pattern part is in the request's first 4 bytes.
+            std::uint32_t n = 0;
+            if (c.body().size() >= 4)
+                std::memcpy(&n, c.body().data(), 4);
+            big_reply.resize(8 + n);
+            std::memcpy(big_reply.data(), &sum, 8);
+            fill_pattern(std::span(big_reply).subspan(8), 3);
+            c.reply(big_reply);
+        });
+        s.on(m_defer, [this](rpc::request_context& c) { deferred.push_back(c.defer()); });
+        s.on(m_throw, [](rpc::request_context&) { throw std::runtime_error("no"); });
+    }
+};
+
+/// Runs server and clients in this thread until `done` or the deadline.
+template <class Done>
+bool pump(rpc::server& s, std::initializer_list<rpc::client*> clients,
+          std::vector<rpc::call_result>& results, Done done,
+          std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+    const auto deadline = clock_type::now() + limit;
+    rpc::call_result out[16];
+    while (!done()) {
+        if (clock_type::now() > deadline)
+            return false;
+        (void)s.poll();
+        for (rpc::client* c : clients) {
+            const int n = c->poll(out);
+            for (int i = 0; i < n; ++i) {
+                results.push_back(out[i]);
+                // The reply is valid until the next poll: keep a copy in the test.
+            }
+        }
+    }
+    return true;
+}
+
+/// Polls the server until it has `n` peers.
+void accept_peers(rpc::server& s, std::size_t n) {
+    const auto deadline = clock_type::now() + std::chrono::seconds(10);
+    while (s.peers() < n && clock_type::now() < deadline)
+        (void)s.wait(std::chrono::milliseconds(5));
+    REQUIRE(s.peers() == n);
+}
+
+/// A client connected to `s` (the server must accept: it polls meanwhile).
+struct connected_client {
+    rpc::client cli;
+    rpc::peer_id peer;
+    connected_client(const verbs::protection_domain& pd, rpc::server& s,
+                     rpc::rpc_options o = small_options())
+        : cli(pd, o) {
+        // connect() waits for the accept, which the server gives in its poll.
+        std::atomic<bool> stop{false};
+        std::thread serve([&] {
+            while (!stop.load())
+                (void)s.wait(std::chrono::milliseconds(2));
+        });
+        try {
+            peer = cli.connect(test_addr(), s.port());
+        } catch (...) {
+            stop = true;
+            serve.join();
+            throw;
+        }
+        const auto deadline = clock_type::now() + std::chrono::seconds(10);
+        const std::size_t before = s.peers();
+        (void)before;
+        stop = true;
+        serve.join();
+        while (clock_type::now() < deadline && s.counters().connected == 0)
+            (void)s.poll();
+    }
+};
+
+/// One call, server and client in this thread; the reply copied out.
+struct answer {
+    rpc::call_status status;
+    std::vector<std::byte> reply;
+};
+answer call_once(rpc::server& s, connected_client& c, std::uint16_t method,
+                 std::span<const std::byte> req, rpc::call_options o = {}) {
+    const rpc::call_status st = c.cli.start(c.peer, method, req, o);
+    if (st != rpc::call_status::ok)
+        return {st, {}};
+    const auto deadline = clock_type::now() + std::chrono::seconds(30);
+    rpc::call_result r[1];
+    while (clock_type::now() < deadline) {
+        (void)s.poll();
+        if (c.cli.poll(r) == 1)
+            return {r[0].status, {r[0].reply.begin(), r[0].reply.end()}};
+    }
+    FAIL("no result within 30 s");
+    return {};
+}
+
+} // namespace
+
+TEST_CASE("echo: every size up to a slot comes back byte for byte") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s);
+    REQUIRE(c.cli.connected(c.peer));
+    REQUIRE(c.cli.slots(c.peer) == 16);
+    const std::size_t room = c.cli.slot_bytes(c.peer) - sizeof(rpc::message_header);
+    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{64}, std::size_t{1000},
+                                room}) {
+        std::vector<std::byte> req(n);
+        fill_pattern(req, static_cast<unsigned>(n));
+        const answer a = call_once(s, c, m_echo, req);
+        REQUIRE(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+        const answer r = call_once(s, c, m_reverse, req);
+        REQUIRE(r.status == rpc::call_status::ok);
+        CHECK(std::equal(r.reply.begin(), r.reply.end(), req.rbegin(), req.rend()));
+    }
+    CHECK(s.counters().calls == 10);
+    CHECK(s.counters().rejected() == 0);
+    CHECK(c.cli.counters().completed == 10);
+    INFO(fmt::format("server: {}", s.counters()));
+}
+
+TEST_CASE("many calls in flight from many clients, one server thread, no reply mixed up") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    constexpr int clients = 4;
+    std::vector<std::unique_ptr<connected_client>> cs;
+    for (int i = 0; i < clients; ++i)
+        cs.push_back(std::make_unique<connected_client>(pd, s));
+    accept_peers(s, clients);
+    // Each client: rounds of all 16 slots in flight, each request distinct.
+    constexpr int rounds = 8;
+    std::vector<std::vector<std::byte>> reqs(clients * 16);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+        reqs[i].resize(32 + i * 7);
+        fill_pattern(reqs[i], static_cast<unsigned>(i));
+    }
+    int good = 0;
+    for (int round = 0; round < rounds; ++round) {
+        for (int ci = 0; ci < clients; ++ci)
+            for (int k = 0; k < 16; ++k) {
+                const std::size_t i = static_cast<std::size_t>(ci * 16 + k);
+                REQUIRE(cs[ci]->cli.start(cs[ci]->peer, m_echo, bytes_of(reqs[i]),
+                                          {.cookie = i}) == rpc::call_status::ok);
+            }
+        // Every slot is taken: one more is refused, and nothing is sent.
+        CHECK(cs[0]->cli.start(cs[0]->peer, m_echo, bytes_of(reqs[0])) ==
+              rpc::call_status::no_credit);
+        int done = 0;
+        const auto deadline = clock_type::now() + std::chrono::seconds(30);
+        rpc::call_result out[8];
+        while (done < clients * 16 && clock_type::now() < deadline) {
+            (void)s.poll();
+            for (auto& c : cs) {
+                const int n = c->cli.poll(out);
+                for (int j = 0; j < n; ++j) {
+                    ++done;
+                    REQUIRE(out[j].status == rpc::call_status::ok);
+                    REQUIRE(out[j].cookie < reqs.size());
+                    const auto& want = reqs[out[j].cookie];
+                    if (std::equal(out[j].reply.begin(), out[j].reply.end(), want.begin(),
+                                   want.end()))
+                        ++good;
+                }
+            }
+        }
+        REQUIRE(done == clients * 16);
+        for (auto& c : cs)
+            c->cli.release(); // the slots of the results handed out, back now
+    }
+    CHECK(good == rounds * clients * 16);
+    CHECK(s.counters().calls == static_cast<std::uint64_t>(rounds * clients * 16));
+    CHECK(s.counters().rejected() == 0);
+}
+
+TEST_CASE("a body over a slot is read from the caller; a reply over it lands in the caller's "
+          "buffer") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s);
+    std::vector<std::byte> req(1 << 20);
+    fill_pattern(req, 11);
+    const std::uint32_t want_reply = 200'000;
+    std::memcpy(req.data(), &want_reply, 4);
+    const std::uint64_t sum = std::accumulate(req.begin(), req.end(), std::uint64_t{0},
+                                              [](std::uint64_t a, std::byte b) {
+                                                  return a + static_cast<std::uint8_t>(b);
+                                              });
+    std::vector<std::byte> reply_buf(256 * 1024);
+    const answer a = call_once(s, c, m_sum, req, {.reply_into = reply_buf});
+    REQUIRE(a.status == rpc::call_status::ok);
+    REQUIRE(a.reply.size() == 8 + want_reply);
+    std::uint64_t got = 0;
+    std::memcpy(&got, a.reply.data(), 8);
+    CHECK(got == sum);
+    CHECK(has_pattern(std::span(a.reply).subspan(8), 3));
+    CHECK(s.counters().external_bodies == 1);
+    CHECK(s.counters().external_replies == 1);
+
+    // The same buffers again: the registration cache has them.
+    const answer again = call_once(s, c, m_sum, req, {.reply_into = reply_buf});
+    CHECK(again.status == rpc::call_status::ok);
+
+    // A reply too large for the slot, with no buffer offered: said so, nothing else broken.
+    std::vector<std::byte> small(16);
+    const std::uint32_t big = 10'000;
+    std::memcpy(small.data(), &big, 4);
+    CHECK(call_once(s, c, m_sum, small).status == rpc::call_status::reply_too_large);
+    // A body over max_message is refused before anything is sent.
+    rpc::rpc_options tight = small_options();
+    tight.max_message = 1024;
+    connected_client t(pd, s, tight);
+    std::vector<std::byte> two_k(2048);
+    CHECK(t.cli.start(t.peer, m_echo, bytes_of(two_k)) == rpc::call_status::too_large);
+    CHECK(call_once(s, c, m_echo, small).status == rpc::call_status::ok);
+}
+
+TEST_CASE("unknown methods and failing handlers are answered so; method 0 is refused") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s);
+    std::vector<std::byte> req(8);
+    CHECK(call_once(s, c, 999, req).status == rpc::call_status::unknown_method);
+    CHECK(call_once(s, c, m_throw, req).status == rpc::call_status::handler_failed);
+    CHECK(c.cli.start(c.peer, 0, req) == rpc::call_status::invalid_method);
+    CHECK(c.cli.start(rpc::peer_id{77, 1}, m_echo, req) == rpc::call_status::bad_peer);
+    CHECK(call_once(s, c, m_echo, req).status == rpc::call_status::ok);
+    CHECK(s.counters().unknown_method == 1);
+    CHECK(s.counters().rejected() == 0);
+}
+
+TEST_CASE("a call past its deadline ends timed_out; its slot comes back with the late reply") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    rpc::rpc_options o = small_options();
+    o.slots = 2;
+    connected_client c(pd, s, o);
+    REQUIRE(c.cli.slots(c.peer) == 2);
+    std::vector<std::byte> req(100, std::byte{7});
+    const auto t0 = clock_type::now();
+    const answer a = call_once(s, c, m_defer, req, {.timeout = std::chrono::milliseconds(200)});
+    const auto took = clock_type::now() - t0;
+    CHECK(a.status == rpc::call_status::timed_out);
+    CHECK(took >= std::chrono::milliseconds(190));
+    CHECK(took < std::chrono::seconds(5));
+    REQUIRE(h.deferred.size() == 1);
+    // The slot is still the server's: one call may go, not two.
+    std::vector<rpc::call_result> results;
+    CHECK(c.cli.start(c.peer, m_defer, req, {.cookie = 2}) == rpc::call_status::ok);
+    CHECK(c.cli.start(c.peer, m_echo, req) == rpc::call_status::no_credit);
+    REQUIRE(pump(s, {&c.cli}, results, [&] { return h.deferred.size() == 2; }));
+    // Now the late answer, then the second deferred call's.
+    CHECK(s.reply(h.deferred[0], req));
+    CHECK(s.reply(h.deferred[1], req));
+    CHECK_FALSE(s.reply(h.deferred[1], req)); // answered already
+    REQUIRE(pump(s, {&c.cli}, results, [&] { return results.size() == 1; }));
+    CHECK(results[0].cookie == 2);
+    CHECK(results[0].status == rpc::call_status::ok);
+    REQUIRE(pump(s, {&c.cli}, results, [&] { return c.cli.counters().late_replies == 1; }));
+    // Both slots are free again.
+    CHECK(call_once(s, c, m_echo, req).status == rpc::call_status::ok);
+    CHECK(c.cli.counters().timed_out == 1);
+}
+
+TEST_CASE("priorities: an urgent call overtakes bulk calls on the same connection") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s);
+    // Bulk: 8 calls of 2 MiB each, whose bodies the server reads in slices.
+    std::vector<std::vector<std::byte>> bulk(8, std::vector<std::byte>(2 << 20));
+    for (std::size_t i = 0; i < bulk.size(); ++i) {
+        fill_pattern(bulk[i], static_cast<unsigned>(i));
+        const std::uint32_t zero = 0;
+        std::memcpy(bulk[i].data(), &zero, 4);
+        REQUIRE(c.cli.start(c.peer, m_sum, bytes_of(bulk[i]),
+                            {.priority = sched::bulk, .cookie = i}) == rpc::call_status::ok);
+    }
+    std::vector<std::byte> small(64, std::byte{1});
+    REQUIRE(c.cli.start(c.peer, m_echo, small, {.priority = sched::urgent, .cookie = 100}) ==
+            rpc::call_status::ok);
+    std::vector<rpc::call_result> results;
+    REQUIRE(pump(s, {&c.cli}, results, [&] { return results.size() == 9; }));
+    std::size_t urgent_at = results.size();
+    for (std::size_t i = 0; i < results.size(); ++i) {
+        CHECK(results[i].status == rpc::call_status::ok);
+        if (results[i].cookie == 100)
+            urgent_at = i;
+    }
+    INFO("the urgent call finished " << urgent_at + 1 << " of 9");
+    CHECK(urgent_at < 8); // not behind every bulk call
+}
+
+TEST_CASE("a server that goes away: calls in flight end peer_gone well before their deadline") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    auto s = std::make_unique<rpc::server>(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(*s);
+    connected_client c(pd, *s);
+    std::vector<std::byte> req(64);
+    for (std::uint64_t i = 0; i < 4; ++i)
+        REQUIRE(c.cli.start(c.peer, m_defer, req, {.cookie = i}) == rpc::call_status::ok);
+    std::vector<rpc::call_result> results;
+    REQUIRE(pump(*s, {&c.cli}, results, [&] { return h.deferred.size() == 4; }));
+    const auto t0 = clock_type::now();
+    s.reset();
+    rpc::call_result out[8];
+    while (results.size() < 4 && clock_type::now() - t0 < std::chrono::seconds(10)) {
+        const int n = c.cli.wait(out, std::chrono::milliseconds(10));
+        results.insert(results.end(), out, out + n);
+    }
+    REQUIRE(results.size() == 4);
+    for (const auto& r : results)
+        CHECK(r.status == rpc::call_status::peer_gone);
+    CHECK(clock_type::now() - t0 < std::chrono::seconds(10)); // the call deadline is 20 s
+    CHECK_FALSE(c.cli.connected(c.peer));
+    CHECK(c.cli.start(c.peer, m_echo, req) != rpc::call_status::ok);
+}
+
+TEST_CASE("a client that goes away is dropped; the others are served") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    connected_client stays(pd, s);
+    {
+        connected_client leaves(pd, s);
+        accept_peers(s, 2);
+        std::vector<std::byte> req(64);
+        REQUIRE(leaves.cli.start(leaves.peer, m_defer, req) == rpc::call_status::ok);
+        std::vector<rpc::call_result> results;
+        REQUIRE(pump(s, {&leaves.cli}, results, [&] { return h.deferred.size() == 1; }));
+    }
+    const auto deadline = clock_type::now() + std::chrono::seconds(10);
+    while (s.peers() != 1 && clock_type::now() < deadline)
+        (void)s.wait(std::chrono::milliseconds(5));
+    CHECK(s.peers() == 1);
+    CHECK_FALSE(s.reply(h.deferred[0], {})); // its peer is gone
+    std::vector<std::byte> req(300, std::byte{3});
+    const answer a = call_once(s, stays, m_echo, req);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
+}
+
+// ---- hand-crafted bad peers -------------------------------------------------------------------
+
+namespace {
+
+/// A client written on raw rdmax verbs: it speaks rdma_cm and offers a ring,
+/// then writes whatever the test wants into the server's ring.
+struct raw_peer {
+    registered ring;
+    registered out;
+    verbs::connection conn;
+    rpc::ring_offer server;
+
+    static rpc::ring_offer offer_of(const registered& r) {
+        rpc::ring_offer o;
+        o.slots = 16;
+        o.slot_bytes = 4096;
+        o.addr = reinterpret_cast<std::uint64_t>(r.bytes.data());
+        o.rkey = r.mr.rkey();
+        return o;
+    }
+    raw_peer(const verbs::protection_domain& pd, rpc::server& s)
+        : ring(pd, 16 * 4096)
+        , out(pd, 8192)
+        , conn(connect(pd, s, offer_of(ring)))
+        , server(*conn.peer_payload_as<rpc::ring_offer>()) {}
+
+    static verbs::connection connect(const verbs::protection_domain& pd, rpc::server& s,
+                                     const rpc::ring_offer& o) {
+        std::atomic<bool> stop{false};
+        std::thread serve([&] {
+            while (!stop.load())
+                (void)s.wait(std::chrono::milliseconds(2));
+        });
+        std::optional<verbs::connection> c;
+        try {
+            c.emplace(verbs::connection::connect(pd, test_addr(), s.port(), verbs::payload_of(o)));
+        } catch (...) {
+            stop = true;
+            serve.join();
+            throw;
+        }
+        stop = true;
+        serve.join();
+        return std::move(*c);
+    }
+
+    /// Writes a request with `body` into server slot `slot`, the immediate as given.
+    void write(std::uint32_t slot, const rpc::message_header& h, std::size_t body,
+               std::optional<std::uint32_t> imm = std::nullopt, std::uint64_t at = UINT64_MAX) {
+        std::memcpy(out.bytes.data(), &h, sizeof h);
+        const std::uint32_t n = static_cast<std::uint32_t>(sizeof h + body);
+        // Twice the ring: rdmax's own check would refuse a write past it
+        // before posting, and this peer wants to try the device's.
+        const remote_buffer<rights::remote_write> dst{
+            server.addr, 2 * std::uint64_t{server.slots} * server.slot_bytes, server.rkey, 0};
+        const std::uint64_t offset = at != UINT64_MAX ? at : std::uint64_t{slot} * server.slot_bytes;
+        REQUIRE(conn.qp().write_imm(out.mr.local(0, n), dst, offset,
+                                    imm.value_or(rpc::encode_imm(rpc::message_kind::request, slot,
+                                                                 n)),
+                                    1) == status::ok);
+    }
+    static rpc::message_header request(std::uint16_t method, std::uint32_t body) {
+        rpc::message_header h;
+        h.call_seq = 1;
+        h.method = method;
+        h.body_bytes = body;
+        return h;
+    }
+};
+
+/// Runs the server until `pred` or 10 s.
+template <class Pred>
+bool serve_until(rpc::server& s, Pred pred) {
+    const auto deadline = clock_type::now() + std::chrono::seconds(10);
+    while (!pred()) {
+        if (clock_type::now() > deadline)
+            return false;
+        (void)s.wait(std::chrono::milliseconds(2));
+    }
+    return true;
+}
+
+} // namespace
+
+TEST_CASE("bad peers: each rejection counted, the peer dropped, the good client unharmed") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    connected_client good(pd, s);
+    std::vector<std::byte> req(500);
+    fill_pattern(req, 5);
+    // The good client has a call in flight, deferred, across every attack.
+    REQUIRE(good.cli.start(good.peer, m_defer, req, {.cookie = 42}) == rpc::call_status::ok);
+    REQUIRE(serve_until(s, [&] { return h.deferred.size() == 1; }));
+    const rpc::deferred_call pending = h.deferred[0];
+
+    const auto attack = [&](const char* what, std::uint64_t rpc::rpc_counters::*counter,
+                            auto&& act) {
+        INFO(what);
+        const std::uint64_t before = s.counters().*counter;
+        const std::size_t peers = s.peers();
+        raw_peer bad(pd, s);
+        REQUIRE(serve_until(s, [&] { return s.peers() == peers + 1; }));
+        act(bad);
+        CHECK(serve_until(s, [&] { return s.counters().*counter == before + 1; }));
+        CHECK(serve_until(s, [&] { return s.peers() == peers; })); // dropped
+        // The good client: still connected, and served byte for byte.
+        const answer a = call_once(s, good, m_echo, req);
+        CHECK(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    };
+    attack("slot out of range", &rpc::rpc_counters::rejected_slot, [](raw_peer& b) {
+        b.write(0, raw_peer::request(m_echo, 0), 0,
+                rpc::encode_imm(rpc::message_kind::request, 16, 16));
+    });
+    attack("slot far out of range", &rpc::rpc_counters::rejected_slot, [](raw_peer& b) {
+        b.write(0, raw_peer::request(m_echo, 0), 0,
+                rpc::encode_imm(rpc::message_kind::request, rpc::max_slots - 1, 16));
+    });
+    attack("length past the slot", &rpc::rpc_counters::rejected_length, [](raw_peer& b) {
+        b.write(0, raw_peer::request(m_echo, 0), 0,
+                rpc::encode_imm(rpc::message_kind::request, 0, 4097));
+    });
+    attack("length under a header", &rpc::rpc_counters::rejected_length, [](raw_peer& b) {
+        b.write(0, raw_peer::request(m_echo, 0), 0,
+                rpc::encode_imm(rpc::message_kind::request, 0, 8));
+    });
+    attack("a reply where a request belongs", &rpc::rpc_counters::rejected_kind, [](raw_peer& b) {
+        b.write(0, raw_peer::request(m_echo, 0), 0,
+                rpc::encode_imm(rpc::message_kind::reply, 0, 16));
+    });
+    attack("header length disagrees", &rpc::rpc_counters::rejected_malformed, [](raw_peer& b) {
+        b.write(0, raw_peer::request(m_echo, 4000), 10);
+    });
+    attack("method 0", &rpc::rpc_counters::rejected_malformed,
+           [](raw_peer& b) { b.write(0, raw_peer::request(0, 0), 0); });
+    attack("a request into a slot still being answered", &rpc::rpc_counters::rejected_credit,
+           [&](raw_peer& b) {
+               b.write(3, raw_peer::request(m_defer, 0), 0);
+               REQUIRE(serve_until(s, [&] { return h.deferred.size() == 2; }));
+               b.write(3, raw_peer::request(m_echo, 0), 0);
+           });
+    attack("a send instead of a write with immediate", &rpc::rpc_counters::rejected_opcode,
+           [](raw_peer& b) {
+               REQUIRE(b.conn.qp().send(b.out.mr.local(0, 64), 1) == status::ok);
+           });
+    h.deferred.pop_back(); // the credit attacker's, gone with it
+
+    // A write past its own ring: the device refuses it (the key covers that
+    // ring alone); the attacker's connection breaks, nobody else's.
+    CHECK(s.counters().rejected() == 9);
+    {
+        const std::size_t peers = s.peers();
+        raw_peer bad(pd, s);
+        REQUIRE(serve_until(s, [&] { return s.peers() == peers + 1; }));
+        bad.write(0, raw_peer::request(m_echo, 0), 0, std::nullopt,
+                  std::uint64_t{bad.server.slots} * bad.server.slot_bytes);
+        verbs::completion cq[1];
+        const int n = bad.conn.wait_send(cq, std::chrono::seconds(10));
+        REQUIRE(n == 1);
+        CHECK_FALSE(cq[0].ok());
+        CHECK(serve_until(s, [&] { return s.peers() == peers; }));
+    }
+    // Offers the server refuses: not an rdmax peer, a ring that wraps.
+    {
+        const std::uint64_t refused = s.counters().refused;
+        std::atomic<bool> stop{false};
+        std::thread serve([&] {
+            while (!stop.load())
+                (void)s.wait(std::chrono::milliseconds(2));
+        });
+        registered r(pd, 4096);
+        rpc::ring_offer wraps = raw_peer::offer_of(r);
+        wraps.addr = UINT64_MAX - 4096;
+        const std::array<std::byte, 7> junk{};
+        CHECK_THROWS(verbs::connection::connect(pd, test_addr(), s.port(), junk, {},
+                                                std::chrono::seconds(5)));
+        CHECK_THROWS(verbs::connection::connect(pd, test_addr(), s.port(),
+                                                verbs::payload_of(wraps), {},
+                                                std::chrono::seconds(5)));
+        stop = true;
+        serve.join();
+        CHECK(s.counters().refused == refused + 2);
+    }
+    // The good client's call, in flight all along, is answered intact.
+    CHECK(s.reply(pending, req));
+    std::vector<rpc::call_result> results;
+    REQUIRE(pump(s, {&good.cli}, results, [&] { return !results.empty(); }));
+    CHECK(results[0].cookie == 42);
+    CHECK(results[0].status == rpc::call_status::ok);
+    CHECK(s.peers() == 1);
+    // The write past the ring may reach the server as a receive in error
+    // (counted as an opcode rejection) before the connection goes.
+    CHECK(s.counters().rejected() <= 10);
+    INFO(fmt::format("server: {}", s.counters()));
+}
+
+TEST_CASE("the call path allocates nothing (server and client in one thread)") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s);
+    std::vector<std::byte> req(64, std::byte{9});
+    rpc::call_result out[16];
+    const auto run = [&](int calls) {
+        int done = 0, ok = 0, started = 0;
+        while (done < calls) {
+            while (started < calls && started - done < 8 &&
+                   c.cli.start(c.peer, m_echo, req) == rpc::call_status::ok)
+                ++started;
+            (void)s.poll();
+            const int n = c.cli.poll(out);
+            for (int i = 0; i < n; ++i)
+                ok += out[i].status == rpc::call_status::ok && out[i].reply.size() == 64 ? 1 : 0;
+            done += n;
+        }
+        return ok;
+    };
+    REQUIRE(run(200) == 200); // warm: everything sized
+    const std::uint64_t before = allocations.load();
+    const int ok = run(2000);
+    const std::uint64_t during = allocations.load() - before;
+    CHECK(ok == 2000);
+    CHECK(during == 0);
+}
+
+TEST_CASE("call() from a client thread against a server thread that sleeps on its descriptor") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    std::atomic<bool> stop{false};
+    std::thread serve([&] {
+        while (!stop.load())
+            (void)s.wait(std::chrono::milliseconds(20));
+    });
+    {
+        rpc::client cli(pd, small_options());
+        const rpc::peer_id p = cli.connect(test_addr(), s.port());
+        for (int i = 0; i < 50; ++i) {
+            std::vector<std::byte> req(static_cast<std::size_t>(10 + i * 40));
+            fill_pattern(req, static_cast<unsigned>(i));
+            const rpc::call_result r = cli.call(p, m_echo, req);
+            REQUIRE(r.status == rpc::call_status::ok);
+            CHECK(std::equal(r.reply.begin(), r.reply.end(), req.begin(), req.end()));
+        }
+    }
+    stop = true;
+    serve.join();
+    CHECK(s.counters().calls == 50);
+}

@@ -366,12 +366,14 @@ void client::fail_link(link& l, std::uint32_t index) noexcept {
 void client::housekeeping() noexcept {
     const auto now = sched::coarse_clock::now();
     next_housekeeping_ = now + opts_.housekeeping;
+    // Connection events are read only when a channel has one (one epoll_wait).
+    const bool events = inbox_.events_pending();
     for (std::uint32_t i = 0; i < links_.size(); ++i) {
         link& l = links_[i];
         if (!l.wire)
             continue;
-        if (!l.wire->broken &&
-            (l.wire->conn().peer_disconnected() || l.wire->scheduler().failed()))
+        if (!l.wire->broken && (l.wire->scheduler().failed() ||
+                                (events && l.wire->conn().peer_disconnected())))
             fail_link(l, i);
         if (l.wire->broken || l.in_flight == 0)
             continue;

@@ -78,6 +78,19 @@ bool inbox::arm() noexcept {
     return ibv_req_notify_cq(cq_.get(), 0) == 0;
 }
 
+bool inbox::events_pending() noexcept {
+    epoll_event evs[8];
+    const int n = epoll_wait(epoll_fd_, evs, 8, 0);
+    bool cm = false;
+    for (int i = 0; i < n; ++i) {
+        if (evs[i].data.fd == channel_.fd())
+            take_events(); // else it stays readable, level-triggered
+        else
+            cm = true;
+    }
+    return cm;
+}
+
 void inbox::sleep(std::chrono::microseconds timeout) noexcept {
     epoll_event evs[8];
     const int ms = static_cast<int>(std::clamp<std::int64_t>((timeout.count() + 999) / 1000, 0,

@@ -363,17 +363,22 @@ void server::reject(link& l, violation v) noexcept {
 
 void server::housekeeping() noexcept {
     next_housekeeping_ = sched::coarse_clock::now() + opts_.housekeeping;
-    try {
-        accept_pending();
-    } catch (...) {
-        ++counters_.refused;
+    // The rdma_cm channels (new requests, peers that left) are read only when
+    // one has something: otherwise this costs one epoll_wait.
+    const bool events = inbox_.events_pending();
+    if (events) {
+        try {
+            accept_pending();
+        } catch (...) {
+            ++counters_.refused;
+        }
     }
     bool any_broken = false;
     for (link& l : links_) {
         if (!l.wire)
             continue;
-        if (!l.wire->broken &&
-            (l.wire->conn().peer_disconnected() || l.wire->scheduler().failed()))
+        if (!l.wire->broken && (l.wire->scheduler().failed() ||
+                                (events && l.wire->conn().peer_disconnected())))
             l.wire->broken = true;
         any_broken = any_broken || l.wire->broken;
     }

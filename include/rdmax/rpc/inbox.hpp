@@ -42,6 +42,11 @@ public:
     /// Adds a descriptor (rdma_cm channels) to fd()'s set; forget() removes it.
     void watch(int fd);
     void forget(int fd) noexcept;
+    /// True when a watched descriptor (an rdma_cm channel) is readable: one
+    /// epoll_wait that returns at once, so that housekeeping reads the
+    /// channels only when something happened on one. Takes the completion
+    /// channel's events on the way.
+    [[nodiscard]] bool events_pending() noexcept;
     /// Asks for a wake-up at the next completion: arm, poll once more (a
     /// completion that came before the arming raises no event), and sleep
     /// only if that poll found nothing. False if the device refused.

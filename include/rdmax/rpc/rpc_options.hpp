@@ -26,8 +26,9 @@ struct rpc_options {
     /// Connection setup and teardown deadline (rdma_cm).
     std::chrono::milliseconds connect_timeout{5000};
     /// How often poll() looks at connection events (new peers, peers gone)
-    /// and deadlines: these cost system calls, so not at every poll.
-    std::chrono::microseconds housekeeping{2000};
+    /// and deadlines: an epoll_wait (and, when it reports one, the events'
+    /// reads), so not at every poll. Deadlines are this precise.
+    std::chrono::microseconds housekeeping{5000};
     /// Each connection's scheduler (priorities, slicing of large transfers).
     sched::scheduler_options scheduler = {};
 

@@ -1,0 +1,600 @@
+// rdmax_rpc_bench: RPC echo latency and rate over rdmax::rpc, against the
+// same echo over send/receive on rdmax verbs and over TCP, in one run.
+//
+//   rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep size|outstanding|clients|all]
+//                   [--transports rdmax,sendrecv,tcp] [--json FILE] [--only-rdmax]
+//
+// The server runs in a thread of this process (one thread for all clients,
+// spinning); the clients run in the main thread, each with K calls in
+// flight, each request carrying its own bytes, and every reply is checked
+// byte for byte. Each point reports the median and 99th percentile of the
+// call latency (start to result, read with the cycle counter) and the calls
+// per second. Sweeps (each over every transport):
+//   size         64 B .. 64 KiB, 1 call in flight, 1 client
+//   outstanding  1 .. 64 calls in flight, 64 B, 1 client
+//   clients      1 .. 16 clients, 16 in flight each, 64 B
+//   syscalls     64 B, 16 in flight, 1 client: one point, for strace -c
+// TCP runs over 127.0.0.1 (plain sockets, TCP_NODELAY). The wire floor
+// (ib_write_lat, ib_send_lat) is run by examples/bench/rpc-bench.
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <functional>
+#include <getopt.h>
+#include <memory>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench_common.hpp"
+
+namespace {
+
+using namespace rdmax;
+using namespace rdmax::bench;
+
+struct point {
+    std::string transport;
+    std::size_t bytes = 64;
+    int outstanding = 1;
+    int clients = 1;
+};
+
+struct figures {
+    double p50_us = 0, p99_us = 0, calls_per_s = 0;
+    long calls = 0, bad = 0;
+};
+
+/// Per-call latencies and the run's length, in cycles; figures at the end.
+class recorder {
+public:
+    explicit recorder(long calls) { lat_.reserve(static_cast<std::size_t>(calls)); }
+    void add(std::uint64_t c) { lat_.push_back(c); }
+    figures finish(double per_us, std::uint64_t elapsed, long bad) {
+        std::sort(lat_.begin(), lat_.end());
+        const auto pct = [&](double p) {
+            if (lat_.empty())
+                return 0.0;
+            const auto i = std::min(lat_.size() - 1,
+                                    static_cast<std::size_t>(p * static_cast<double>(lat_.size())));
+            return static_cast<double>(lat_[i]) / per_us;
+        };
+        figures f;
+        f.p50_us = pct(0.5);
+        f.p99_us = pct(0.99);
+        f.calls = static_cast<long>(lat_.size());
+        f.calls_per_s = elapsed > 0 ? static_cast<double>(lat_.size()) * per_us * 1e6 /
+                                          static_cast<double>(elapsed)
+                                    : 0.0;
+        f.bad = bad;
+        return f;
+    }
+
+private:
+    std::vector<std::uint64_t> lat_;
+};
+
+/// A request's bytes: call number n's pattern.
+void fill(std::span<std::byte> b, std::uint64_t n) {
+    std::memcpy(b.data(), &n, std::min<std::size_t>(8, b.size()));
+    for (std::size_t i = 8; i < b.size(); ++i)
+        b[i] = static_cast<std::byte>((n * 13 + i) % 251);
+}
+bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+/// One in-flight call slot of a client: its request bytes and when it started.
+struct call_slot {
+    std::vector<std::byte> req;
+    std::uint64_t started = 0;
+};
+
+// ---- rdmax::rpc ----------------------------------------------------------------------------
+
+figures run_rpc(const verbs::protection_domain& pd, const std::string& addr, const point& p,
+                long calls, double per_us) {
+    rpc::rpc_options o = rpc::rpc_options{}.with_env();
+    o.slots = static_cast<std::uint16_t>(std::max(p.outstanding, 1));
+    rpc::server srv(pd, addr, 0, o);
+    srv.on(1, [](rpc::request_context& c) { c.reply(c.body()); });
+    std::atomic<bool> stop{false};
+    std::thread serve([&] {
+        while (!stop.load(std::memory_order_relaxed))
+            (void)srv.poll();
+    });
+    struct client_state {
+        std::unique_ptr<rpc::client> cli;
+        rpc::peer_id peer;
+        std::vector<call_slot> slots;
+        std::vector<std::byte> reply_buf;
+    };
+    std::vector<client_state> cs(static_cast<std::size_t>(p.clients));
+    figures f;
+    try {
+        for (auto& c : cs) {
+            c.cli = std::make_unique<rpc::client>(pd, o);
+            c.peer = c.cli->connect(addr, srv.port());
+            c.slots.resize(static_cast<std::size_t>(p.outstanding));
+            for (auto& s : c.slots)
+                s.req.resize(p.bytes);
+            c.reply_buf.resize(p.bytes);
+        }
+        recorder rec(calls);
+        long started = 0, done = 0, bad = 0;
+        const bool big = p.bytes + 48 > o.slot_bytes;
+        const auto start = [&](client_state& c, std::size_t k) {
+            fill(c.slots[k].req, static_cast<std::uint64_t>(started));
+            c.slots[k].started = cycles();
+            rpc::call_options co{.cookie = k};
+            if (big)
+                co.reply_into = c.reply_buf; // one call in flight per client at this size
+            if (c.cli->start(c.peer, 1, c.slots[k].req, co) != rpc::call_status::ok)
+                throw bench_failure("rpc start refused");
+            ++started;
+        };
+        const std::uint64_t t0 = cycles();
+        for (auto& c : cs)
+            for (std::size_t k = 0; k < c.slots.size() && started < calls; ++k)
+                start(c, k);
+        rpc::call_result out[64];
+        std::size_t again[64];
+        const std::uint64_t limit = static_cast<std::uint64_t>(per_us * 120e6);
+        while (done < started) {
+            if (cycles() - t0 > limit)
+                throw bench_failure("rpc: no progress for 120 s");
+            for (auto& c : cs) {
+                const int n = c.cli->poll(out);
+                for (int i = 0; i < n; ++i) {
+                    const auto k = static_cast<std::size_t>(out[i].cookie);
+                    rec.add(cycles() - c.slots[k].started);
+                    if (out[i].status != rpc::call_status::ok || !same(out[i].reply, c.slots[k].req))
+                        ++bad;
+                    again[i] = k;
+                }
+                c.cli->release();
+                for (int i = 0; i < n; ++i)
+                    if (started < calls)
+                        start(c, again[i]);
+                done += n;
+            }
+        }
+        f = rec.finish(per_us, cycles() - t0, bad);
+    } catch (...) {
+        stop = true;
+        serve.join();
+        throw;
+    }
+    cs.clear();
+    stop = true;
+    serve.join();
+    return f;
+}
+
+// ---- send/receive on rdmax verbs -----------------------------------------------------------
+
+/// A connection's registered buffers: K receive and K send buffers of `bytes`.
+struct sr_buffers {
+    std::vector<std::byte> mem;
+    memory_region<rights::local_write> mr;
+    std::size_t bytes;
+    int k;
+    sr_buffers(const verbs::protection_domain& pd, std::size_t b, int k_)
+        : mem(2 * static_cast<std::size_t>(k_) * std::max<std::size_t>(b, 8))
+        , mr(pd, mem.data(), mem.size())
+        , bytes(std::max<std::size_t>(b, 8))
+        , k(k_) {}
+    local_buffer<rights::local_write> recv(std::size_t i) const {
+        return mr.local(i * bytes, bytes);
+    }
+    local_buffer<rights::local_write> send(std::size_t i) const {
+        return mr.local((static_cast<std::size_t>(k) + i) * bytes, bytes);
+    }
+};
+
+verbs::qp_config sr_config(int k) {
+    verbs::qp_config cfg;
+    cfg.send_depth = static_cast<std::uint32_t>(std::max(64, 4 * k));
+    cfg.recv_depth = static_cast<std::uint32_t>(std::max(64, 2 * k));
+    cfg.max_inline = 256;
+    return cfg;
+}
+
+figures run_sendrecv(const verbs::protection_domain& pd, const std::string& addr,
+                     const point& p, long calls, double per_us) {
+    const std::size_t bytes = std::max<std::size_t>(p.bytes, 8);
+    verbs::listener lst(addr, 0);
+    const std::uint16_t port = lst.port();
+    std::atomic<bool> stop{false}, server_failed{false};
+    std::thread serve([&] {
+        try {
+            struct conn {
+                std::unique_ptr<sr_buffers> buf;
+                std::optional<verbs::connection> c;
+                std::size_t next_send = 0;
+            };
+            std::vector<conn> conns(static_cast<std::size_t>(p.clients));
+            for (auto& c : conns) {
+                verbs::connection_request req = lst.next_request(std::chrono::seconds(10));
+                req.create_qp(pd, sr_config(p.outstanding));
+                c.buf = std::make_unique<sr_buffers>(pd, bytes, p.outstanding);
+                for (int i = 0; i < p.outstanding; ++i)
+                    if (req.qp().post_recv(c.buf->recv(static_cast<std::size_t>(i)),
+                                           static_cast<std::uint64_t>(i)) != status::ok)
+                        throw bench_failure("post_recv");
+                c.c.emplace(req.accept({}, std::chrono::seconds(10)));
+            }
+            verbs::completion wc[32];
+            while (!stop.load(std::memory_order_relaxed)) {
+                for (auto& c : conns) {
+                    auto& qp = c.c->qp();
+                    (void)qp.poll_send(wc); // failures only: unsignaled sends
+                    const int n = qp.poll_recv(wc);
+                    for (int i = 0; i < n; ++i) {
+                        if (!wc[i].ok())
+                            throw bench_failure("sendrecv server: receive failed");
+                        const auto r = static_cast<std::size_t>(wc[i].wr_id);
+                        // Echo: copy out, give the receive back, send.
+                        const std::size_t s = c.next_send++ % static_cast<std::size_t>(p.outstanding);
+                        std::memcpy(c.buf->send(s).addr, c.buf->recv(r).addr, wc[i].byte_len);
+                        if (qp.post_recv(c.buf->recv(r), r) != status::ok)
+                            throw bench_failure("sendrecv server: post_recv");
+                        auto src = *c.buf->send(s).sub(0, wc[i].byte_len);
+                        status st;
+                        while ((st = qp.send(src, s, verbs::send_flags{.signaled = false})) ==
+                               status::queue_full)
+                            (void)qp.wait_send_slots(1, std::chrono::milliseconds(100));
+                        if (st != status::ok)
+                            throw bench_failure("sendrecv server: send");
+                    }
+                }
+            }
+        } catch (const std::exception& e) {
+            fmt::print(stderr, "rdmax_rpc_bench: sendrecv server: {}\n", e.what());
+            server_failed = true;
+        }
+    });
+    figures f;
+    try {
+        struct client_state {
+            std::unique_ptr<sr_buffers> buf;
+            std::optional<verbs::connection> c;
+            std::vector<call_slot> slots;
+        };
+        std::vector<client_state> cs(static_cast<std::size_t>(p.clients));
+        for (auto& c : cs) {
+            c.buf = std::make_unique<sr_buffers>(pd, bytes, p.outstanding);
+            verbs::prepared_connection pc(pd, addr, port, sr_config(p.outstanding));
+            for (int i = 0; i < p.outstanding; ++i)
+                if (pc.qp().post_recv(c.buf->recv(static_cast<std::size_t>(i)),
+                                      static_cast<std::uint64_t>(i)) != status::ok)
+                    throw bench_failure("post_recv");
+            c.c.emplace(pc.connect({}, std::chrono::seconds(10)));
+            c.slots.resize(static_cast<std::size_t>(p.outstanding));
+        }
+        recorder rec(calls);
+        long started = 0, done = 0, bad = 0;
+        std::vector<std::byte> expect(bytes);
+        const auto start = [&](client_state& c, std::size_t k) {
+            auto dst = c.buf->send(k);
+            fill({dst.addr, bytes}, static_cast<std::uint64_t>(k) | (static_cast<std::uint64_t>(started) << 8));
+            c.slots[k].req.assign(dst.addr, dst.addr + bytes);
+            c.slots[k].started = cycles();
+            auto& qp = c.c->qp();
+            status st;
+            while ((st = qp.send(dst, k, verbs::send_flags{.signaled = false})) == status::queue_full)
+                (void)qp.wait_send_slots(1, std::chrono::milliseconds(100));
+            if (st != status::ok)
+                throw bench_failure("sendrecv client: send");
+            ++started;
+        };
+        const std::uint64_t t0 = cycles();
+        for (auto& c : cs)
+            for (std::size_t k = 0; k < c.slots.size() && started < calls; ++k)
+                start(c, k);
+        verbs::completion wc[32];
+        const std::uint64_t limit = static_cast<std::uint64_t>(per_us * 120e6);
+        while (done < started) {
+            if (cycles() - t0 > limit || server_failed)
+                throw bench_failure("sendrecv: no progress");
+            for (auto& c : cs) {
+                auto& qp = c.c->qp();
+                (void)qp.poll_send(wc);
+                const int n = qp.poll_recv(wc);
+                for (int i = 0; i < n; ++i) {
+                    if (!wc[i].ok())
+                        throw bench_failure("sendrecv client: receive failed");
+                    const auto r = static_cast<std::size_t>(wc[i].wr_id);
+                    const std::span<const std::byte> got(c.buf->recv(r).addr, wc[i].byte_len);
+                    std::uint64_t id = 0;
+                    std::memcpy(&id, got.data(), 8);
+                    const std::size_t k = id & 0xff;
+                    if (k >= c.slots.size()) {
+                        ++bad;
+                        continue;
+                    }
+                    rec.add(cycles() - c.slots[k].started);
+                    if (!same(got, c.slots[k].req))
+                        ++bad;
+                    if (qp.post_recv(c.buf->recv(r), r) != status::ok)
+                        throw bench_failure("sendrecv client: post_recv");
+                    ++done;
+                    if (started < calls)
+                        start(c, k);
+                }
+            }
+        }
+        f = rec.finish(per_us, cycles() - t0, bad);
+        for (auto& c : cs)
+            c.c->disconnect(std::chrono::milliseconds(500));
+    } catch (...) {
+        stop = true;
+        serve.join();
+        throw;
+    }
+    stop = true;
+    serve.join();
+    return f;
+}
+
+// ---- TCP on the loopback -------------------------------------------------------------------
+
+int tcp_socket() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        throw bench_failure(fmt::format("socket: {}", std::strerror(errno)));
+    const int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    return fd;
+}
+
+void write_all(int fd, const std::byte* p, std::size_t n) {
+    while (n > 0) {
+        const ssize_t w = ::write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            throw bench_failure(fmt::format("write: {}", std::strerror(errno)));
+        }
+        p += w;
+        n -= static_cast<std::size_t>(w);
+    }
+}
+void read_all(int fd, std::byte* p, std::size_t n) {
+    while (n > 0) {
+        const ssize_t r = ::read(fd, p, n);
+        if (r <= 0) {
+            if (r < 0 && (errno == EINTR || errno == EAGAIN))
+                continue;
+            throw bench_failure("read: connection closed");
+        }
+        p += r;
+        n -= static_cast<std::size_t>(r);
+    }
+}
+
+figures run_tcp(const point& p, long calls, double per_us) {
+    const std::size_t bytes = std::max<std::size_t>(p.bytes, 8);
+    const int lfd = tcp_socket();
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(lfd, 64) != 0)
+        throw bench_failure(fmt::format("bind/listen: {}", std::strerror(errno)));
+    socklen_t len = sizeof sa;
+    (void)getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &len);
+    std::atomic<bool> stop{false};
+    std::thread serve([&] {
+        std::vector<int> fds;
+        std::vector<std::byte> buf(bytes);
+        try {
+            for (int i = 0; i < p.clients; ++i) {
+                const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+                if (fd < 0)
+                    throw bench_failure("accept");
+                const int one = 1;
+                (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                fds.push_back(fd);
+            }
+            std::vector<pollfd> pfds;
+            for (int fd : fds)
+                pfds.push_back({fd, POLLIN, 0});
+            while (!stop.load(std::memory_order_relaxed)) {
+                if (::poll(pfds.data(), pfds.size(), 50) <= 0)
+                    continue;
+                for (auto& pf : pfds) {
+                    if ((pf.revents & (POLLIN | POLLHUP)) == 0)
+                        continue;
+                    read_all(pf.fd, buf.data(), bytes);
+                    write_all(pf.fd, buf.data(), bytes);
+                }
+            }
+        } catch (const std::exception&) {
+            // A client that went away ends the server.
+        }
+        for (int fd : fds)
+            ::close(fd);
+    });
+    figures f;
+    std::vector<int> cfds;
+    try {
+        std::vector<std::vector<call_slot>> slots(static_cast<std::size_t>(p.clients));
+        for (int i = 0; i < p.clients; ++i) {
+            const int fd = tcp_socket();
+            if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0)
+                throw bench_failure(fmt::format("connect: {}", std::strerror(errno)));
+            cfds.push_back(fd);
+            slots[static_cast<std::size_t>(i)].resize(static_cast<std::size_t>(p.outstanding));
+        }
+        recorder rec(calls);
+        long started = 0, done = 0, bad = 0;
+        std::vector<std::byte> in(bytes);
+        // Replies come back in order on each socket: a FIFO of slots per client.
+        std::vector<std::vector<std::size_t>> fifo(cfds.size());
+        std::vector<std::size_t> head(cfds.size(), 0);
+        const auto start = [&](std::size_t c, std::size_t k) {
+            auto& s = slots[c][k];
+            s.req.resize(bytes);
+            fill(s.req, static_cast<std::uint64_t>(started));
+            s.started = cycles();
+            write_all(cfds[c], s.req.data(), bytes);
+            fifo[c].push_back(k);
+            ++started;
+        };
+        const std::uint64_t t0 = cycles();
+        for (std::size_t c = 0; c < cfds.size(); ++c)
+            for (std::size_t k = 0; k < slots[c].size() && started < calls; ++k)
+                start(c, k);
+        std::vector<pollfd> pfds;
+        for (int fd : cfds)
+            pfds.push_back({fd, POLLIN, 0});
+        while (done < started) {
+            if (::poll(pfds.data(), pfds.size(), 10'000) <= 0)
+                throw bench_failure("tcp: no reply for 10 s");
+            for (std::size_t c = 0; c < pfds.size(); ++c) {
+                if ((pfds[c].revents & POLLIN) == 0)
+                    continue;
+                read_all(cfds[c], in.data(), bytes);
+                const std::size_t k = fifo[c][head[c]++];
+                rec.add(cycles() - slots[c][k].started);
+                if (!same(in, slots[c][k].req))
+                    ++bad;
+                ++done;
+                if (started < calls)
+                    start(c, k);
+            }
+        }
+        f = rec.finish(per_us, cycles() - t0, bad);
+    } catch (...) {
+        stop = true;
+        for (int fd : cfds)
+            ::close(fd);
+        serve.join();
+        ::close(lfd);
+        throw;
+    }
+    stop = true;
+    for (int fd : cfds)
+        ::shutdown(fd, SHUT_RDWR);
+    serve.join();
+    for (int fd : cfds)
+        ::close(fd);
+    ::close(lfd);
+    return f;
+}
+
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
+    std::size_t at = 0;
+    while (at <= s.size()) {
+        const std::size_t comma = s.find(',', at);
+        out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+        if (comma == std::string::npos)
+            break;
+        at = comma + 1;
+    }
+    return out;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    std::string addr = "192.0.2.1", sweep = "all", transports = "rdmax,sendrecv,tcp", json;
+    long calls = 2000;
+    static const option longs[] = {{"sweep", required_argument, nullptr, 'w'},
+                                   {"transports", required_argument, nullptr, 'T'},
+                                   {"json", required_argument, nullptr, 'j'},
+                                   {"help", no_argument, nullptr, 'h'},
+                                   {nullptr, 0, nullptr, 0}};
+    for (int c; (c = getopt_long(argc, argv, "a:n:h", longs, nullptr)) != -1;) {
+        switch (c) {
+        case 'a': addr = optarg; break;
+        case 'n': calls = std::max(10L, std::atol(optarg)); break;
+        case 'w': sweep = optarg; break;
+        case 'T': transports = optarg; break;
+        case 'j': json = optarg; break;
+        default:
+            std::fputs("usage: rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep "
+                       "size|outstanding|clients|syscalls|all] [--transports rdmax,sendrecv,tcp] "
+                       "[--json FILE]\n",
+                       stderr);
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    try {
+        std::vector<point> points;
+        const auto add = [&](std::size_t b, int k, int c) {
+            for (const std::string& t : split(transports))
+                points.push_back({t, b, k, c});
+        };
+        if (sweep == "size" || sweep == "all")
+            for (std::size_t b : {64, 512, 4096, 65536})
+                add(b, 1, 1);
+        if (sweep == "outstanding" || sweep == "all")
+            for (int k : {4, 16, 64})
+                add(64, k, 1);
+        if (sweep == "clients" || sweep == "all")
+            for (int c : {4, 16})
+                add(64, 16, c);
+        if (sweep == "syscalls") // one point, for strace -c at two lengths (rpc-bench)
+            add(64, 16, 1);
+        if (points.empty())
+            throw bench_failure(fmt::format("--sweep {}: size, outstanding, clients or all", sweep));
+        verbs::context ctx = verbs::context::open_by_address(addr);
+        verbs::protection_domain pd(ctx);
+        const double per_us = estimate_cycles_per_us();
+        std::FILE* out = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
+        if (!json.empty() && out == nullptr)
+            throw bench_failure(fmt::format("--json {}: {}", json, std::strerror(errno)));
+        fmt::print("{:<9} {:>8} {:>5} {:>7} {:>10} {:>10} {:>12} {:>5}\n", "transport", "bytes",
+                   "out", "clients", "p50[us]", "p99[us]", "calls/s", "bad");
+        long bad = 0;
+        for (const point& p : points) {
+            fmt::print(stderr, "rdmax_rpc_bench: {} {} B x{} in flight, {} clients\n", p.transport,
+                       p.bytes, p.outstanding, p.clients);
+            // Fewer calls for large messages: TCG moves them slowly.
+            const long n = p.bytes > 4096 ? std::max(50L, calls / 10) : calls;
+            figures f;
+            if (p.transport == "rdmax")
+                f = run_rpc(pd, addr, p, n, per_us);
+            else if (p.transport == "sendrecv")
+                f = run_sendrecv(pd, addr, p, n, per_us);
+            else if (p.transport == "tcp")
+                f = run_tcp(p, n, per_us);
+            else
+                throw bench_failure(fmt::format("transport {}: rdmax, sendrecv or tcp", p.transport));
+            bad += f.bad;
+            fmt::print("{:<9} {:>8} {:>5} {:>7} {:>10.1f} {:>10.1f} {:>12.0f} {:>5}\n", p.transport,
+                       p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us, f.calls_per_s, f.bad);
+            std::fflush(stdout);
+            if (out != nullptr)
+                fmt::print(out,
+                           "{{\"kind\":\"rpc\",\"transport\":\"{}\",\"bytes\":{},\"outstanding\":{},"
+                           "\"clients\":{},\"p50_us\":{:.2f},\"p99_us\":{:.2f},\"calls_per_s\":{:.0f},"
+                           "\"calls\":{},\"bad\":{}}}\n",
+                           p.transport, p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us,
+                           f.calls_per_s, f.calls, f.bad);
+        }
+        if (out != nullptr)
+            std::fclose(out);
+        if (bad != 0)
+            throw bench_failure(fmt::format("{} replies differed from their requests", bad));
+        return 0;
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "rdmax_rpc_bench: {}\n", e.what());
+        return 1;
+    }
+}

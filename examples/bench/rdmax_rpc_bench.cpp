@@ -13,7 +13,8 @@
 //   size         64 B .. 64 KiB, 1 call in flight, 1 client
 //   outstanding  1 .. 64 calls in flight, 64 B, 1 client
 //   clients      1 .. 16 clients, 16 in flight each, 64 B
-//   syscalls     64 B, 16 in flight, 1 client: one point, for strace -c
+//   latency      64 B, 1 in flight, 1 client: one point, for rounds against the floor
+//   syscalls     64 B, 16 in flight, 1 client, rdmax: one point, for strace -c
 // TCP runs over 127.0.0.1 (plain sockets, TCP_NODELAY). The wire floor
 // (ib_write_lat, ib_send_lat) is run by examples/bench/rpc-bench.
 #include <algorithm>
@@ -528,7 +529,7 @@ int main(int argc, char** argv) {
         case 'j': json = optarg; break;
         default:
             std::fputs("usage: rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep "
-                       "size|outstanding|clients|syscalls|all] [--transports rdmax,sendrecv,tcp] "
+                       "size|outstanding|clients|latency|syscalls|all] [--transports rdmax,sendrecv,tcp] "
                        "[--json FILE]\n",
                        stderr);
             return c == 'h' ? 0 : 2;
@@ -551,6 +552,8 @@ int main(int argc, char** argv) {
                 add(64, 16, c);
         if (sweep == "syscalls") // one point, for strace -c at two lengths (rpc-bench)
             add(64, 16, 1);
+        if (sweep == "latency") // the 64 B point alone, for rounds against the floor (rpc-bench)
+            add(64, 1, 1);
         if (points.empty())
             throw bench_failure(fmt::format("--sweep {}: size, outstanding, clients or all", sweep));
         verbs::context ctx = verbs::context::open_by_address(addr);

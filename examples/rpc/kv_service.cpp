@@ -32,6 +32,8 @@
 
 #include <rdmax/rdmax.hpp>
 
+#include "first_address.hpp"
+
 namespace {
 
 using namespace rdmax;
@@ -143,15 +145,10 @@ private:
     std::vector<std::byte> reply_;
 };
 
-verbs::context device_for(const std::string& addr) {
-    if (addr.empty() || addr == "0.0.0.0")
-        return verbs::context::open_first_active();
-    return verbs::context::open_by_address(addr);
-}
-
 int serve(const options& o) {
-    const std::string addr = o.addr.empty() ? "0.0.0.0" : o.addr;
-    verbs::context ctx = device_for(addr);
+    // The device that carries the address (a wildcard names none).
+    const std::string addr = o.addr.empty() ? examples::first_active_ipv4() : o.addr;
+    verbs::context ctx = verbs::context::open_by_address(addr);
     verbs::protection_domain pd(ctx);
     registered_arena arena(verbs_registrar(pd), arena_options{.area_rights = rights::local_write});
     store kv(arena);

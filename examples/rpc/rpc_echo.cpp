@@ -25,6 +25,8 @@
 
 #include <rdmax/rdmax.hpp>
 
+#include "first_address.hpp"
+
 namespace {
 
 using namespace rdmax;
@@ -82,16 +84,10 @@ options parse(int argc, char** argv) {
     return o;
 }
 
-/// The device that carries `addr`, or the first active one for a wildcard.
-verbs::context device_for(const std::string& addr) {
-    if (addr.empty() || addr == "0.0.0.0")
-        return verbs::context::open_first_active();
-    return verbs::context::open_by_address(addr);
-}
-
 int serve(const options& o) {
-    const std::string addr = o.addr.empty() ? "0.0.0.0" : o.addr;
-    verbs::context ctx = device_for(addr);
+    // The device that carries the address (a wildcard names none).
+    const std::string addr = o.addr.empty() ? examples::first_active_ipv4() : o.addr;
+    verbs::context ctx = verbs::context::open_by_address(addr);
     verbs::protection_domain pd(ctx);
     rpc::server srv(pd, addr, o.port);
     srv.on(method_echo, [](rpc::request_context& c) { c.reply(c.body()); });

@@ -152,7 +152,7 @@ figures run_rpc(const verbs::protection_domain& pd, const std::string& addr, con
                 start(c, k);
         rpc::call_result out[64];
         std::size_t again[64];
-        const std::uint64_t limit = static_cast<std::uint64_t>(per_us * 120e6);
+        const auto limit = static_cast<std::uint64_t>(per_us * 120e6);
         while (done < started) {
             if (cycles() - t0 > limit)
                 throw bench_failure("rpc: no progress for 120 s");
@@ -161,7 +161,8 @@ figures run_rpc(const verbs::protection_domain& pd, const std::string& addr, con
                 for (int i = 0; i < n; ++i) {
                     const auto k = static_cast<std::size_t>(out[i].cookie);
                     rec.add(cycles() - c.slots[k].started);
-                    if (out[i].status != rpc::call_status::ok || !same(out[i].reply, c.slots[k].req))
+                    if (out[i].status != rpc::call_status::ok ||
+                        !same(out[i].reply, c.slots[k].req))
                         ++bad;
                     again[i] = k;
                 }
@@ -197,10 +198,10 @@ struct sr_buffers {
         , mr(pd, mem.data(), mem.size())
         , bytes(std::max<std::size_t>(b, 8))
         , k(k_) {}
-    local_buffer<rights::local_write> recv(std::size_t i) const {
+    [[nodiscard]] local_buffer<rights::local_write> recv(std::size_t i) const {
         return mr.local(i * bytes, bytes);
     }
-    local_buffer<rights::local_write> send(std::size_t i) const {
+    [[nodiscard]] local_buffer<rights::local_write> send(std::size_t i) const {
         return mr.local((static_cast<std::size_t>(k) + i) * bytes, bytes);
     }
 };
@@ -213,8 +214,8 @@ verbs::qp_config sr_config(int k) {
     return cfg;
 }
 
-figures run_sendrecv(const verbs::protection_domain& pd, const std::string& addr,
-                     const point& p, long calls, double per_us) {
+figures run_sendrecv(const verbs::protection_domain& pd, const std::string& addr, const point& p,
+                     long calls, double per_us) {
     const std::size_t bytes = std::max<std::size_t>(p.bytes, 8);
     verbs::listener lst(addr, 0);
     const std::uint16_t port = lst.port();
@@ -248,7 +249,8 @@ figures run_sendrecv(const verbs::protection_domain& pd, const std::string& addr
                             throw bench_failure("sendrecv server: receive failed");
                         const auto r = static_cast<std::size_t>(wc[i].wr_id);
                         // Echo: copy out, give the receive back, send.
-                        const std::size_t s = c.next_send++ % static_cast<std::size_t>(p.outstanding);
+                        const std::size_t s =
+                            c.next_send++ % static_cast<std::size_t>(p.outstanding);
                         std::memcpy(c.buf->send(s).addr, c.buf->recv(r).addr, wc[i].byte_len);
                         if (qp.post_recv(c.buf->recv(r), r) != status::ok)
                             throw bench_failure("sendrecv server: post_recv");
@@ -290,12 +292,14 @@ figures run_sendrecv(const verbs::protection_domain& pd, const std::string& addr
         std::vector<std::byte> expect(bytes);
         const auto start = [&](client_state& c, std::size_t k) {
             auto dst = c.buf->send(k);
-            fill({dst.addr, bytes}, static_cast<std::uint64_t>(k) | (static_cast<std::uint64_t>(started) << 8));
+            fill({dst.addr, bytes},
+                 static_cast<std::uint64_t>(k) | (static_cast<std::uint64_t>(started) << 8));
             c.slots[k].req.assign(dst.addr, dst.addr + bytes);
             c.slots[k].started = cycles();
             auto& qp = c.c->qp();
             status st;
-            while ((st = qp.send(dst, k, verbs::send_flags{.signaled = false})) == status::queue_full)
+            while ((st = qp.send(dst, k, verbs::send_flags{.signaled = false})) ==
+                   status::queue_full)
                 (void)qp.wait_send_slots(1, std::chrono::milliseconds(100));
             if (st != status::ok)
                 throw bench_failure("sendrecv client: send");
@@ -306,7 +310,7 @@ figures run_sendrecv(const verbs::protection_domain& pd, const std::string& addr
             for (std::size_t k = 0; k < c.slots.size() && started < calls; ++k)
                 start(c, k);
         verbs::completion wc[32];
-        const std::uint64_t limit = static_cast<std::uint64_t>(per_us * 120e6);
+        const auto limit = static_cast<std::uint64_t>(per_us * 120e6);
         while (done < started) {
             if (cycles() - t0 > limit || server_failed)
                 throw bench_failure("sendrecv: no progress");
@@ -411,6 +415,7 @@ figures run_tcp(const point& p, long calls, double per_us) {
                 fds.push_back(fd);
             }
             std::vector<pollfd> pfds;
+            pfds.reserve(fds.size());
             for (int fd : fds)
                 pfds.push_back({fd, POLLIN, 0});
             while (!stop.load(std::memory_order_relaxed)) {
@@ -460,6 +465,7 @@ figures run_tcp(const point& p, long calls, double per_us) {
             for (std::size_t k = 0; k < slots[c].size() && started < calls; ++k)
                 start(c, k);
         std::vector<pollfd> pfds;
+        pfds.reserve(cfds.size());
         for (int fd : cfds)
             pfds.push_back({fd, POLLIN, 0});
         while (done < started) {
@@ -528,10 +534,11 @@ int main(int argc, char** argv) {
         case 'T': transports = optarg; break;
         case 'j': json = optarg; break;
         default:
-            std::fputs("usage: rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep "
-                       "size|outstanding|clients|latency|syscalls|all] [--transports rdmax,sendrecv,tcp] "
-                       "[--json FILE]\n",
-                       stderr);
+            std::fputs(
+                "usage: rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep "
+                "size|outstanding|clients|latency|syscalls|all] [--transports rdmax,sendrecv,tcp] "
+                "[--json FILE]\n",
+                stderr);
             return c == 'h' ? 0 : 2;
         }
     }
@@ -555,7 +562,8 @@ int main(int argc, char** argv) {
         if (sweep == "latency") // the 64 B point alone, for rounds against the floor (rpc-bench)
             add(64, 1, 1);
         if (points.empty())
-            throw bench_failure(fmt::format("--sweep {}: size, outstanding, clients or all", sweep));
+            throw bench_failure(
+                fmt::format("--sweep {}: size, outstanding, clients or all", sweep));
         verbs::context ctx = verbs::context::open_by_address(addr);
         verbs::protection_domain pd(ctx);
         const double per_us = estimate_cycles_per_us();
@@ -578,18 +586,20 @@ int main(int argc, char** argv) {
             else if (p.transport == "tcp")
                 f = run_tcp(p, n, per_us);
             else
-                throw bench_failure(fmt::format("transport {}: rdmax, sendrecv or tcp", p.transport));
+                throw bench_failure(
+                    fmt::format("transport {}: rdmax, sendrecv or tcp", p.transport));
             bad += f.bad;
             fmt::print("{:<9} {:>8} {:>5} {:>7} {:>10.1f} {:>10.1f} {:>12.0f} {:>5}\n", p.transport,
                        p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us, f.calls_per_s, f.bad);
             std::fflush(stdout);
             if (out != nullptr)
-                fmt::print(out,
-                           "{{\"kind\":\"rpc\",\"transport\":\"{}\",\"bytes\":{},\"outstanding\":{},"
-                           "\"clients\":{},\"p50_us\":{:.2f},\"p99_us\":{:.2f},\"calls_per_s\":{:.0f},"
-                           "\"calls\":{},\"bad\":{}}}\n",
-                           p.transport, p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us,
-                           f.calls_per_s, f.calls, f.bad);
+                fmt::print(
+                    out,
+                    "{{\"kind\":\"rpc\",\"transport\":\"{}\",\"bytes\":{},\"outstanding\":{},"
+                    "\"clients\":{},\"p50_us\":{:.2f},\"p99_us\":{:.2f},\"calls_per_s\":{:.0f},"
+                    "\"calls\":{},\"bad\":{}}}\n",
+                    p.transport, p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us,
+                    f.calls_per_s, f.calls, f.bad);
         }
         if (out != nullptr)
             std::fclose(out);

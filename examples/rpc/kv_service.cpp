@@ -164,8 +164,8 @@ int serve(const options& o) {
             break;
     }
     fmt::print("kv_service: {} keys; server {}\n", kv.size(), srv.counters());
-    const bool served = o.clients == 0 ||
-                        srv.counters().connected >= static_cast<std::uint64_t>(o.clients);
+    const bool served =
+        o.clients == 0 || srv.counters().connected >= static_cast<std::uint64_t>(o.clients);
     return served && srv.counters().rejected() == 0 ? 0 : 1;
 }
 
@@ -211,15 +211,15 @@ int run_client(const options& o) {
                fmt::format("put {}: {}", key, p.status));
         // Read it back through another connection: the store is shared.
         const auto g = static_cast<std::size_t>((i + 1) % conns);
-        const rpc::call_result r = cs[g]->call(
-            peers[g], m_get, std::as_bytes(std::span(key.data(), key.size())),
-            {.reply_into = reply_buf});
+        const rpc::call_result r =
+            cs[g]->call(peers[g], m_get, std::as_bytes(std::span(key.data(), key.size())),
+                        {.reply_into = reply_buf});
         const bool same = r.status == rpc::call_status::ok && r.reply.size() == 1 + value.size() &&
                           r.reply[0] == std::byte{0} &&
                           (!o.verify || std::equal(r.reply.begin() + 1, r.reply.end(),
                                                    value.begin(), value.end()));
-        expect(same, fmt::format("get {} ({} B): {}, {} B", key, value.size(), r.status,
-                                 r.reply.size()));
+        expect(same,
+               fmt::format("get {} ({} B): {}, {} B", key, value.size(), r.status, r.reply.size()));
         done += 2;
     }
     for (long k = 0; k < std::min(keys, o.ops); ++k) {

@@ -55,19 +55,23 @@ struct options {
 }
 
 options parse(int argc, char** argv) {
-    static const option longs[] = {
-        {"server", no_argument, nullptr, 'S'},      {"connect", required_argument, nullptr, 'c'},
-        {"addr", required_argument, nullptr, 'a'},  {"port", required_argument, nullptr, 'p'},
-        {"clients", required_argument, nullptr, 'N'}, {"timeout", required_argument, nullptr, 't'},
-        {"calls", required_argument, nullptr, 'n'}, {"size", required_argument, nullptr, 's'},
-        {"outstanding", required_argument, nullptr, 'k'},
-        {"verify", no_argument, nullptr, 'v'},      {"help", no_argument, nullptr, 'h'},
-        {nullptr, 0, nullptr, 0}};
+    static const option longs[] = {{"server", no_argument, nullptr, 'S'},
+                                   {"connect", required_argument, nullptr, 'c'},
+                                   {"addr", required_argument, nullptr, 'a'},
+                                   {"port", required_argument, nullptr, 'p'},
+                                   {"clients", required_argument, nullptr, 'N'},
+                                   {"timeout", required_argument, nullptr, 't'},
+                                   {"calls", required_argument, nullptr, 'n'},
+                                   {"size", required_argument, nullptr, 's'},
+                                   {"outstanding", required_argument, nullptr, 'k'},
+                                   {"verify", no_argument, nullptr, 'v'},
+                                   {"help", no_argument, nullptr, 'h'},
+                                   {nullptr, 0, nullptr, 0}};
     options o;
     for (int c; (c = getopt_long(argc, argv, "", longs, nullptr)) != -1;) {
         switch (c) {
         case 'S': o.server = true; break;
-        case 'c': o.addr = optarg; break;
+        case 'c':
         case 'a': o.addr = optarg; break;
         case 'p': o.port = static_cast<std::uint16_t>(std::atoi(optarg)); break;
         case 'N': o.clients = std::atoi(optarg); break;
@@ -101,8 +105,8 @@ int serve(const options& o) {
             break;
     }
     fmt::print("rpc_echo: server {}\n", srv.counters());
-    const bool served = o.clients == 0 ||
-                        srv.counters().connected >= static_cast<std::uint64_t>(o.clients);
+    const bool served =
+        o.clients == 0 || srv.counters().connected >= static_cast<std::uint64_t>(o.clients);
     return served && srv.counters().rejected() == 0 ? 0 : 1;
 }
 
@@ -180,12 +184,13 @@ int call(const options& o) {
     const auto pct = [&](double p) {
         return lat_us.empty() ? 0.0
                               : lat_us[std::min(lat_us.size() - 1,
-                                                static_cast<std::size_t>(p * static_cast<double>(lat_us.size())))];
+                                                static_cast<std::size_t>(
+                                                    p * static_cast<double>(lat_us.size())))];
     };
     fmt::print("rpc_echo: {} calls of {} B, {} in flight: {:.0f} calls/s, p50 {:.1f} us, "
                "p99 {:.1f} us, {} bad{}\n",
-               done, o.size, k, secs > 0 ? static_cast<double>(done) / secs : 0.0, pct(0.5), pct(0.99), bad,
-               o.verify ? " (every reply checked)" : "");
+               done, o.size, k, secs > 0 ? static_cast<double>(done) / secs : 0.0, pct(0.5),
+               pct(0.99), bad, o.verify ? " (every reply checked)" : "");
     fmt::print("rpc_echo: client {}\n", cli.counters());
     return bad == 0 && done == o.calls ? 0 : 1;
 }

@@ -1,14 +1,12 @@
-#include <rdmax/rpc/inbox.hpp>
-
 #include <algorithm>
 #include <cerrno>
-
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
+#include <rdmax/rpc/inbox.hpp>
 
 namespace rdmax::rpc {
 
@@ -16,7 +14,8 @@ namespace {
 std::uint32_t clamp_depth(const verbs::protection_domain& pd, std::uint32_t depth) {
     const verbs::device_limits& lim = pd.device().limits();
     return std::max<std::uint32_t>(
-        64, std::min<std::uint32_t>({depth, lim.max_srq_wr, static_cast<std::uint32_t>(lim.max_cqe)}));
+        64,
+        std::min<std::uint32_t>({depth, lim.max_srq_wr, static_cast<std::uint32_t>(lim.max_cqe)}));
 }
 /// Receives given back in one chain.
 constexpr std::uint32_t refill_batch = 32;
@@ -93,8 +92,8 @@ bool inbox::events_pending() noexcept {
 
 void inbox::sleep(std::chrono::microseconds timeout) noexcept {
     epoll_event evs[8];
-    const int ms = static_cast<int>(std::clamp<std::int64_t>((timeout.count() + 999) / 1000, 0,
-                                                             60'000));
+    const int ms =
+        static_cast<int>(std::clamp<std::int64_t>((timeout.count() + 999) / 1000, 0, 60'000));
     (void)epoll_wait(epoll_fd_, evs, 8, ms);
     take_events();
 }

@@ -1,6 +1,6 @@
-#include <rdmax/rpc/peer_link.hpp>
-
 #include <algorithm>
+
+#include <rdmax/rpc/peer_link.hpp>
 
 namespace rdmax::rpc {
 
@@ -45,12 +45,12 @@ void peer_link::attach(verbs::connection conn, const ring_offer& peer,
 status peer_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
                             sched::priority p) noexcept {
     const std::uint64_t at = std::uint64_t{s} * slot_bytes_;
-    return sched_->write_imm(p, staging_.local(at, bytes), peer_ring_, at, encode_imm(k, s, bytes), s,
-                             sched::request_flags{.signaled = false});
+    return sched_->write_imm(p, staging_.local(at, bytes), peer_ring_, at, encode_imm(k, s, bytes),
+                             s, sched::request_flags{.signaled = false});
 }
 
-verbs::qp_config link_qp_config(verbs::completion_queue& recv_cq,
-                                verbs::shared_receive_queue& srq, std::uint16_t slots) {
+verbs::qp_config link_qp_config(verbs::completion_queue& recv_cq, verbs::shared_receive_queue& srq,
+                                std::uint16_t slots) {
     verbs::qp_config cfg;
     // Each call posts one or two requests; the scheduler keeps at most half
     // the queue in flight.

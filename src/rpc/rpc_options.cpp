@@ -1,10 +1,9 @@
-#include <rdmax/rpc/rpc_options.hpp>
-
 #include <cerrno>
 
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
+#include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/rpc/wire.hpp>
 
 #include "../env_knobs.hpp"

@@ -1,21 +1,19 @@
-#include <rdmax/rpc/server.hpp>
-
 #include <algorithm>
+#include <arpa/inet.h>
 #include <cerrno>
 #include <cstring>
-
-#include <arpa/inet.h>
 
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
+#include <rdmax/rpc/server.hpp>
 
 namespace rdmax::rpc {
 
 namespace {
-// What a scheduler completion's wr_id names: bits 56.. the kind, 16..31 a
-// generation, 0..15 the slot.
-constexpr std::uint64_t tag_reply = 0;
+// What a scheduler completion's wr_id names: bits 56.. the kind (0: a
+// reply, whose completions are failures only), 16..31 a generation, 0..15
+// the slot.
 constexpr std::uint64_t tag_read = 1;
 constexpr std::uint64_t tag_external = 2;
 constexpr std::uint64_t make_wr_id(std::uint64_t tag, std::uint32_t gen, std::uint32_t slot) {
@@ -193,8 +191,7 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
         return;
     }
     parsed_request pr;
-    if (const violation v = parse_request(l.wire->inbound(slot, bytes), pr);
-        v != violation::none) {
+    if (const violation v = parse_request(l.wire->inbound(slot, bytes), pr); v != violation::none) {
         reject(l, v);
         return;
     }
@@ -293,9 +290,8 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
         } catch (...) {
             ss.reply.reset();
         }
-        const remote_buffer<rights::remote_write> dst{ss.reply_buffer->addr,
-                                                      ss.reply_buffer->length,
-                                                      ss.reply_buffer->rkey, 0};
+        const remote_buffer<rights::remote_write> dst{
+            ss.reply_buffer->addr, ss.reply_buffer->length, ss.reply_buffer->rkey, 0};
         if (ss.reply) {
             std::memcpy(ss.reply.data(), body.data(), body.size());
             if (l.wire->scheduler().write(p, ss.reply.local(0, body.size()), dst, 0,
@@ -336,7 +332,7 @@ void server::drive(link& l) noexcept {
         if (tag == tag_read && slot < l.slots.size()) {
             slot_state& ss = l.slots[slot];
             if (ss.busy && ss.body) {
-                const std::uint32_t index = static_cast<std::uint32_t>(&l - links_.data());
+                const auto index = static_cast<std::uint32_t>(&l - links_.data());
                 run_handler(l, index, slot, {ss.body.data(), ss.body.size()});
             }
         }
@@ -377,8 +373,8 @@ void server::housekeeping() noexcept {
     for (link& l : links_) {
         if (!l.wire)
             continue;
-        if (!l.wire->broken && (l.wire->scheduler().failed() ||
-                                (events && l.wire->conn().peer_disconnected())))
+        if (!l.wire->broken &&
+            (l.wire->scheduler().failed() || (events && l.wire->conn().peer_disconnected())))
             l.wire->broken = true;
         any_broken = any_broken || l.wire->broken;
     }
@@ -462,8 +458,8 @@ void server::disconnect(peer_id p) noexcept {
 
 bool server::reply(const deferred_call& d, std::span<const std::byte> bytes) noexcept {
     link* l = find(d.peer);
-    if (l == nullptr || l->wire->broken || d.slot >= l->slots.size() ||
-        !l->slots[d.slot].busy || l->slots[d.slot].seq != d.call_seq)
+    if (l == nullptr || l->wire->broken || d.slot >= l->slots.size() || !l->slots[d.slot].busy ||
+        l->slots[d.slot].seq != d.call_seq)
         return false;
     answer(*l, d.peer.index, d.slot, call_status::ok, bytes, false);
     return !l->wire->broken;
@@ -471,8 +467,8 @@ bool server::reply(const deferred_call& d, std::span<const std::byte> bytes) noe
 
 bool server::fail(const deferred_call& d, call_status s) noexcept {
     link* l = find(d.peer);
-    if (l == nullptr || l->wire->broken || d.slot >= l->slots.size() ||
-        !l->slots[d.slot].busy || l->slots[d.slot].seq != d.call_seq)
+    if (l == nullptr || l->wire->broken || d.slot >= l->slots.size() || !l->slots[d.slot].busy ||
+        l->slots[d.slot].seq != d.call_seq)
         return false;
     if (!server_status(static_cast<std::uint32_t>(s)) || s == call_status::ok)
         s = call_status::handler_failed;

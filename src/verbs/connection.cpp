@@ -471,8 +471,7 @@ connection_request listener::next_request(std::chrono::milliseconds timeout) {
     std::string where = fmt::format("listener on port {}", port());
     event_copy req =
         expect(channel_, RDMA_CM_EVENT_CONNECT_REQUEST, deadline, "rdma_accept", where);
-    return hand_over(req.id, std::move(req.payload), req.initiator_depth,
-                     req.responder_resources);
+    return hand_over(req.id, std::move(req.payload), req.initiator_depth, req.responder_resources);
 }
 
 std::optional<connection_request> listener::poll_request() {

@@ -203,8 +203,8 @@ TEST_CASE("echo: every size up to a slot comes back byte for byte") {
     REQUIRE(c.cli.connected(c.peer));
     REQUIRE(c.cli.slots(c.peer) == 16);
     const std::size_t room = c.cli.slot_bytes(c.peer) - sizeof(rpc::message_header);
-    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{64}, std::size_t{1000},
-                                room}) {
+    for (const std::size_t n :
+         {std::size_t{0}, std::size_t{1}, std::size_t{64}, std::size_t{1000}, room}) {
         std::vector<std::byte> req(n);
         fill_pattern(req, static_cast<unsigned>(n));
         const answer a = call_once(s, c, m_echo, req);
@@ -228,6 +228,7 @@ TEST_CASE("many calls in flight from many clients, one server thread, no reply m
     h.install(s);
     constexpr int clients = 4;
     std::vector<std::unique_ptr<connected_client>> cs;
+    cs.reserve(clients);
     for (int i = 0; i < clients; ++i)
         cs.push_back(std::make_unique<connected_client>(pd, s));
     accept_peers(s, clients);
@@ -242,9 +243,9 @@ TEST_CASE("many calls in flight from many clients, one server thread, no reply m
     for (int round = 0; round < rounds; ++round) {
         for (int ci = 0; ci < clients; ++ci)
             for (int k = 0; k < 16; ++k) {
-                const std::size_t i = static_cast<std::size_t>(ci * 16 + k);
-                REQUIRE(cs[ci]->cli.start(cs[ci]->peer, m_echo, bytes_of(reqs[i]),
-                                          {.cookie = i}) == rpc::call_status::ok);
+                const auto i = (static_cast<std::size_t>(ci) * 16) + static_cast<std::size_t>(k);
+                REQUIRE(cs[ci]->cli.start(cs[ci]->peer, m_echo, bytes_of(reqs[i]), {.cookie = i}) ==
+                        rpc::call_status::ok);
             }
         // Every slot is taken: one more is refused, and nothing is sent.
         CHECK(cs[0]->cli.start(cs[0]->peer, m_echo, bytes_of(reqs[0])) ==
@@ -288,10 +289,10 @@ TEST_CASE("a body over a slot is read from the caller; a reply over it lands in 
     fill_pattern(req, 11);
     const std::uint32_t want_reply = 200'000;
     std::memcpy(req.data(), &want_reply, 4);
-    const std::uint64_t sum = std::accumulate(req.begin(), req.end(), std::uint64_t{0},
-                                              [](std::uint64_t a, std::byte b) {
-                                                  return a + static_cast<std::uint8_t>(b);
-                                              });
+    const std::uint64_t sum =
+        std::accumulate(req.begin(), req.end(), std::uint64_t{0}, [](std::uint64_t a, std::byte b) {
+            return a + static_cast<std::uint8_t>(b);
+        });
     std::vector<std::byte> reply_buf(256 * 1024);
     const answer a = call_once(s, c, m_sum, req, {.reply_into = reply_buf});
     REQUIRE(a.status == rpc::call_status::ok);
@@ -508,16 +509,17 @@ struct raw_peer {
     void write(std::uint32_t slot, const rpc::message_header& h, std::size_t body,
                std::optional<std::uint32_t> imm = std::nullopt, std::uint64_t at = UINT64_MAX) {
         std::memcpy(out.bytes.data(), &h, sizeof h);
-        const std::uint32_t n = static_cast<std::uint32_t>(sizeof h + body);
+        const auto n = static_cast<std::uint32_t>(sizeof h + body);
         // Twice the ring: rdmax's own check would refuse a write past it
         // before posting, and this peer wants to try the device's.
         const remote_buffer<rights::remote_write> dst{
             server.addr, 2 * std::uint64_t{server.slots} * server.slot_bytes, server.rkey, 0};
-        const std::uint64_t offset = at != UINT64_MAX ? at : std::uint64_t{slot} * server.slot_bytes;
-        REQUIRE(conn.qp().write_imm(out.mr.local(0, n), dst, offset,
-                                    imm.value_or(rpc::encode_imm(rpc::message_kind::request, slot,
-                                                                 n)),
-                                    1) == status::ok);
+        const std::uint64_t offset =
+            at != UINT64_MAX ? at : std::uint64_t{slot} * server.slot_bytes;
+        REQUIRE(
+            conn.qp().write_imm(out.mr.local(0, n), dst, offset,
+                                imm.value_or(rpc::encode_imm(rpc::message_kind::request, slot, n)),
+                                1) == status::ok);
     }
     static rpc::message_header request(std::uint16_t method, std::uint32_t body) {
         rpc::message_header h;
@@ -591,9 +593,8 @@ TEST_CASE("bad peers: each rejection counted, the peer dropped, the good client 
         b.write(0, raw_peer::request(m_echo, 0), 0,
                 rpc::encode_imm(rpc::message_kind::reply, 0, 16));
     });
-    attack("header length disagrees", &rpc::rpc_counters::rejected_malformed, [](raw_peer& b) {
-        b.write(0, raw_peer::request(m_echo, 4000), 10);
-    });
+    attack("header length disagrees", &rpc::rpc_counters::rejected_malformed,
+           [](raw_peer& b) { b.write(0, raw_peer::request(m_echo, 4000), 10); });
     attack("method 0", &rpc::rpc_counters::rejected_malformed,
            [](raw_peer& b) { b.write(0, raw_peer::request(0, 0), 0); });
     attack("a request into a slot still being answered", &rpc::rpc_counters::rejected_credit,
@@ -603,9 +604,7 @@ TEST_CASE("bad peers: each rejection counted, the peer dropped, the good client 
                b.write(3, raw_peer::request(m_echo, 0), 0);
            });
     attack("a send instead of a write with immediate", &rpc::rpc_counters::rejected_opcode,
-           [](raw_peer& b) {
-               REQUIRE(b.conn.qp().send(b.out.mr.local(0, 64), 1) == status::ok);
-           });
+           [](raw_peer& b) { REQUIRE(b.conn.qp().send(b.out.mr.local(0, 64), 1) == status::ok); });
     h.deferred.pop_back(); // the credit attacker's, gone with it
 
     // A write past its own ring: the device refuses it (the key covers that
@@ -637,9 +636,8 @@ TEST_CASE("bad peers: each rejection counted, the peer dropped, the good client 
         const std::array<std::byte, 7> junk{};
         CHECK_THROWS(verbs::connection::connect(pd, test_addr(), s.port(), junk, {},
                                                 std::chrono::seconds(5)));
-        CHECK_THROWS(verbs::connection::connect(pd, test_addr(), s.port(),
-                                                verbs::payload_of(wraps), {},
-                                                std::chrono::seconds(5)));
+        CHECK_THROWS(verbs::connection::connect(pd, test_addr(), s.port(), verbs::payload_of(wraps),
+                                                {}, std::chrono::seconds(5)));
         stop = true;
         serve.join();
         CHECK(s.counters().refused == refused + 2);

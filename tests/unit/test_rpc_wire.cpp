@@ -18,7 +18,8 @@ namespace {
 /// A slot's bytes: a header, optional descriptors, a body.
 struct message {
     std::vector<std::byte> bytes;
-    explicit message(const message_header& h) : bytes(sizeof h) {
+    explicit message(const message_header& h)
+        : bytes(sizeof h) {
         std::memcpy(bytes.data(), &h, sizeof h);
     }
     message& add(const buffer_descriptor& d) {
@@ -208,11 +209,11 @@ TEST_CASE("random bytes never pass as a request with a body outside the slot") {
         // Half the time a plausible header, so that the deeper checks run.
         if (i % 2 == 0) {
             const bool consistent = i % 4 == 0; // a body that matches the length
-            message_header h = request(
-                static_cast<std::uint16_t>(1 + rng() % 5),
-                consistent ? static_cast<std::uint32_t>(n - 16)
-                           : static_cast<std::uint32_t>(rng() % 5000),
-                consistent ? std::uint8_t{0} : static_cast<std::uint8_t>(rng() % 4));
+            message_header h =
+                request(static_cast<std::uint16_t>(1 + rng() % 5),
+                        consistent ? static_cast<std::uint32_t>(n - 16)
+                                   : static_cast<std::uint32_t>(rng() % 5000),
+                        consistent ? std::uint8_t{0} : static_cast<std::uint8_t>(rng() % 4));
             std::memcpy(slot.data(), &h, sizeof h);
         }
         const std::span<const std::byte> in(slot.data(), n);
@@ -236,8 +237,7 @@ TEST_CASE("options: defaults pass, out-of-range values are refused naming the fi
     o.slots = 0;
     CHECK_THROWS_WITH(o.check("test"), Catch::Matchers::Contains("slots"));
     setenv("RDMAX_RPC_SLOTS", "9000", 1);
-    CHECK_THROWS_WITH(rpc_options{}.with_env(),
-                      Catch::Matchers::Contains("RDMAX_RPC_SLOTS"));
+    CHECK_THROWS_WITH(rpc_options{}.with_env(), Catch::Matchers::Contains("RDMAX_RPC_SLOTS"));
     setenv("RDMAX_RPC_SLOTS", "16", 1);
     setenv("RDMAX_RPC_SLOT_BYTES", "1K", 1);
     const rpc_options e = rpc_options{}.with_env();

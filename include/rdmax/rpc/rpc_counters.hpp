@@ -9,30 +9,32 @@ namespace rdmax::rpc {
 
 struct rpc_counters {
     // Calls.
-    std::uint64_t calls = 0;          ///< server: requests handled; client: calls started
-    std::uint64_t completed = 0;      ///< client: calls that ended ok
-    std::uint64_t failed = 0;         ///< client: calls that ended in another status
-    std::uint64_t timed_out = 0;      ///< client: of those, at their deadline
-    std::uint64_t late_replies = 0;   ///< client: replies after their call's deadline (dropped)
-    std::uint64_t no_credit = 0;      ///< client: calls refused for want of a free slot
-    std::uint64_t external_bodies = 0;  ///< bodies over a slot moved by READ (server) or offered (client)
+    std::uint64_t calls = 0;        ///< server: requests handled; client: calls started
+    std::uint64_t completed = 0;    ///< client: calls that ended ok
+    std::uint64_t failed = 0;       ///< client: calls that ended in another status
+    std::uint64_t timed_out = 0;    ///< client: of those, at their deadline
+    std::uint64_t late_replies = 0; ///< client: replies after their call's deadline (dropped)
+    std::uint64_t no_credit = 0;    ///< client: calls refused for want of a free slot
+    std::uint64_t external_bodies =
+        0; ///< bodies over a slot moved by READ (server) or offered (client)
     std::uint64_t external_replies = 0; ///< replies over a slot written into the caller's buffer
-    std::uint64_t bytes_in = 0;       ///< message bytes received (headers included)
-    std::uint64_t bytes_out = 0;      ///< message bytes sent (headers included)
-    std::uint64_t unknown_method = 0; ///< server: requests with no handler (answered so)
+    std::uint64_t bytes_in = 0;         ///< message bytes received (headers included)
+    std::uint64_t bytes_out = 0;        ///< message bytes sent (headers included)
+    std::uint64_t unknown_method = 0;   ///< server: requests with no handler (answered so)
     // A peer that breaks the protocol: each rejection counted, the message
     // dropped, the peer's connection closed.
-    std::uint64_t rejected_kind = 0;    ///< wrong message kind
-    std::uint64_t rejected_slot = 0;    ///< slot index out of range
-    std::uint64_t rejected_length = 0;  ///< length out of range
+    std::uint64_t rejected_kind = 0;      ///< wrong message kind
+    std::uint64_t rejected_slot = 0;      ///< slot index out of range
+    std::uint64_t rejected_length = 0;    ///< length out of range
     std::uint64_t rejected_malformed = 0; ///< header inconsistent
-    std::uint64_t rejected_credit = 0;  ///< request into a slot still being answered
-    std::uint64_t rejected_opcode = 0;  ///< a send, or a receive in error
-    std::uint64_t stray_completions = 0; ///< receive completions of no live connection
+    std::uint64_t rejected_credit = 0;    ///< request into a slot still being answered
+    std::uint64_t rejected_opcode = 0;    ///< a send, or a receive in error
+    std::uint64_t stray_completions = 0;  ///< receive completions of no live connection
     // Connections.
-    std::uint64_t connected = 0;    ///< connections made (accepted or connected)
-    std::uint64_t refused = 0;      ///< connection requests refused (bad offer, too many peers)
-    std::uint64_t disconnected = 0; ///< connections gone (peer left, failed, or closed for a violation)
+    std::uint64_t connected = 0; ///< connections made (accepted or connected)
+    std::uint64_t refused = 0;   ///< connection requests refused (bad offer, too many peers)
+    std::uint64_t disconnected =
+        0; ///< connections gone (peer left, failed, or closed for a violation)
 
     [[nodiscard]] std::uint64_t rejected() const noexcept {
         return rejected_kind + rejected_slot + rejected_length + rejected_malformed +
@@ -54,8 +56,8 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "stray {} connected {} refused {} disconnected {}",
             c.calls, c.completed, c.failed, c.timed_out, c.late_replies, c.no_credit,
             c.external_bodies, c.external_replies, c.bytes_in, c.bytes_out, c.unknown_method,
-            c.rejected(), c.rejected_kind, c.rejected_slot, c.rejected_length,
-            c.rejected_malformed, c.rejected_credit, c.rejected_opcode, c.stray_completions,
-            c.connected, c.refused, c.disconnected);
+            c.rejected(), c.rejected_kind, c.rejected_slot, c.rejected_length, c.rejected_malformed,
+            c.rejected_credit, c.rejected_opcode, c.stray_completions, c.connected, c.refused,
+            c.disconnected);
     }
 };

@@ -47,7 +47,7 @@ inline constexpr std::uint16_t protocol_version = 1;
 /// Immediate layout: bit 31 the kind, bits 30..19 the slot, bits 18..0 the bytes.
 inline constexpr unsigned imm_slot_bits = 12;
 inline constexpr unsigned imm_bytes_bits = 19;
-inline constexpr std::uint32_t max_slots = 1U << imm_slot_bits;        // 4096
+inline constexpr std::uint32_t max_slots = 1U << imm_slot_bits;             // 4096
 inline constexpr std::uint32_t max_slot_bytes = 1U << (imm_bytes_bits - 1); // 256 KiB
 
 enum class message_kind : std::uint8_t { request = 0, reply = 1 };
@@ -61,8 +61,8 @@ struct imm_fields {
 
 [[nodiscard]] constexpr std::uint32_t encode_imm(message_kind k, std::uint32_t slot,
                                                  std::uint32_t bytes) noexcept {
-    return (static_cast<std::uint32_t>(k) << 31) |
-           ((slot & (max_slots - 1)) << imm_bytes_bits) | (bytes & ((1U << imm_bytes_bits) - 1));
+    return (static_cast<std::uint32_t>(k) << 31) | ((slot & (max_slots - 1)) << imm_bytes_bits) |
+           (bytes & ((1U << imm_bytes_bits) - 1));
 }
 [[nodiscard]] constexpr imm_fields decode_imm(std::uint32_t imm) noexcept {
     return {static_cast<message_kind>(imm >> 31), (imm >> imm_bytes_bits) & (max_slots - 1),
@@ -70,8 +70,8 @@ struct imm_fields {
 }
 
 /// Request flags (message_header::flags).
-inline constexpr std::uint8_t flag_external_body = 1;  ///< the body is in the caller's buffer
-inline constexpr std::uint8_t flag_reply_buffer = 2;   ///< the caller offers a reply buffer
+inline constexpr std::uint8_t flag_external_body = 1; ///< the body is in the caller's buffer
+inline constexpr std::uint8_t flag_reply_buffer = 2;  ///< the caller offers a reply buffer
 /// Reply flag: the body went into the caller's reply buffer.
 inline constexpr std::uint8_t flag_external_reply = 4;
 
@@ -133,12 +133,12 @@ inline constexpr std::uint32_t min_slot_bytes = 64;
 /// What a peer's message broke.
 enum class violation : std::uint8_t {
     none = 0,
-    wrong_kind,   ///< a reply where a request belongs, or the reverse
-    bad_slot,     ///< slot index outside the ring
-    bad_length,   ///< shorter than a header, or longer than the slot
-    malformed,    ///< the header disagrees with the length, or with itself
-    credit,       ///< a request for a slot whose previous call was not answered
-    bad_opcode,   ///< not a WRITE_WITH_IMM, or a completion in error
+    wrong_kind, ///< a reply where a request belongs, or the reverse
+    bad_slot,   ///< slot index outside the ring
+    bad_length, ///< shorter than a header, or longer than the slot
+    malformed,  ///< the header disagrees with the length, or with itself
+    credit,     ///< a request for a slot whose previous call was not answered
+    bad_opcode, ///< not a WRITE_WITH_IMM, or a completion in error
 };
 
 [[nodiscard]] constexpr std::string_view to_string(violation v) noexcept {
@@ -234,8 +234,8 @@ template <class T>
 
 /// Parses a reply slot's `bytes`; `offered` is the reply buffer's length the
 /// call offered (0: none).
-[[nodiscard]] inline violation parse_reply(std::span<const std::byte> bytes,
-                                           std::uint32_t offered, parsed_reply& out) noexcept {
+[[nodiscard]] inline violation parse_reply(std::span<const std::byte> bytes, std::uint32_t offered,
+                                           parsed_reply& out) noexcept {
     if (bytes.size() < sizeof(message_header))
         return violation::bad_length;
     out = {};

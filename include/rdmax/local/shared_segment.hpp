@@ -1,0 +1,51 @@
+#pragma once
+// shared_segment: memory two processes on one node share, backed by a memfd
+// (an anonymous file) so that its descriptor can be passed to the peer
+// (SCM_RIGHTS) and mapped there. Move-only; unmapped and closed when it goes.
+//
+// The owner never shrinks the file: a peer that maps it keeps valid pages for
+// as long as its mapping lives, whatever the owner does with its own (so a
+// peer's access never ends in SIGBUS; revocation is a generation in a control
+// segment, see export_table.hpp).
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+namespace rdmax::local {
+
+class shared_segment {
+public:
+    /// A new segment of `bytes` (rounded up to pages), zero-filled, mapped
+    /// read-write. `name` shows in /proc/PID/maps. Throws rdmax::error.
+    [[nodiscard]] static shared_segment create(std::string_view name, std::size_t bytes);
+    /// Maps the segment behind `fd` (the descriptor is duplicated: the caller
+    /// keeps its own). Refuses (throws) a file shorter than `bytes`.
+    [[nodiscard]] static shared_segment attach(int fd, std::size_t bytes, bool writable);
+
+    shared_segment() = default;
+    shared_segment(shared_segment&& o) noexcept;
+    shared_segment& operator=(shared_segment&& o) noexcept;
+    shared_segment(const shared_segment&) = delete;
+    shared_segment& operator=(const shared_segment&) = delete;
+    ~shared_segment();
+
+    [[nodiscard]] int fd() const noexcept { return fd_; }
+    [[nodiscard]] std::byte* data() const noexcept { return base_; }
+    [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
+    [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {base_, bytes_}; }
+    [[nodiscard]] explicit operator bool() const noexcept { return base_ != nullptr; }
+
+private:
+    shared_segment(int fd, std::byte* base, std::size_t bytes) noexcept
+        : fd_(fd)
+        , base_(base)
+        , bytes_(bytes) {}
+    void release() noexcept;
+
+    int fd_ = -1;
+    std::byte* base_ = nullptr;
+    std::size_t bytes_ = 0;
+};
+
+} // namespace rdmax::local

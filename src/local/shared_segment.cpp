@@ -1,0 +1,94 @@
+#include <cerrno>
+#include <fcntl.h>
+#include <string>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/local/shared_segment.hpp>
+
+namespace rdmax::local {
+
+namespace {
+std::size_t page_round(std::size_t n) {
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    return (n + page - 1) / page * page;
+}
+} // namespace
+
+shared_segment shared_segment::create(std::string_view name, std::size_t bytes) {
+    if (bytes == 0)
+        throw_error("memfd_create", EINVAL, "a shared segment of 0 bytes");
+    const std::size_t n = page_round(bytes);
+    const std::string label = fmt::format("rdmax-{}", name);
+    const int fd = memfd_create(label.c_str(), MFD_CLOEXEC);
+    if (fd < 0)
+        throw_error("memfd_create", errno, label);
+    if (ftruncate(fd, static_cast<off_t>(n)) != 0) {
+        const int err = errno;
+        close(fd);
+        throw_error("ftruncate", err, fmt::format("{}: {} bytes", label, n));
+    }
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        const int err = errno;
+        close(fd);
+        throw_error("mmap", err, fmt::format("{}: {} bytes", label, n));
+    }
+    return {fd, static_cast<std::byte*>(p), n};
+}
+
+shared_segment shared_segment::attach(int fd, std::size_t bytes, bool writable) {
+    struct stat st {};
+    if (fstat(fd, &st) != 0)
+        throw_error("fstat", errno, fmt::format("shared segment descriptor {}", fd));
+    const std::size_t n = page_round(bytes);
+    if (bytes == 0 || static_cast<std::size_t>(st.st_size) < n)
+        throw_error("mmap", EINVAL,
+                    fmt::format("the segment has {} bytes, {} were announced", st.st_size, bytes));
+    const int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (mine < 0)
+        throw_error("fcntl(F_DUPFD_CLOEXEC)", errno, "shared segment");
+    void* p = mmap(nullptr, n, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, mine, 0);
+    if (p == MAP_FAILED) {
+        const int err = errno;
+        close(mine);
+        throw_error("mmap", err, fmt::format("a shared segment of {} bytes", n));
+    }
+    return {mine, static_cast<std::byte*>(p), n};
+}
+
+shared_segment::shared_segment(shared_segment&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1))
+    , base_(std::exchange(o.base_, nullptr))
+    , bytes_(std::exchange(o.bytes_, 0)) {}
+
+shared_segment& shared_segment::operator=(shared_segment&& o) noexcept {
+    if (this != &o) {
+        release();
+        fd_ = std::exchange(o.fd_, -1);
+        base_ = std::exchange(o.base_, nullptr);
+        bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+}
+
+shared_segment::~shared_segment() {
+    release();
+}
+
+void shared_segment::release() noexcept {
+    if (base_ != nullptr)
+        munmap(base_, bytes_);
+    if (fd_ >= 0)
+        close(fd_);
+    base_ = nullptr;
+    fd_ = -1;
+    bytes_ = 0;
+}
+
+} // namespace rdmax::local

@@ -7,11 +7,13 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <string>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
 
 #include <rdmax/local/cma.hpp>
+#include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/local/export_table.hpp>
 #include <rdmax/local/mapping_cache.hpp>
 #include <rdmax/local/shared_segment.hpp>
@@ -314,4 +316,62 @@ TEST_CASE("mapping cache: 100 000 random publishes, revocations and uses, never 
     CHECK(refused > 1000);
     CHECK(cache.counters().mapped_count <= 16);
     INFO(fmt::format("{}", cache.counters()));
+}
+
+TEST_CASE("descriptors over a Unix channel: a segment handed to a child, mapped there") {
+    shared_segment seg = shared_segment::create("handed", 4096);
+    auto [mine, theirs] = unix_channel::pair();
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        // The child learns of the segment only through the channel.
+        std::array<std::byte, 64> msg{};
+        std::vector<int> fds;
+        try {
+            const std::size_t n = theirs.receive(msg, fds, std::chrono::seconds(10));
+            if (n != 8 || fds.size() != 1)
+                _exit(2);
+            std::uint64_t bytes = 0;
+            std::memcpy(&bytes, msg.data(), 8);
+            shared_segment s = shared_segment::attach(fds[0], bytes, true);
+            close(fds[0]);
+            std::memset(s.data(), 0x7e, 100);
+            const std::byte done{1};
+            theirs.send({&done, 1});
+        } catch (...) {
+            _exit(3);
+        }
+        _exit(0);
+    }
+    const std::uint64_t bytes = seg.size();
+    const int fd = seg.fd();
+    mine.send(std::as_bytes(std::span(&bytes, 1)), std::span(&fd, 1));
+    std::array<std::byte, 8> ack{};
+    std::vector<int> none;
+    REQUIRE(mine.receive(ack, none, std::chrono::seconds(10)) == 1);
+    CHECK(none.empty());
+    CHECK(seg.data()[99] == std::byte{0x7e});
+    // A socketpair's credentials are its creator's, whoever holds the other end.
+    CHECK(mine.peer().pid == getpid());
+    CHECK(reap(child) == 0);
+    // The child is gone: a receive ends at once, not at the deadline.
+    CHECK_THROWS(mine.receive(ack, none, std::chrono::seconds(5)));
+}
+
+TEST_CASE("a Unix listener by abstract name: reached from this node, silent past its deadline") {
+    const std::string name = fmt::format("rdmax-test-{}", getpid());
+    unix_listener l(name);
+    CHECK(l.accept(std::chrono::milliseconds(10)).fd() < 0); // nobody yet
+    unix_channel c = unix_channel::connect(name);
+    unix_channel s = l.accept(std::chrono::seconds(5));
+    REQUIRE(s.fd() >= 0);
+    CHECK(s.peer().pid == getpid());
+    const std::array<std::byte, 3> hi{std::byte{1}, std::byte{2}, std::byte{3}};
+    c.send(hi);
+    std::array<std::byte, 8> got{};
+    std::vector<int> fds;
+    CHECK(s.receive(got, fds, std::chrono::seconds(5)) == 3);
+    CHECK(got[2] == std::byte{3});
+    CHECK_THROWS(s.receive(got, fds, std::chrono::milliseconds(50))); // nothing more: deadline
+    CHECK_THROWS(unix_channel::connect("rdmax-nobody-listens-here"));
 }

@@ -1,0 +1,214 @@
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <poll.h>
+#include <string>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/local/descriptor_passing.hpp>
+
+namespace rdmax::local {
+
+namespace {
+constexpr std::size_t most_fds = 16;
+constexpr std::size_t most_bytes = 4096;
+
+socklen_t abstract_address(std::string_view name, sockaddr_un& a) {
+    if (name.empty() || name.size() + 1 > sizeof(a.sun_path))
+        throw_error("unix socket", EINVAL,
+                    fmt::format("name '{}': 1 to {} bytes", name, sizeof(a.sun_path) - 1));
+    a = {};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path + 1, name.data(), name.size()); // sun_path[0] = 0: abstract
+    return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
+} // namespace
+
+unix_channel unix_channel::connect(std::string_view name) {
+    sockaddr_un a{};
+    const socklen_t len = abstract_address(name, a);
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        throw_error("socket(AF_UNIX)", errno, std::string(name));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+        const int err = errno;
+        close(fd);
+        throw_error("connect(AF_UNIX)", err, fmt::format("@{}", name));
+    }
+    return unix_channel(fd);
+}
+
+std::pair<unix_channel, unix_channel> unix_channel::pair() {
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
+        throw_error("socketpair(AF_UNIX)", errno);
+    return {unix_channel(fds[0]), unix_channel(fds[1])};
+}
+
+unix_channel::unix_channel(unix_channel&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)) {}
+
+unix_channel& unix_channel::operator=(unix_channel&& o) noexcept {
+    if (this != &o) {
+        if (fd_ >= 0)
+            close(fd_);
+        fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+}
+
+unix_channel::~unix_channel() {
+    if (fd_ >= 0)
+        close(fd_);
+}
+
+void unix_channel::send(std::span<const std::byte> bytes, std::span<const int> fds) {
+    if (bytes.empty() || bytes.size() > most_bytes || fds.size() > most_fds)
+        throw_error(
+            "sendmsg", EINVAL,
+            fmt::format("{} bytes and {} descriptors: 1 to {} bytes, at most {} descriptors",
+                        bytes.size(), fds.size(), most_bytes, most_fds));
+    // Length-prefixed, so that the receiver takes one message whole.
+    const auto n = static_cast<std::uint32_t>(bytes.size());
+    iovec iov[2] = {{const_cast<std::uint32_t*>(&n), sizeof n},
+                    {const_cast<std::byte*>(bytes.data()), bytes.size()}};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * most_fds)] = {};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = 2;
+    if (!fds.empty()) {
+        m.msg_control = control;
+        m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+        cmsghdr* c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    const std::size_t total = sizeof n + bytes.size();
+    const ssize_t sent = sendmsg(fd_, &m, MSG_NOSIGNAL);
+    if (sent < 0)
+        throw_error("sendmsg", errno, "unix channel");
+    // A stream socket may take part of it: send the rest (the descriptors went with the first
+    // part).
+    std::size_t done = static_cast<std::size_t>(sent);
+    std::vector<std::byte> all(total);
+    std::memcpy(all.data(), &n, sizeof n);
+    std::memcpy(all.data() + sizeof n, bytes.data(), bytes.size());
+    while (done < total) {
+        const ssize_t w = ::send(fd_, all.data() + done, total - done, MSG_NOSIGNAL);
+        if (w < 0 && errno != EINTR)
+            throw_error("send", errno, "unix channel");
+        if (w > 0)
+            done += static_cast<std::size_t>(w);
+    }
+}
+
+std::size_t unix_channel::receive(std::span<std::byte> bytes, std::vector<int>& fds,
+                                  std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<std::byte> got;
+    std::uint32_t want = UINT32_MAX;
+    const auto wait = [&] {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        pollfd p{fd_, POLLIN, 0};
+        if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) != 1)
+            throw_error("recvmsg", ETIMEDOUT, "unix channel: no message before the deadline");
+    };
+    while (want == UINT32_MAX || got.size() < sizeof want + want) {
+        wait();
+        std::array<std::byte, most_bytes + 4> buf{};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * most_fds)] = {};
+        iovec iov{buf.data(),
+                  want == UINT32_MAX ? sizeof want - got.size() : sizeof want + want - got.size()};
+        msghdr m{};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = control;
+        m.msg_controllen = sizeof control;
+        const ssize_t r = recvmsg(fd_, &m, MSG_CMSG_CLOEXEC);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            throw_error("recvmsg", errno, "unix channel");
+        if (r == 0)
+            throw_error("recvmsg", ECONNRESET, "unix channel: the peer closed it");
+        for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (std::size_t i = 0; i < k; ++i) {
+                int fd = -1;
+                std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                fds.push_back(fd);
+            }
+        }
+        got.insert(got.end(), buf.begin(), buf.begin() + r);
+        if (want == UINT32_MAX && got.size() >= sizeof want) {
+            std::memcpy(&want, got.data(), sizeof want);
+            if (want == 0 || want > most_bytes || want > bytes.size()) {
+                for (int fd : fds)
+                    close(fd);
+                fds.clear();
+                throw_error("recvmsg", EMSGSIZE,
+                            fmt::format("unix channel: a message of {} bytes, room for {}", want,
+                                        bytes.size()));
+            }
+        }
+    }
+    std::memcpy(bytes.data(), got.data() + sizeof want, want);
+    return want;
+}
+
+peer_credentials unix_channel::peer() const {
+    ucred c{};
+    socklen_t len = sizeof c;
+    if (getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &c, &len) != 0)
+        throw_error("getsockopt(SO_PEERCRED)", errno, "unix channel");
+    return {c.pid, c.uid, c.gid};
+}
+
+unix_listener::unix_listener(std::string_view name) {
+    sockaddr_un a{};
+    const socklen_t len = abstract_address(name, a);
+    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd_ < 0)
+        throw_error("socket(AF_UNIX)", errno, std::string(name));
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd_, 64) != 0) {
+        const int err = errno;
+        close(fd_);
+        fd_ = -1;
+        throw_error("bind(AF_UNIX)", err, fmt::format("@{}", name));
+    }
+}
+
+unix_listener::unix_listener(unix_listener&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)) {}
+
+unix_listener::~unix_listener() {
+    if (fd_ >= 0)
+        close(fd_);
+}
+
+unix_channel unix_listener::accept(std::chrono::milliseconds timeout) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(timeout.count())) != 1)
+        return unix_channel();
+    const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+            return unix_channel();
+        throw_error("accept4(AF_UNIX)", errno, "unix listener");
+    }
+    return unix_channel(fd);
+}
+
+} // namespace rdmax::local

@@ -15,9 +15,12 @@
 //   clients      1 .. 16 clients, 16 in flight each, 64 B
 //   latency      64 B, 1 in flight, 1 client: one point, for rounds against the floor
 //   syscalls     64 B, 16 in flight, 1 client, rdmax: one point, for strace -c
-// TCP runs over 127.0.0.1 (plain sockets, TCP_NODELAY). The wire floor
+// TCP runs over 127.0.0.1 (plain sockets, TCP_NODELAY). writeimm (not in
+// the default list) is the bare verbs rdmax's RPC uses, with nothing of its
+// own: what rdmax adds is the difference. The wire floor
 // (ib_write_lat, ib_send_lat) is run by examples/bench/rpc-bench.
 #include <algorithm>
+#include <arpa/inet.h>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -354,6 +357,196 @@ figures run_sendrecv(const verbs::protection_domain& pd, const std::string& addr
     return f;
 }
 
+// ---- bare write-with-immediate on rdmax verbs ------------------------------------------------
+// The verbs rdmax's RPC stands on, with nothing of it: each side's ring
+// registered whole, zero-length receives on a shared receive queue, the echo
+// written back from where the request landed. What rdmax adds is the
+// difference between this and "rdmax".
+
+/// A ring of K slots of `bytes`, registered for the peer's writes.
+struct wi_ring {
+    std::vector<std::byte> mem;
+    memory_region<rights::local_write | rights::remote_write> mr;
+    std::size_t bytes;
+    wi_ring(const verbs::protection_domain& pd, std::size_t b, int k)
+        : mem(static_cast<std::size_t>(k) * std::max<std::size_t>(b, 8))
+        , mr(pd, mem.data(), mem.size())
+        , bytes(std::max<std::size_t>(b, 8)) {}
+    [[nodiscard]] local_buffer<rights::local_write> slot(std::size_t i, std::size_t n) const {
+        return mr.local(i * bytes, n);
+    }
+    [[nodiscard]] remote_buffer<rights::remote_write> token() const {
+        return remote_buffer<rights::remote_write>(mr.remote());
+    }
+};
+
+figures run_writeimm(const verbs::protection_domain& pd, const std::string& addr, const point& p,
+                     long calls, double per_us) {
+    const std::size_t bytes = std::max<std::size_t>(p.bytes, 8);
+    if (bytes > (1U << 19) - 1)
+        throw bench_failure("writeimm: at most 512 KiB (the immediate's length bits)");
+    verbs::shared_receive_queue srq_s(pd, 1024), srq_c(pd, 1024);
+    verbs::completion_queue rcq_s(pd.device(), 1024), rcq_c(pd.device(), 1024);
+    const auto post_empty = [](verbs::shared_receive_queue& q, std::uint32_t n) {
+        for (std::uint32_t done = 0; done < n; done += 64)
+            if (q.post_empty(std::min(64U, n - done), 0) != status::ok)
+                throw bench_failure("post_srq_recv");
+    };
+    post_empty(srq_s, 1024);
+    post_empty(srq_c, 1024);
+    const auto cfg = [&](verbs::completion_queue& cq, verbs::shared_receive_queue& q) {
+        verbs::qp_config c = sr_config(p.outstanding);
+        c.recv_cq = &cq;
+        c.srq = &q;
+        return c;
+    };
+    verbs::listener lst(addr, 0);
+    const std::uint16_t port = lst.port();
+    std::atomic<bool> stop{false}, server_failed{false};
+    std::thread serve([&] {
+        try {
+            struct conn {
+                std::unique_ptr<wi_ring> ring;
+                std::optional<verbs::connection> c;
+                remote_buffer<rights::remote_write> peer{};
+            };
+            std::vector<conn> conns(static_cast<std::size_t>(p.clients));
+            for (auto& c : conns) {
+                verbs::connection_request req = lst.next_request(std::chrono::seconds(10));
+                req.create_qp(pd, cfg(rcq_s, srq_s));
+                c.ring = std::make_unique<wi_ring>(pd, bytes, p.outstanding);
+                c.peer = *req.peer_payload_as<remote_buffer<rights::remote_write>>();
+                c.c.emplace(
+                    req.accept(verbs::payload_of(c.ring->token()), std::chrono::seconds(10)));
+            }
+            ibv_wc wc[32];
+            std::uint32_t owed = 0;
+            while (!stop.load(std::memory_order_relaxed)) {
+                for (auto& c : conns) {
+                    verbs::completion sc[8];
+                    (void)c.c->qp().poll_send(sc);
+                }
+                const int n = rcq_s.poll(wc);
+                for (int i = 0; i < n; ++i) {
+                    if (wc[i].status != IBV_WC_SUCCESS)
+                        throw bench_failure("writeimm server: receive failed");
+                    conn* c = nullptr;
+                    for (auto& x : conns)
+                        if (x.c->qp().qp_num() == wc[i].qp_num)
+                            c = &x;
+                    if (c == nullptr)
+                        throw bench_failure("writeimm server: a completion of no connection");
+                    const std::uint32_t imm = ntohl(wc[i].imm_data);
+                    const std::size_t slot = imm >> 19, len = imm & ((1U << 19) - 1);
+                    auto& qp = c->c->qp();
+                    status st;
+                    while ((st = qp.write_imm(c->ring->slot(slot, len), c->peer, slot * bytes, imm,
+                                              slot, verbs::send_flags{.signaled = false})) ==
+                           status::queue_full)
+                        (void)qp.wait_send_slots(1, std::chrono::milliseconds(100));
+                    if (st != status::ok)
+                        throw bench_failure("writeimm server: write");
+                }
+                owed += static_cast<std::uint32_t>(std::max(n, 0));
+                if (owed >= 32) {
+                    post_empty(srq_s, owed);
+                    owed = 0;
+                }
+            }
+        } catch (const std::exception& e) {
+            fmt::print(stderr, "rdmax_rpc_bench: writeimm server: {}\n", e.what());
+            server_failed = true;
+        }
+    });
+    figures f;
+    try {
+        struct client_state {
+            std::unique_ptr<wi_ring> ring; // replies land here
+            std::unique_ptr<sr_buffers> out;
+            std::optional<verbs::connection> c;
+            remote_buffer<rights::remote_write> peer{};
+            std::vector<call_slot> slots;
+        };
+        std::vector<client_state> cs(static_cast<std::size_t>(p.clients));
+        for (auto& c : cs) {
+            c.ring = std::make_unique<wi_ring>(pd, bytes, p.outstanding);
+            c.out = std::make_unique<sr_buffers>(pd, bytes, p.outstanding);
+            c.c.emplace(verbs::connection::connect(pd, addr, port,
+                                                   verbs::payload_of(c.ring->token()),
+                                                   cfg(rcq_c, srq_c), std::chrono::seconds(10)));
+            c.peer = *c.c->peer_payload_as<remote_buffer<rights::remote_write>>();
+            c.slots.resize(static_cast<std::size_t>(p.outstanding));
+        }
+        recorder rec(calls);
+        long started = 0, done = 0, bad = 0;
+        std::uint32_t owed = 0;
+        const auto start = [&](client_state& c, std::size_t k) {
+            auto src = c.out->send(k);
+            fill({src.addr, bytes}, static_cast<std::uint64_t>(started));
+            c.slots[k].req.assign(src.addr, src.addr + bytes);
+            c.slots[k].started = cycles();
+            const auto imm = static_cast<std::uint32_t>((k << 19) | bytes);
+            auto& qp = c.c->qp();
+            status st;
+            while ((st = qp.write_imm(src, c.peer, k * bytes, imm, k,
+                                      verbs::send_flags{.signaled = false})) == status::queue_full)
+                (void)qp.wait_send_slots(1, std::chrono::milliseconds(100));
+            if (st != status::ok)
+                throw bench_failure("writeimm client: write");
+            ++started;
+        };
+        const std::uint64_t t0 = cycles();
+        for (auto& c : cs)
+            for (std::size_t k = 0; k < c.slots.size() && started < calls; ++k)
+                start(c, k);
+        ibv_wc wc[32];
+        const auto limit = static_cast<std::uint64_t>(per_us * 120e6);
+        while (done < started) {
+            if (cycles() - t0 > limit || server_failed)
+                throw bench_failure("writeimm: no progress");
+            for (auto& c : cs) {
+                verbs::completion sc[8];
+                (void)c.c->qp().poll_send(sc);
+            }
+            const int n = rcq_c.poll(wc);
+            for (int i = 0; i < n; ++i) {
+                if (wc[i].status != IBV_WC_SUCCESS)
+                    throw bench_failure("writeimm client: receive failed");
+                client_state* c = nullptr;
+                for (auto& x : cs)
+                    if (x.c->qp().qp_num() == wc[i].qp_num)
+                        c = &x;
+                if (c == nullptr)
+                    throw bench_failure("writeimm client: a completion of no connection");
+                const std::uint32_t imm = ntohl(wc[i].imm_data);
+                const std::size_t k = imm >> 19;
+                rec.add(cycles() - c->slots[k].started);
+                const auto got = c->ring->slot(k, bytes);
+                if (!same({got.addr, bytes}, c->slots[k].req))
+                    ++bad;
+                ++done;
+                if (started < calls)
+                    start(*c, k);
+            }
+            owed += static_cast<std::uint32_t>(std::max(n, 0));
+            if (owed >= 32) {
+                post_empty(srq_c, owed);
+                owed = 0;
+            }
+        }
+        f = rec.finish(per_us, cycles() - t0, bad);
+        for (auto& c : cs)
+            c.c->disconnect(std::chrono::milliseconds(500));
+    } catch (...) {
+        stop = true;
+        serve.join();
+        throw;
+    }
+    stop = true;
+    serve.join();
+    return f;
+}
+
 // ---- TCP on the loopback -------------------------------------------------------------------
 
 int tcp_socket() {
@@ -585,6 +778,8 @@ int main(int argc, char** argv) {
                 f = run_sendrecv(pd, addr, p, n, per_us);
             else if (p.transport == "tcp")
                 f = run_tcp(p, n, per_us);
+            else if (p.transport == "writeimm")
+                f = run_writeimm(pd, addr, p, n, per_us);
             else
                 throw bench_failure(
                     fmt::format("transport {}: rdmax, sendrecv or tcp", p.transport));

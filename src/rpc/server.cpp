@@ -160,6 +160,12 @@ void server::on_receive(const ibv_wc& wc) noexcept {
         ++counters_.stray_completions;
         return;
     }
+    if (l.establish_by) {
+        // The peer's first message may come before rdma_cm's ESTABLISHED
+        // (which follows the peer's RTU): it proves the connection is up.
+        l.wire->conn().established_by_traffic();
+        l.establish_by.reset();
+    }
     if (wc.status != IBV_WC_SUCCESS) {
         // A flush is the connection going away; anything else is the peer's
         // doing (a send into a zero-length receive: local length error).
@@ -370,12 +376,19 @@ void server::housekeeping() noexcept {
         }
     }
     bool any_broken = false;
+    const auto now = sched::coarse_clock::now();
     for (link& l : links_) {
         if (!l.wire)
             continue;
         if (!l.wire->broken &&
             (l.wire->scheduler().failed() || (events && l.wire->conn().peer_disconnected())))
             l.wire->broken = true;
+        if (l.establish_by && !l.wire->broken) {
+            if (l.wire->conn().established())
+                l.establish_by.reset();
+            else if (now >= *l.establish_by)
+                l.wire->broken = true; // its handshake never ended
+        }
         any_broken = any_broken || l.wire->broken;
     }
     if (!any_broken)
@@ -415,7 +428,9 @@ void server::accept_one(verbs::connection_request req) {
     auto wire = std::make_unique<peer_link>(arena_, issuer_, slots, slot_bytes);
     req.create_qp(*pd_, link_qp_config(inbox_.cq(), inbox_.srq(), slots));
     const ring_offer mine = wire->offer();
-    verbs::connection conn = req.accept(verbs::payload_of(mine), opts_.connect_timeout);
+    // Not waiting for ESTABLISHED: housekeeping looks for it (or the first
+    // message proves it), and drops the connection at connect_timeout.
+    verbs::connection conn = req.accept_nowait(verbs::payload_of(mine));
     ring_offer peer = *offer;
     peer.slots = slots;
     peer.slot_bytes = slot_bytes;
@@ -431,6 +446,7 @@ void server::accept_one(verbs::connection_request req) {
     link& l = links_[index];
     l.generation = ++generations_;
     l.slots = std::vector<slot_state>(slots);
+    l.establish_by = sched::coarse_clock::now() + opts_.connect_timeout;
     l.wire = std::move(wire);
     by_qp_[l.wire->qp_num()] = index;
     inbox_.watch(l.wire->conn().id()->channel->fd);

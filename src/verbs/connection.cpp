@@ -187,7 +187,8 @@ connection::connection(connection&& o) noexcept
     , qp_(std::move(o.qp_))
     , peer_payload_(std::move(o.peer_payload_))
     , disconnected_(o.disconnected_)
-    , disconnect_sent_(o.disconnect_sent_) {
+    , disconnect_sent_(o.disconnect_sent_)
+    , establishing_(o.establishing_) {
     o.qp_.reset();
 }
 
@@ -201,6 +202,7 @@ connection& connection::operator=(connection&& o) noexcept {
         peer_payload_ = std::move(o.peer_payload_);
         disconnected_ = o.disconnected_;
         disconnect_sent_ = o.disconnect_sent_;
+        establishing_ = o.establishing_;
     }
     return *this;
 }
@@ -233,6 +235,18 @@ void connection::pump(std::chrono::milliseconds timeout) noexcept {
     if (ev == nullptr)
         return;
     switch (ev->event) {
+    case RDMA_CM_EVENT_ESTABLISHED:
+        if (establishing_)
+            established_by_traffic();
+        break;
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+        // A handshake that failed after accept_nowait: as good as gone.
+        disconnected_ = true;
+        if (qp_)
+            qp_->enter_error();
+        break;
     case RDMA_CM_EVENT_DISCONNECTED:
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
     case RDMA_CM_EVENT_TIMEWAIT_EXIT:
@@ -287,6 +301,19 @@ int connection::wait_recv(std::span<completion> out, std::chrono::microseconds t
 bool connection::peer_disconnected() noexcept {
     pump(std::chrono::milliseconds(0));
     return disconnected_;
+}
+
+bool connection::established() noexcept {
+    if (establishing_)
+        pump(std::chrono::milliseconds(0));
+    return !establishing_ && !disconnected_;
+}
+
+void connection::established_by_traffic() noexcept {
+    if (!establishing_)
+        return;
+    establishing_ = false;
+    qp_->mark_connected();
 }
 
 bool connection::wait_disconnected(std::chrono::milliseconds timeout) noexcept {
@@ -596,13 +623,23 @@ queue_pair<rc>& connection_request::qp() {
 
 connection connection_request::accept(std::span<const std::byte> payload,
                                       std::chrono::milliseconds timeout) {
+    const auto deadline = clock::now() + timeout;
+    connection c = accept_nowait(payload); // spent from here, whatever happens
+    expect(c.channel_, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_accept", where_);
+    c.establishing_ = false;
+    // The payload came with the request; established() keeps it.
+    std::vector<std::byte> peer = std::move(c.peer_payload_);
+    c.established(std::move(peer));
+    return c;
+}
+
+connection connection_request::accept_nowait(std::span<const std::byte> payload) {
     if (!pending())
         throw_error("rdma_accept", EINVAL,
                     fmt::format("{}: the request was answered already", where_));
     if (!has_qp())
         throw_error("rdma_accept", EINVAL,
                     fmt::format("{}: make the request's QP (create_qp) before accepting", where_));
-    const auto deadline = clock::now() + timeout;
     const std::vector<std::byte> pdata = encode_payload(payload, max_accept_payload, "rdma_accept");
     connection c = std::move(conn_); // spent from here, whatever happens
     c.disconnect_sent_ = false;
@@ -615,10 +652,8 @@ connection connection_request::accept(std::span<const std::byte> payload,
     param.rnr_retry_count = c.qp_->config().rnr_retry;
     if (rdma_accept(c.id_, &param) != 0)
         throw_error("rdma_accept", errno, where_);
-    expect(c.channel_, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_accept", where_);
-    // The payload came with the request; established() keeps it.
-    std::vector<std::byte> peer = std::move(c.peer_payload_);
-    c.established(std::move(peer));
+    // The payload came with the request and stays; ESTABLISHED is taken by pump().
+    c.establishing_ = true;
     return c;
 }
 

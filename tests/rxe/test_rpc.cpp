@@ -3,6 +3,7 @@
 // deadlines and late replies, deferred answers, priorities, a server that
 // goes away, hand-crafted bad peers, and no allocation on the call path.
 #include <arpa/inet.h>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <new>
 #include <numeric>
 #include <optional>
+#include <poll.h>
 #include <thread>
 #include <vector>
 
@@ -717,6 +719,103 @@ TEST_CASE("bad peers: each rejection counted, the peer dropped, the good client 
     // (counted as an opcode rejection) before the connection goes.
     CHECK(s.counters().rejected() <= 10);
     INFO(fmt::format("server: {}", s.counters()));
+}
+
+namespace {
+
+/// A client that sends a connection request with a valid ring offer, then
+/// never answers the server's reply (it never reads its rdma_cm events, so
+/// librdmacm sends no RTU): a handshake that stalls.
+class stalled_handshake {
+public:
+    stalled_handshake(const std::string& addr, std::uint16_t port, const rpc::ring_offer& offer) {
+        ch_ = rdma_create_event_channel();
+        REQUIRE(ch_ != nullptr);
+        REQUIRE(rdma_create_id(ch_, &id_, nullptr, RDMA_PS_TCP) == 0);
+        sockaddr_in to{};
+        to.sin_family = AF_INET;
+        to.sin_port = htons(port);
+        REQUIRE(inet_pton(AF_INET, addr.c_str(), &to.sin_addr) == 1);
+        REQUIRE(rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&to), 2000) == 0);
+        REQUIRE(next_event_is(RDMA_CM_EVENT_ADDR_RESOLVED));
+        REQUIRE(rdma_resolve_route(id_, 2000) == 0);
+        REQUIRE(next_event_is(RDMA_CM_EVENT_ROUTE_RESOLVED));
+        pd_ = ibv_alloc_pd(id_->verbs);
+        REQUIRE(pd_ != nullptr);
+        ibv_qp_init_attr qa{};
+        qa.qp_type = IBV_QPT_RC;
+        qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+        qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+        REQUIRE(rdma_create_qp(id_, pd_, &qa) == 0);
+        // rdmax's private data: a length byte, then the payload.
+        std::array<std::byte, 1 + sizeof(rpc::ring_offer)> pdata{};
+        pdata[0] = static_cast<std::byte>(sizeof(rpc::ring_offer));
+        std::memcpy(pdata.data() + 1, &offer, sizeof offer);
+        rdma_conn_param param{};
+        param.private_data = pdata.data();
+        param.private_data_len = static_cast<std::uint8_t>(pdata.size());
+        param.responder_resources = param.initiator_depth = 1;
+        param.retry_count = param.rnr_retry_count = 3;
+        REQUIRE(rdma_connect(id_, &param) == 0);
+    }
+    stalled_handshake(const stalled_handshake&) = delete;
+    stalled_handshake& operator=(const stalled_handshake&) = delete;
+    ~stalled_handshake() {
+        if (id_->qp != nullptr)
+            rdma_destroy_qp(id_);
+        // rdma_destroy_id waits for unacknowledged events: take them first.
+        rdma_cm_event* ev = nullptr;
+        pollfd p{ch_->fd, POLLIN, 0};
+        while (poll(&p, 1, 0) == 1 && rdma_get_cm_event(ch_, &ev) == 0)
+            rdma_ack_cm_event(ev);
+        rdma_destroy_id(id_);
+        if (pd_ != nullptr)
+            ibv_dealloc_pd(pd_);
+        rdma_destroy_event_channel(ch_);
+    }
+
+private:
+    bool next_event_is(rdma_cm_event_type want) {
+        pollfd p{ch_->fd, POLLIN, 0};
+        if (poll(&p, 1, 5000) != 1)
+            return false;
+        rdma_cm_event* ev = nullptr;
+        if (rdma_get_cm_event(ch_, &ev) != 0)
+            return false;
+        const bool ok = ev->event == want;
+        rdma_ack_cm_event(ev);
+        return ok;
+    }
+    rdma_event_channel* ch_ = nullptr;
+    rdma_cm_id* id_ = nullptr;
+    ibv_pd* pd_ = nullptr;
+};
+
+} // namespace
+
+TEST_CASE("a peer that stalls in its handshake holds nobody, and is dropped at the deadline") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = small_options();
+    o.connect_timeout = std::chrono::milliseconds(1500);
+    rpc::server s(pd, test_addr(), 0, o);
+    handlers h;
+    h.install(s);
+    registered ring(pd, 16 * 4096);
+    const auto t0 = clock_type::now();
+    stalled_handshake stalled(test_addr(), s.port(), raw_peer::offer_of(ring));
+    REQUIRE(serve_until(s, [&] { return s.peers() == 1; })); // accepted, not established
+    // A good client connects and is served meanwhile, well before the deadline.
+    connected_client c(pd, s);
+    std::vector<std::byte> req(100, std::byte{4});
+    const answer a = call_once(s, c, m_echo, req);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
+    CHECK(clock_type::now() - t0 < std::chrono::milliseconds(1500));
+    // The stalled one goes at its deadline; the good one stays.
+    REQUIRE(serve_until(s, [&] { return s.peers() == 1 && s.counters().disconnected == 1; }));
+    CHECK(clock_type::now() - t0 >= std::chrono::milliseconds(1400));
+    CHECK(call_once(s, c, m_echo, req).status == rpc::call_status::ok);
 }
 
 TEST_CASE("the call path allocates nothing (server and client in one thread)") {

@@ -25,7 +25,9 @@
 // system call but the device's doorbell (a system call on soft-RoCE, a
 // write to a mapped page on a NIC). New connections, peers that leave and
 // deadlines are looked at every rpc_options::housekeeping, which costs a
-// few system calls.
+// few system calls. A connection is accepted without waiting for its
+// handshake to end: a peer that stalls there holds nobody, and is dropped
+// after rpc_options::connect_timeout.
 
 #include <chrono>
 #include <cstdint>
@@ -156,6 +158,8 @@ private:
         std::uint32_t generation = 0;
         std::unique_ptr<peer_link> wire;
         std::vector<slot_state> slots;
+        /// Accepted, not yet established: dropped if still so at this time.
+        std::optional<sched::coarse_clock::time_point> establish_by;
     };
 
     void housekeeping() noexcept;

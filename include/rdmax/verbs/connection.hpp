@@ -79,6 +79,15 @@ public:
 
     /// Non-blocking: true once the peer disconnected or went away.
     [[nodiscard]] bool peer_disconnected() noexcept;
+    /// Non-blocking: true once the connection is established. Always true
+    /// but after connection_request::accept_nowait, until rdma_cm's
+    /// ESTABLISHED arrives (or established_by_traffic()).
+    [[nodiscard]] bool established() noexcept;
+    /// The peer's first message arrived: the connection is up, whether or not
+    /// rdma_cm said so yet (its ESTABLISHED follows the peer's RTU, which may
+    /// come after the peer's first write: InfiniBand's "communication
+    /// established").
+    void established_by_traffic() noexcept;
     /// Waits up to `timeout` for the peer to disconnect; true if it did.
     [[nodiscard]] bool wait_disconnected(std::chrono::milliseconds timeout) noexcept;
     /// Disconnects and waits up to `timeout` for the exchange to finish.
@@ -111,6 +120,7 @@ private:
     std::vector<std::byte> peer_payload_;
     bool disconnected_ = false; ///< DISCONNECTED seen (either side's doing)
     bool disconnect_sent_ = false;
+    bool establishing_ = false; ///< accepted without waiting, ESTABLISHED not yet seen
 };
 
 } // namespace rdmax::verbs

@@ -80,6 +80,12 @@ public:
     /// returns or throws (then the connection's resources are freed).
     [[nodiscard]] connection accept(std::span<const std::byte> payload = {},
                                     std::chrono::milliseconds timeout = 5s);
+    /// Accepts without waiting for the connection to be established: for a
+    /// loop that serves many peers, where one that stalls in its handshake
+    /// must not hold the others. The connection's established() says when it
+    /// is up (its rdma_cm channel becomes readable then); posts before are
+    /// refused (not_connected). Throws and spends the request as accept() does.
+    [[nodiscard]] connection accept_nowait(std::span<const std::byte> payload = {});
     /// Refuses the request (the peer's connect fails with "rejected") and
     /// frees what was made for it. Idempotent.
     void reject() noexcept;

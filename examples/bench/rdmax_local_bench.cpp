@@ -61,14 +61,16 @@ bool check(std::span<const std::byte> b, unsigned seed) {
     return true;
 }
 
-void record(const char* path, std::size_t bytes, double mbps, double lat_us) {
-    fmt::print("{:<8} {:>10} {:>12.1f} {:>12.2f}\n", path, bytes, mbps, lat_us);
+/// op: "pull" (bandwidth: the reader takes `bytes` from the writer) or
+/// "pingpong" (a 64 B message there and back: lat_us is half the round trip).
+void record(const char* path, const char* op, std::size_t bytes, double mbps, double lat_us) {
+    fmt::print("{:<8} {:<8} {:>10} {:>12.1f} {:>12.2f}\n", path, op, bytes, mbps, lat_us);
     std::fflush(stdout);
     if (json_out != nullptr)
         fmt::print(json_out,
-                   "{{\"kind\":\"local\",\"path\":\"{}\",\"bytes\":{},\"MBps\":{:.1f},\"lat_us\":{:"
-                   ".3f}}}\n",
-                   path, bytes, mbps, lat_us);
+                   "{{\"kind\":\"local\",\"path\":\"{}\",\"op\":\"{}\",\"bytes\":{},"
+                   "\"MBps\":{:.1f},\"lat_us\":{:.3f}}}\n",
+                   path, op, bytes, mbps, lat_us);
 }
 
 /// The writer process: a child that keeps `src` (in a shared segment, so the
@@ -165,7 +167,7 @@ void bench_pulls(shared_state& s, writer& w, std::size_t size, int iters) {
         const double us = static_cast<double>(cycles() - t0) / per_us / iters;
         if (!check(dst, 1))
             throw bench_failure("cma: wrong bytes");
-        record("cma", size, static_cast<double>(size) / us, us);
+        record("cma", "pull", size, static_cast<double>(size) / us, us);
     }
     // mapped: the writer's buffer exported, found in the cache (a hit after the first)
     {
@@ -187,7 +189,7 @@ void bench_pulls(shared_state& s, writer& w, std::size_t size, int iters) {
         const double us = static_cast<double>(cycles() - t0) / per_us / iters;
         if (!check(dst, 1))
             throw bench_failure("mapped: wrong bytes");
-        record("mapped", size, static_cast<double>(size) / us, us);
+        record("mapped", "pull", size, static_cast<double>(size) / us, us);
     }
     // bounce: two copies, pipelined over two chunks
     {
@@ -223,7 +225,7 @@ void bench_pulls(shared_state& s, writer& w, std::size_t size, int iters) {
         const double us = static_cast<double>(cycles() - t0) / per_us / iters;
         if (!check(dst, 1))
             throw bench_failure("bounce: wrong bytes");
-        record("bounce", size, static_cast<double>(size) / us, us);
+        record("bounce", "pull", size, static_cast<double>(size) / us, us);
     }
 }
 
@@ -260,7 +262,7 @@ void bench_ring(shared_state& s, writer& w, int iters) {
         throw bench_failure("ring: no acknowledgement");
     std::sort(rtt.begin(), rtt.end());
     const double half = static_cast<double>(rtt[rtt.size() / 2]) / per_us / 2;
-    record("ring", 64, 64 / half, half);
+    record("ring", "pingpong", 64, 64 / half, half);
 }
 
 void bench_map_cache(shared_state& s) {
@@ -313,15 +315,21 @@ void bench_rxe(const std::string& addr, std::size_t min, std::size_t max, int it
     for (std::size_t size = min; size <= max; size *= 4) {
         const int n = size >= (8U << 20) ? std::max(2, iters / 8) : iters;
         const std::uint64_t t0 = cycles();
-        for (int i = 0; i < n; ++i) {
-            if (b.read(mdst.local(0, size), msrc.remote(), 0, 1) != status::ok ||
-                b.wait_send(c, std::chrono::seconds(30)) != 1 || !c[0].ok())
-                throw bench_failure("rxe: read failed");
-        }
+        // A read is at most the port's max message (8 MiB on soft-RoCE).
+        const std::size_t most = b.max_message();
+        for (int i = 0; i < n; ++i)
+            for (std::size_t off = 0; off < size; off += most) {
+                const std::size_t len = std::min(most, size - off);
+                const status st = b.read(mdst.local(off, len), msrc.remote(), off, 1);
+                if (st != status::ok)
+                    throw bench_failure(fmt::format("rxe: read: {}", to_string(st)));
+                if (b.wait_send(c, std::chrono::seconds(30)) != 1 || !c[0].ok())
+                    throw bench_failure(fmt::format("rxe: read: {}", c[0].status_name()));
+            }
         const double us = static_cast<double>(cycles() - t0) / per_us / n;
         if (!check({dst.data(), size}, 1))
             throw bench_failure("rxe: wrong bytes");
-        record("rxe", size, static_cast<double>(size) / us, us);
+        record("rxe", "pull", size, static_cast<double>(size) / us, us);
     }
     // 64 B ping-pong: send/receive between the two queue pairs.
     std::array<std::byte, 64> m{};
@@ -345,7 +353,7 @@ void bench_rxe(const std::string& addr, std::size_t min, std::size_t max, int it
     }
     std::sort(rtt.begin(), rtt.end());
     const double half = static_cast<double>(rtt[rtt.size() / 2]) / per_us / 2;
-    record("rxe", 64, 64 / half, half);
+    record("rxe", "pingpong", 64, 64 / half, half);
 }
 
 } // namespace
@@ -403,7 +411,7 @@ int main(int argc, char** argv) {
         close(ack[1]);
         w.cmd = cmd[1];
         w.ack = ack[0];
-        fmt::print("{:<8} {:>10} {:>12} {:>12}\n", "path", "bytes", "MB/s", "us");
+        fmt::print("{:<8} {:<8} {:>10} {:>12} {:>12}\n", "path", "op", "bytes", "MB/s", "us");
         for (std::size_t size = min; size <= max; size *= 4) {
             fmt::print(stderr, "rdmax_local_bench: {} bytes\n", size);
             bench_pulls(s, w, size, size >= (8U << 20) ? std::max(2, iters / 4) : iters * 10);

@@ -240,9 +240,13 @@ void client::progress() noexcept {
         on_receive(wcs[i]);
     if (n > 0)
         inbox_.replenish(static_cast<std::uint32_t>(n));
+    const bool due = sched::coarse_clock::now() >= next_housekeeping_;
     for (std::uint32_t i = 0; i < links_.size(); ++i) {
         link& l = links_[i];
-        if (!l.wire || l.wire->broken || l.wire->scheduler().outstanding() == 0)
+        // A scheduler with nothing to post and room in its budget waits for
+        // housekeeping: a call waits for its reply, not for these.
+        if (!l.wire || l.wire->broken || l.wire->scheduler().outstanding() == 0 ||
+            (!due && !l.wire->needs_progress()))
             continue;
         verbs::completion out[16];
         const int k = l.wire->scheduler().poll(out);
@@ -250,7 +254,7 @@ void client::progress() noexcept {
             if (!out[j].ok())
                 fail_link(l, i);
     }
-    if (sched::coarse_clock::now() >= next_housekeeping_)
+    if (due)
         housekeeping();
 }
 

@@ -130,7 +130,7 @@ int server::poll() noexcept {
     if (n > 0)
         inbox_.replenish(static_cast<std::uint32_t>(n));
     for (link& l : links_)
-        if (l.wire && !l.wire->broken && l.wire->scheduler().outstanding() != 0)
+        if (l.wire && !l.wire->broken && (l.reads != 0 || l.wire->needs_progress()))
             drive(l);
     if (sched::coarse_clock::now() >= next_housekeeping_)
         housekeeping();
@@ -228,7 +228,9 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
     ++counters_.external_bodies;
     const remote_buffer<rights::remote_read> src{d.addr, d.length, d.rkey, 0};
     if (l.wire->scheduler().read(sched::priority{ss.prio}, ss.body.local(0, d.length), src, 0,
-                                 make_wr_id(tag_read, 0, slot)) != status::ok) {
+                                 make_wr_id(tag_read, 0, slot)) == status::ok) {
+        ++l.reads;
+    } else {
         ss.body.reset();
         ++counters_.calls;
         answer(l, index, slot, call_status::read_failed, {}, false);
@@ -329,11 +331,13 @@ void server::drive(link& l) noexcept {
     const int n = l.wire->scheduler().poll(out);
     for (int i = 0; i < n; ++i) {
         const verbs::completion& c = out[i];
+        const std::uint64_t tag = c.wr_id >> 56;
+        if (tag == tag_read && l.reads > 0)
+            --l.reads;
         if (!c.ok()) {
             l.wire->broken = true;
             continue;
         }
-        const std::uint64_t tag = c.wr_id >> 56;
         const auto slot = static_cast<std::uint32_t>(c.wr_id & 0xffffU);
         if (tag == tag_read && slot < l.slots.size()) {
             slot_state& ss = l.slots[slot];
@@ -380,6 +384,9 @@ void server::housekeeping() noexcept {
     for (link& l : links_) {
         if (!l.wire)
             continue;
+        // Reaps what poll() left (unsignaled requests' slots, failures).
+        if (!l.wire->broken && l.wire->scheduler().outstanding() != 0)
+            drive(l);
         if (!l.wire->broken &&
             (l.wire->scheduler().failed() || (events && l.wire->conn().peer_disconnected())))
             l.wire->broken = true;

@@ -98,6 +98,13 @@ public:
     [[nodiscard]] verbs::connection& conn() noexcept { return *conn_; }
     [[nodiscard]] sched::priority_scheduler<>& scheduler() noexcept { return *sched_; }
     [[nodiscard]] bool attached() const noexcept { return sched_.has_value(); }
+    /// The scheduler has work to post, or enough in flight that its budget
+    /// wants completions reaped: poll it now. Otherwise its completions (of
+    /// unsignaled requests, failures aside) can wait for housekeeping, and
+    /// the poll loop stays short: what a call waits for is the receive side.
+    [[nodiscard]] bool needs_progress() const noexcept {
+        return sched_->queued() || sched_->in_flight() * 2 >= sched_->options().budget_wqes;
+    }
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
     /// The connection failed, the peer left, or it broke the protocol: no
     /// more posts; the endpoint tears it down.

@@ -158,6 +158,7 @@ private:
         std::uint32_t generation = 0;
         std::unique_ptr<peer_link> wire;
         std::vector<slot_state> slots;
+        std::uint32_t reads = 0; ///< request bodies being read (signaled, awaited)
         /// Accepted, not yet established: dropped if still so at this time.
         std::optional<sched::coarse_clock::time_point> establish_by;
     };

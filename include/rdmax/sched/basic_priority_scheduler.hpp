@@ -191,6 +191,10 @@ public:
     [[nodiscard]] std::size_t outstanding() const noexcept {
         return opts_.max_requests - free_count_;
     }
+    /// Requests (or parts) submitted and not yet posted: poll() posts them.
+    [[nodiscard]] bool queued() const noexcept { return any_queued(); }
+    /// Work requests posted and not yet known complete (what the budget counts).
+    [[nodiscard]] std::uint32_t in_flight() const noexcept { return in_flight_wqes_; }
     /// An earlier request failed: the queue pair is in the error state.
     [[nodiscard]] bool failed() const noexcept { return broken_; }
     [[nodiscard]] const scheduler_counters& counters() const noexcept { return counters_; }

@@ -235,7 +235,7 @@ void bench_ring(shared_state& s, writer& w, int iters) {
     if (!to.valid() || !from.valid())
         throw bench_failure("ring: not laid out");
     const char c = 'p';
-    const std::uint64_t n = static_cast<std::uint64_t>(iters);
+    const auto n = static_cast<std::uint64_t>(iters);
     if (write(w.cmd, &c, 1) != 1 || write(w.cmd, &n, sizeof n) != sizeof n)
         throw bench_failure("ring: the writer is gone");
     std::array<std::byte, 64> msg{};
@@ -384,7 +384,9 @@ int main(int argc, char** argv) {
     }
     try {
         per_us = estimate_cycles_per_us();
-        if (!json.empty() && (json_out = std::fopen(json.c_str(), "w")) == nullptr)
+        if (!json.empty())
+            json_out = std::fopen(json.c_str(), "w");
+        if (!json.empty() && json_out == nullptr)
             throw bench_failure(fmt::format("--json {}: cannot write", json));
         shared_state s;
         s.max = max;

@@ -98,7 +98,7 @@ void unix_channel::send(std::span<const std::byte> bytes, std::span<const int> f
         throw_error("sendmsg", errno, "unix channel");
     // A stream socket may take part of it: send the rest (the descriptors went with the first
     // part).
-    std::size_t done = static_cast<std::size_t>(sent);
+    auto done = static_cast<std::size_t>(sent);
     std::vector<std::byte> all(total);
     std::memcpy(all.data(), &n, sizeof n);
     std::memcpy(all.data() + sizeof n, bytes.data(), bytes.size());

@@ -265,6 +265,7 @@ TEST_CASE("mapping cache: mapped once, hits after, revocation refused, limits ev
     CHECK(cache.copy_out(a, 0, out) == map_status::revoked); // the old notice stays dead
     // Limits: four exports, three mappings at most.
     std::vector<export_notice> more;
+    more.reserve(3);
     for (int i = 0; i < 3; ++i)
         more.push_back(o.publish(4096));
     for (const auto& n : more)

@@ -2,9 +2,11 @@
 // same echo over send/receive on rdmax verbs and over TCP, in one run.
 //
 //   rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep size|outstanding|clients|all]
-//                   [--transports rdmax,sendrecv,tcp] [--json FILE] [--only-rdmax]
+//                   [--transports rdmax,local,sendrecv,tcp] [--json FILE]
 //
-// The server runs in a thread of this process (one thread for all clients,
+// "rdmax" is rdmax::rpc through the device, "local" the same calls through
+// the node's memory (both ends are on this node: shared rings, CMA). The
+// server runs in a thread of this process (one thread for all clients,
 // spinning); the clients run in the main thread, each with K calls in
 // flight, each request carrying its own bytes, and every reply is checked
 // byte for byte. Each point reports the median and 99th percentile of the
@@ -109,8 +111,9 @@ struct call_slot {
 // ---- rdmax::rpc ----------------------------------------------------------------------------
 
 figures run_rpc(const verbs::protection_domain& pd, const std::string& addr, const point& p,
-                long calls, double per_us) {
+                long calls, double per_us, bool local) {
     rpc::rpc_options o = rpc::rpc_options{}.with_env();
+    o.local = local; // "rdmax": through the device; "local": through the node's memory
     o.slots = static_cast<std::uint16_t>(std::max(p.outstanding, 1));
     rpc::server srv(pd, addr, 0, o);
     srv.on(1, [](rpc::request_context& c) { c.reply(c.body()); });
@@ -712,7 +715,7 @@ std::vector<std::string> split(const std::string& s) {
 } // namespace
 
 int main(int argc, char** argv) {
-    std::string addr = "192.0.2.1", sweep = "all", transports = "rdmax,sendrecv,tcp", json;
+    std::string addr = "192.0.2.1", sweep = "all", transports = "rdmax,local,sendrecv,tcp", json;
     long calls = 2000;
     static const option longs[] = {{"sweep", required_argument, nullptr, 'w'},
                                    {"transports", required_argument, nullptr, 'T'},
@@ -773,7 +776,9 @@ int main(int argc, char** argv) {
             const long n = p.bytes > 4096 ? std::max(50L, calls / 10) : calls;
             figures f;
             if (p.transport == "rdmax")
-                f = run_rpc(pd, addr, p, n, per_us);
+                f = run_rpc(pd, addr, p, n, per_us, false);
+            else if (p.transport == "local")
+                f = run_rpc(pd, addr, p, n, per_us, true);
             else if (p.transport == "sendrecv")
                 f = run_sendrecv(pd, addr, p, n, per_us);
             else if (p.transport == "tcp")

@@ -236,8 +236,10 @@ int run_client(const options& o) {
         done += 2;
     }
     const double secs = std::chrono::duration<double>(steady::now() - t0).count();
-    fmt::print("kv_service: {} operations over {} connections in {:.2f} s, {} wrong{}\n", done,
-               conns, secs, bad, o.verify ? " (every value checked)" : "");
+    fmt::print("kv_service: {} operations over {} connections ({}) in {:.2f} s, {} wrong{}\n", done,
+               conns,
+               cs[0]->is_local(peers[0]) ? "through this node's memory" : "through the RDMA device",
+               secs, bad, o.verify ? " (every value checked)" : "");
     fmt::print("kv_service: client 0 {}\n", cs[0]->counters());
     return bad == 0 ? 0 : 1;
 }

@@ -187,10 +187,12 @@ int call(const options& o) {
                                                 static_cast<std::size_t>(
                                                     p * static_cast<double>(lat_us.size())))];
     };
-    fmt::print("rpc_echo: {} calls of {} B, {} in flight: {:.0f} calls/s, p50 {:.1f} us, "
+    fmt::print("rpc_echo: {} calls of {} B, {} in flight, {}: {:.0f} calls/s, p50 {:.1f} us, "
                "p99 {:.1f} us, {} bad{}\n",
-               done, o.size, k, secs > 0 ? static_cast<double>(done) / secs : 0.0, pct(0.5),
-               pct(0.99), bad, o.verify ? " (every reply checked)" : "");
+               done, o.size, k,
+               cli.is_local(peer) ? "through this node's memory" : "through the RDMA device",
+               secs > 0 ? static_cast<double>(done) / secs : 0.0, pct(0.5), pct(0.99), bad,
+               o.verify ? " (every reply checked)" : "");
     fmt::print("rpc_echo: client {}\n", cli.counters());
     return bad == 0 && done == o.calls ? 0 : 1;
 }

@@ -1,12 +1,16 @@
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <random>
 
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
 #include <rdmax/rpc/client.hpp>
+#include <rdmax/local/cma.hpp>
+#include <rdmax/rpc/local_link.hpp>
 
 namespace rdmax::rpc {
 
@@ -36,7 +40,7 @@ client::~client() {
     for (link& l : links_) {
         if (!l.wire)
             continue;
-        inbox_.forget(l.wire->conn().id()->channel->fd);
+        inbox_.forget(l.wire->event_fd());
         l.wire.reset();
     }
 }
@@ -61,6 +65,11 @@ const client::link* client::find(peer_id p) const noexcept {
     return const_cast<client*>(this)->find(p);
 }
 
+bool client::is_local(peer_id p) const noexcept {
+    const link* l = find(p);
+    return l != nullptr && l->wire->is_local();
+}
+
 bool client::connected(peer_id p) const noexcept {
     const link* l = find(p);
     return l != nullptr && !l->wire->broken;
@@ -75,6 +84,9 @@ std::uint32_t client::slot_bytes(peer_id p) const noexcept {
 }
 
 peer_id client::connect(std::string_view addr, std::uint16_t port) {
+    if (opts_.local)
+        if (std::unique_ptr<link_wire> local = connect_local(addr, port))
+            return add_link(std::move(local));
     auto wire = std::make_unique<peer_link>(arena_, issuer_, opts_.slots, opts_.slot_bytes);
     const ring_offer mine = wire->offer();
     verbs::connection conn = verbs::connection::connect(
@@ -89,6 +101,14 @@ peer_id client::connect(std::string_view addr, std::uint16_t port) {
         throw_error("rpc::client::connect", EPROTO, fmt::format("{}:{}: {}", addr, port, why));
     }
     wire->attach(std::move(conn), *granted, opts_.scheduler);
+    peer_link* v = wire.get();
+    const peer_id id = add_link(std::move(wire));
+    links_[id.index].verbs = v;
+    by_qp_[v->qp_num()] = id.index;
+    return id;
+}
+
+peer_id client::add_link(std::unique_ptr<link_wire> wire) {
     const auto index = static_cast<std::uint32_t>(links_.size());
     links_.emplace_back();
     link& l = links_.back();
@@ -98,11 +118,77 @@ peer_id client::connect(std::string_view addr, std::uint16_t port) {
     for (std::uint32_t s = wire->slots(); s-- > 0;)
         l.free_slots.push_back(static_cast<std::uint16_t>(s));
     l.wire = std::move(wire);
-    by_qp_[l.wire->qp_num()] = index;
-    inbox_.watch(l.wire->conn().id()->channel->fd);
+    inbox_.watch(l.wire->event_fd());
     grow_results();
     ++counters_.connected;
     return {index, l.generation};
+}
+
+std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uint16_t port) {
+    local::unix_channel ch;
+    try {
+        ch = local::unix_channel::connect(local_name(addr, port));
+    } catch (const error&) {
+        return nullptr; // nobody answers that name: the server is not on this node
+    }
+    if (probe_ == 0)
+        probe_ = std::random_device{}() | 1U;
+    local_hello hello;
+    hello.slots = opts_.slots;
+    hello.slot_bytes = opts_.slot_bytes;
+    hello.probe_addr = reinterpret_cast<std::uint64_t>(&probe_);
+    hello.probe_value = probe_;
+    local_welcome w;
+    std::vector<int> fds;
+    std::size_t n = 0;
+    try {
+        ch.send(std::as_bytes(std::span(&hello, 1)));
+        n = ch.receive(std::as_writable_bytes(std::span(&w, 1)), fds, opts_.connect_timeout);
+    } catch (const error& e) {
+        for (int fd : fds)
+            ::close(fd);
+        throw_error(
+            "rpc::client::connect", EPROTO,
+            fmt::format("{}:{}: the node-local handshake failed: {}", addr, port, e.what()));
+    }
+    const auto close_all = [&] {
+        for (int fd : fds)
+            ::close(fd);
+    };
+    if (n == sizeof w && w.magic == protocol_magic && w.status == local_no_cma) {
+        close_all();
+        std::fprintf(stderr,
+                     "rdmax: rpc::client: %.*s:%u is on this node, but it may not read this "
+                     "process's memory (CMA: %s): through the device\n",
+                     static_cast<int>(addr.size()), addr.data(), unsigned{port},
+                     local::why_not_permitted(getpid()).c_str());
+        return nullptr;
+    }
+    if (n != sizeof w || w.magic != protocol_magic || w.version != protocol_version ||
+        w.status != local_ok || fds.size() != 1 || w.slots == 0 || w.slots > opts_.slots ||
+        w.slot_bytes < min_slot_bytes || w.slot_bytes > opts_.slot_bytes ||
+        w.segment_bytes < local_link::segment_bytes(w.slots, w.slot_bytes)) {
+        close_all();
+        ++counters_.refused;
+        throw_error(
+            "rpc::client::connect", EPROTO,
+            fmt::format("{}:{}: the node-local server refused or answered nonsense", addr, port));
+    }
+    local::shared_segment seg;
+    try {
+        seg = local::shared_segment::attach(fds[0], w.segment_bytes, true);
+    } catch (...) {
+        close_all();
+        throw;
+    }
+    close_all();
+    const pid_t server_pid = ch.peer().pid;
+    auto wire = std::make_unique<local_link>(std::move(ch), std::move(seg), server_pid, w.slots,
+                                             w.slot_bytes);
+    if (wire->failed())
+        throw_error("rpc::client::connect", EPROTO,
+                    fmt::format("{}:{}: the node-local segment is not laid out", addr, port));
+    return wire;
 }
 
 void client::grow_results() {
@@ -161,12 +247,13 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
         return call_status::too_large;
     // Bodies and reply buffers over a slot: registered through the cache
     // (a registration the first time, nanoseconds after).
+    const bool reg = l->wire->needs_registration(); // not on the node-local path (CMA)
     try {
-        if (external) {
+        if (external && reg) {
             ss.body_reg.emplace(
                 cache().remote<rights::remote_read>(request.data(), request.size()));
         }
-        if (!o.reply_into.empty())
+        if (!o.reply_into.empty() && reg)
             ss.reply_reg.emplace(
                 cache().remote<rights::remote_write>(o.reply_into.data(), o.reply_into.size()));
     } catch (...) {
@@ -183,7 +270,8 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     std::size_t at = sizeof(message_header);
     if (external) {
         h.flags |= flag_external_body;
-        const buffer_descriptor d{ss.body_reg->buffer.addr, ss.body_reg->buffer.rkey,
+        const buffer_descriptor d{reinterpret_cast<std::uint64_t>(request.data()),
+                                  reg ? ss.body_reg->buffer.rkey : 0,
                                   static_cast<std::uint32_t>(request.size())};
         std::memcpy(out + at, &d, sizeof d);
         at += sizeof d;
@@ -192,7 +280,8 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     if (!o.reply_into.empty()) {
         h.flags |= flag_reply_buffer;
         const buffer_descriptor d{
-            ss.reply_reg->buffer.addr, ss.reply_reg->buffer.rkey,
+            reinterpret_cast<std::uint64_t>(o.reply_into.data()),
+            reg ? ss.reply_reg->buffer.rkey : 0,
             static_cast<std::uint32_t>(std::min<std::size_t>(o.reply_into.size(), UINT32_MAX))};
         std::memcpy(out + at, &d, sizeof d);
         at += sizeof d;
@@ -243,13 +332,29 @@ void client::progress() noexcept {
     const bool due = sched::coarse_clock::now() >= next_housekeeping_;
     for (std::uint32_t i = 0; i < links_.size(); ++i) {
         link& l = links_[i];
+        if (!l.wire || l.wire->broken)
+            continue;
+        if (l.wire->is_local()) {
+            std::uint32_t imm = 0;
+            for (int k = 0; k < 32 && !l.wire->broken; ++k) {
+                const local::ring_status st = l.wire->next_imm(imm);
+                if (st == local::ring_status::empty)
+                    break;
+                if (st != local::ring_status::ok) {
+                    ++counters_.rejected_malformed;
+                    fail_link(l, i);
+                    break;
+                }
+                on_imm(l, i, imm);
+            }
+            continue;
+        }
         // A scheduler with nothing to post and room in its budget waits for
         // housekeeping: a call waits for its reply, not for these.
-        if (!l.wire || l.wire->broken || l.wire->scheduler().outstanding() == 0 ||
-            (!due && !l.wire->needs_progress()))
+        if (!l.wire->has_outstanding() || (!due && !l.wire->needs_progress()))
             continue;
         verbs::completion out[16];
-        const int k = l.wire->scheduler().poll(out);
+        const int k = l.wire->poll_transfers(out);
         for (int j = 0; j < k; ++j)
             if (!out[j].ok())
                 fail_link(l, i);
@@ -293,7 +398,23 @@ void client::on_receive(const ibv_wc& wc) noexcept {
         bad(violation::bad_opcode);
         return;
     }
-    const imm_fields f = decode_imm(ntohl(wc.imm_data));
+    on_imm(l, index, ntohl(wc.imm_data));
+}
+
+void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
+    const auto bad = [&](violation v) {
+        switch (v) {
+        case violation::wrong_kind: ++counters_.rejected_kind; break;
+        case violation::bad_slot: ++counters_.rejected_slot; break;
+        case violation::bad_length: ++counters_.rejected_length; break;
+        case violation::malformed: ++counters_.rejected_malformed; break;
+        case violation::credit: ++counters_.rejected_credit; break;
+        case violation::bad_opcode: ++counters_.rejected_opcode; break;
+        case violation::none: break;
+        }
+        fail_link(l, index);
+    };
+    const imm_fields f = decode_imm(imm);
     if (const violation v =
             check_imm(f, message_kind::reply, l.wire->slots(), l.wire->slot_bytes());
         v != violation::none) {
@@ -306,7 +427,8 @@ void client::on_receive(const ibv_wc& wc) noexcept {
         return;
     }
     parsed_reply pr;
-    const auto offered = static_cast<std::uint32_t>(ss.reply_reg ? ss.reply_into.size() : 0);
+    const auto offered =
+        static_cast<std::uint32_t>(std::min<std::size_t>(ss.reply_into.size(), UINT32_MAX));
     if (const violation v = parse_reply(l.wire->inbound(f.slot, f.bytes), offered, pr);
         v != violation::none) {
         bad(v);
@@ -377,8 +499,7 @@ void client::housekeeping() noexcept {
         link& l = links_[i];
         if (!l.wire)
             continue;
-        if (!l.wire->broken &&
-            (l.wire->scheduler().failed() || (events && l.wire->conn().peer_disconnected())))
+        if (!l.wire->broken && (l.wire->failed() || (events && l.wire->peer_gone())))
             fail_link(l, i);
         if (l.wire->broken || l.in_flight == 0)
             continue;
@@ -429,8 +550,10 @@ void client::teardown_idle() noexcept {
         }
         if (l.held != 0 || l.in_flight != 0)
             continue;
-        inbox_.forget(l.wire->conn().id()->channel->fd);
-        by_qp_.erase(l.wire->qp_num());
+        inbox_.forget(l.wire->event_fd());
+        if (l.verbs != nullptr)
+            by_qp_.erase(l.verbs->qp_num());
+        l.verbs = nullptr;
         l.wire.reset();
         l.slots.clear();
         l.free_slots.clear();
@@ -495,7 +618,7 @@ int client::wait(std::span<call_result> out, std::chrono::microseconds timeout) 
 void client::disconnect(peer_id p) noexcept {
     if (link* l = find(p)) {
         fail_link(*l, p.index);
-        l->wire->conn().disconnect(std::chrono::milliseconds(0));
+        l->wire->close();
     }
 }
 

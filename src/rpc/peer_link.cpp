@@ -6,12 +6,11 @@ namespace rdmax::rpc {
 
 peer_link::peer_link(registered_arena& arena, handle_issuer& issuer, std::uint16_t slots,
                      std::uint32_t slot_bytes)
-    : issuer_(&issuer)
+    : link_wire(slots, slot_bytes)
+    , issuer_(&issuer)
     , ring_(arena, std::size_t{slots} * slot_bytes)
     , staging_(arena, std::size_t{slots} * slot_bytes)
-    , key_(issuer.issue(ring_.data(), ring_.size(), rights::remote_write))
-    , slots_(slots)
-    , slot_bytes_(slot_bytes) {
+    , key_(issuer.issue(ring_.data(), ring_.size(), rights::remote_write)) {
     // A slot read before the peer wrote it holds zeros, not old bytes.
     std::fill_n(ring_.data(), ring_.size(), std::byte{0});
 }
@@ -24,8 +23,8 @@ peer_link::~peer_link() {
 
 ring_offer peer_link::offer() const noexcept {
     ring_offer o;
-    o.slots = slots_;
-    o.slot_bytes = slot_bytes_;
+    o.slots = slots();
+    o.slot_bytes = slot_bytes();
     o.rkey = key_.rkey;
     o.addr = key_.addr;
     return o;
@@ -34,9 +33,8 @@ ring_offer peer_link::offer() const noexcept {
 void peer_link::attach(verbs::connection conn, const ring_offer& peer,
                        const sched::scheduler_options& opts) {
     // The geometry granted (the server's, at most what was asked for) addresses both rings.
-    slots_ = std::min(slots_, peer.slots);
-    slot_bytes_ = std::min(slot_bytes_, peer.slot_bytes);
-    peer_ring_ = {peer.addr, std::uint64_t{slots_} * slot_bytes_, peer.rkey, 0};
+    grant(std::min(slots(), peer.slots), std::min(slot_bytes(), peer.slot_bytes));
+    peer_ring_ = {peer.addr, std::uint64_t{slots()} * slot_bytes(), peer.rkey, 0};
     conn_.emplace(std::move(conn));
     qp_num_ = conn_->qp().qp_num();
     sched_.emplace(conn_->qp(), opts);
@@ -44,9 +42,26 @@ void peer_link::attach(verbs::connection conn, const ring_offer& peer,
 
 status peer_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
                             sched::priority p) noexcept {
-    const std::uint64_t at = std::uint64_t{s} * slot_bytes_;
+    const std::uint64_t at = std::uint64_t{s} * slot_bytes();
     return sched_->write_imm(p, staging_.local(at, bytes), peer_ring_, at, encode_imm(k, s, bytes),
                              s, sched::request_flags{.signaled = false});
+}
+
+transfer peer_link::read_body(sched::priority p, local_buffer<rights::local_write> dst,
+                              const buffer_descriptor& src, std::uint64_t wr_id) noexcept {
+    const remote_buffer<rights::remote_read> from{src.addr, src.length, src.rkey, 0};
+    return sched_->read(p, dst, from, 0, wr_id) == status::ok ? transfer::started
+                                                              : transfer::failed;
+}
+
+transfer peer_link::write_body(sched::priority p, local_buffer<rights::local_write> src,
+                               const buffer_descriptor& dst, std::uint64_t wr_id) noexcept {
+    const remote_buffer<rights::remote_write> to{dst.addr, dst.length, dst.rkey, 0};
+    // Unsignaled: the header that follows at the same level says it landed.
+    return sched_->write(p, src, to, 0, wr_id, sched::request_flags{.signaled = false}) ==
+                   status::ok
+               ? transfer::started
+               : transfer::failed;
 }
 
 verbs::qp_config link_qp_config(verbs::completion_queue& recv_cq, verbs::shared_receive_queue& srq,

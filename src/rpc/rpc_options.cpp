@@ -39,6 +39,8 @@ rpc_options rpc_options::with_env() const {
     if (auto v = env("RDMAX_RPC_HOUSEKEEPING_US"); !v.empty())
         o.housekeeping =
             std::chrono::microseconds(number("RDMAX_RPC_HOUSEKEEPING_US", v, 1, 1'000'000));
+    if (auto v = env("RDMAX_RPC_LOCAL"); !v.empty())
+        o.local = parse_flag(who, "RDMAX_RPC_LOCAL", v);
     o.scheduler = o.scheduler.with_env();
     o.check(who);
     return o;

@@ -1,11 +1,13 @@
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
+#include <rdmax/local/cma.hpp>
 #include <rdmax/rpc/server.hpp>
 
 namespace rdmax::rpc {
@@ -94,6 +96,21 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
     , inbox_(pd, inbox_depth(opts_))
     , listener_(addr, port) {
     inbox_.watch(listener_.fd());
+    if (opts_.local) {
+        // Peers on this node find the server by this name (the address as the
+        // client names it, and the port). Another process may hold it: then
+        // this one is reached through the device only.
+        try {
+            local_listener_.emplace(local_name(addr, listener_.port()));
+            inbox_.watch(local_listener_->fd());
+        } catch (const error& e) {
+            local_listener_.reset();
+            std::fprintf(stderr,
+                         "rdmax: rpc::server on %.*s:%u: no node-local path (%s); peers here go "
+                         "through the device\n",
+                         static_cast<int>(addr.size()), addr.data(), unsigned{listener_.port()}, e.what());
+        }
+    }
     links_.reserve(opts_.max_peers);
     by_qp_.reserve(std::size_t{opts_.max_peers} * 2);
 }
@@ -121,6 +138,11 @@ server::link* server::find(peer_id p) noexcept {
     return &l;
 }
 
+bool server::is_local(peer_id p) const noexcept {
+    const link* l = const_cast<server*>(this)->find(p);
+    return l != nullptr && l->wire->is_local();
+}
+
 int server::poll() noexcept {
     const std::uint64_t before = counters_.calls;
     ibv_wc wcs[32];
@@ -129,9 +151,28 @@ int server::poll() noexcept {
         on_receive(wcs[i]);
     if (n > 0)
         inbox_.replenish(static_cast<std::uint32_t>(n));
-    for (link& l : links_)
-        if (l.wire && !l.wire->broken && (l.reads != 0 || l.wire->needs_progress()))
+    for (std::uint32_t i = 0; i < links_.size(); ++i) {
+        link& l = links_[i];
+        if (!l.wire || l.wire->broken)
+            continue;
+        if (l.wire->is_local()) {
+            // Its immediates come through its own message ring: a few at a
+            // time, so that no peer holds the others.
+            std::uint32_t imm = 0;
+            for (int k = 0; k < 32 && !l.wire->broken; ++k) {
+                const local::ring_status st = l.wire->next_imm(imm);
+                if (st == local::ring_status::empty)
+                    break;
+                if (st != local::ring_status::ok) {
+                    reject(l, violation::malformed);
+                    break;
+                }
+                on_imm(l, i, imm);
+            }
+        } else if (l.reads != 0 || l.wire->needs_progress()) {
             drive(l);
+        }
+    }
     if (sched::coarse_clock::now() >= next_housekeeping_)
         housekeeping();
     return static_cast<int>(counters_.calls - before);
@@ -163,7 +204,7 @@ void server::on_receive(const ibv_wc& wc) noexcept {
     if (l.establish_by) {
         // The peer's first message may come before rdma_cm's ESTABLISHED
         // (which follows the peer's RTU): it proves the connection is up.
-        l.wire->conn().established_by_traffic();
+        l.wire->established_by_traffic();
         l.establish_by.reset();
     }
     if (wc.status != IBV_WC_SUCCESS) {
@@ -179,14 +220,18 @@ void server::on_receive(const ibv_wc& wc) noexcept {
         reject(l, violation::bad_opcode);
         return;
     }
-    const imm_fields f = decode_imm(ntohl(wc.imm_data));
+    on_imm(l, it->second, ntohl(wc.imm_data));
+}
+
+void server::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
+    const imm_fields f = decode_imm(imm);
     if (const violation v =
             check_imm(f, message_kind::request, l.wire->slots(), l.wire->slot_bytes());
         v != violation::none) {
         reject(l, v);
         return;
     }
-    on_request(l, it->second, f.slot, f.bytes);
+    on_request(l, index, f.slot, f.bytes);
 }
 
 void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
@@ -226,14 +271,17 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
         return;
     }
     ++counters_.external_bodies;
-    const remote_buffer<rights::remote_read> src{d.addr, d.length, d.rkey, 0};
-    if (l.wire->scheduler().read(sched::priority{ss.prio}, ss.body.local(0, d.length), src, 0,
-                                 make_wr_id(tag_read, 0, slot)) == status::ok) {
-        ++l.reads;
-    } else {
+    switch (l.wire->read_body(sched::priority{ss.prio}, ss.body.local(0, d.length), d,
+                              make_wr_id(tag_read, 0, slot))) {
+    case transfer::started: ++l.reads; break;
+    case transfer::done: // read already (by CMA): the handler runs now
+        run_handler(l, index, slot, {ss.body.data(), ss.body.size()});
+        break;
+    case transfer::failed:
         ss.body.reset();
         ++counters_.calls;
         answer(l, index, slot, call_status::read_failed, {}, false);
+        break;
     }
 }
 
@@ -298,13 +346,10 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
         } catch (...) {
             ss.reply.reset();
         }
-        const remote_buffer<rights::remote_write> dst{
-            ss.reply_buffer->addr, ss.reply_buffer->length, ss.reply_buffer->rkey, 0};
         if (ss.reply) {
             std::memcpy(ss.reply.data(), body.data(), body.size());
-            if (l.wire->scheduler().write(p, ss.reply.local(0, body.size()), dst, 0,
-                                          make_wr_id(tag_external, 0, slot),
-                                          sched::request_flags{.signaled = false}) != status::ok) {
+            if (l.wire->write_body(p, ss.reply.local(0, body.size()), *ss.reply_buffer,
+                                   make_wr_id(tag_external, 0, slot)) == transfer::failed) {
                 l.wire->broken = true;
                 return;
             }
@@ -328,7 +373,7 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
 
 void server::drive(link& l) noexcept {
     verbs::completion out[16];
-    const int n = l.wire->scheduler().poll(out);
+    const int n = l.wire->poll_transfers(out);
     for (int i = 0; i < n; ++i) {
         const verbs::completion& c = out[i];
         const std::uint64_t tag = c.wr_id >> 56;
@@ -347,7 +392,7 @@ void server::drive(link& l) noexcept {
             }
         }
     }
-    if (l.wire->scheduler().failed())
+    if (l.wire->failed())
         l.wire->broken = true;
 }
 
@@ -378,6 +423,21 @@ void server::housekeeping() noexcept {
         } catch (...) {
             ++counters_.refused;
         }
+        while (local_listener_) {
+            local::unix_channel ch;
+            try {
+                ch = local_listener_->accept(std::chrono::milliseconds(0));
+            } catch (...) {
+                break;
+            }
+            if (ch.fd() < 0)
+                break;
+            try {
+                accept_local(std::move(ch));
+            } catch (...) {
+                ++counters_.refused; // the channel closes as it goes
+            }
+        }
     }
     bool any_broken = false;
     const auto now = sched::coarse_clock::now();
@@ -385,13 +445,12 @@ void server::housekeeping() noexcept {
         if (!l.wire)
             continue;
         // Reaps what poll() left (unsignaled requests' slots, failures).
-        if (!l.wire->broken && l.wire->scheduler().outstanding() != 0)
+        if (!l.wire->broken && l.wire->has_outstanding())
             drive(l);
-        if (!l.wire->broken &&
-            (l.wire->scheduler().failed() || (events && l.wire->conn().peer_disconnected())))
+        if (!l.wire->broken && (l.wire->failed() || (events && l.wire->peer_gone())))
             l.wire->broken = true;
         if (l.establish_by && !l.wire->broken) {
-            if (l.wire->conn().established())
+            if (l.wire->established())
                 l.establish_by.reset();
             else if (now >= *l.establish_by)
                 l.wire->broken = true; // its handshake never ended
@@ -442,6 +501,14 @@ void server::accept_one(verbs::connection_request req) {
     peer.slots = slots;
     peer.slot_bytes = slot_bytes;
     wire->attach(std::move(conn), peer, opts_.scheduler);
+    peer_link* v = wire.get();
+    const std::uint32_t index = add_link(std::move(wire), slots);
+    links_[index].verbs = v;
+    by_qp_[v->qp_num()] = index;
+    links_[index].establish_by = sched::coarse_clock::now() + opts_.connect_timeout;
+}
+
+std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t slots) {
     std::uint32_t index = 0;
     if (!free_links_.empty()) {
         index = free_links_.back();
@@ -453,18 +520,59 @@ void server::accept_one(verbs::connection_request req) {
     link& l = links_[index];
     l.generation = ++generations_;
     l.slots = std::vector<slot_state>(slots);
-    l.establish_by = sched::coarse_clock::now() + opts_.connect_timeout;
+    l.reads = 0;
+    l.establish_by.reset();
+    l.verbs = nullptr;
     l.wire = std::move(wire);
-    by_qp_[l.wire->qp_num()] = index;
-    inbox_.watch(l.wire->conn().id()->channel->fd);
+    inbox_.watch(l.wire->event_fd());
     ++live_;
     ++counters_.connected;
+    return index;
+}
+
+void server::accept_local(local::unix_channel ch) {
+    local_hello hello;
+    std::vector<int> fds;
+    const std::size_t n = ch.receive(std::as_writable_bytes(std::span(&hello, 1)), fds,
+                                     std::chrono::milliseconds(200));
+    for (int fd : fds)
+        ::close(fd); // a client sends none
+    local_welcome w;
+    const bool sane = n == sizeof hello && hello.magic == protocol_magic &&
+                      hello.version == protocol_version && hello.slots != 0 &&
+                      hello.slots <= max_slots && hello.slot_bytes >= min_slot_bytes &&
+                      hello.slot_bytes <= max_slot_bytes && hello.slot_bytes % 8 == 0;
+    if (!sane || live_ >= opts_.max_peers) {
+        ++counters_.refused;
+        w.status = local_refused;
+        ch.send(std::as_bytes(std::span(&w, 1)));
+        return;
+    }
+    // CMA carries the bodies over a slot: make sure the kernel lets this
+    // process reach the client's memory, else the client takes the device.
+    const pid_t pid = ch.peer().pid;
+    std::uint64_t probe = 0;
+    if (local::cma_read(pid, hello.probe_addr, std::as_writable_bytes(std::span(&probe, 1))) !=
+            local::cma_status::ok ||
+        probe != hello.probe_value) {
+        w.status = local_no_cma;
+        ch.send(std::as_bytes(std::span(&w, 1)));
+        return;
+    }
+    w.slots = std::min<std::uint16_t>(hello.slots, opts_.slots);
+    w.slot_bytes = std::min(hello.slot_bytes, opts_.slot_bytes);
+    w.segment_bytes = local_link::segment_bytes(w.slots, w.slot_bytes);
+    auto wire = std::make_unique<local_link>(std::move(ch), pid, w.slots, w.slot_bytes);
+    wire->send(std::as_bytes(std::span(&w, 1)), wire->segment().fd());
+    (void)add_link(std::move(wire), w.slots);
 }
 
 void server::teardown(std::uint32_t index) noexcept {
     link& l = links_[index];
-    inbox_.forget(l.wire->conn().id()->channel->fd);
-    by_qp_.erase(l.wire->qp_num());
+    inbox_.forget(l.wire->event_fd());
+    if (l.verbs != nullptr)
+        by_qp_.erase(l.verbs->qp_num());
+    l.verbs = nullptr;
     l.wire.reset(); // no more DMA into or out of the slots' blocks
     l.slots.clear();
     free_links_.push_back(index);

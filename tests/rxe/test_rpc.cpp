@@ -13,6 +13,7 @@
 #include <numeric>
 #include <optional>
 #include <poll.h>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -69,8 +70,16 @@ std::span<const std::byte> bytes_of(const std::vector<std::byte>& v) {
     return {v.data(), v.size()};
 }
 
+/// The path under test: through the device unless RDMAX_RPC_LOCAL says
+/// otherwise (meson runs this program both ways).
+bool local_path() {
+    const char* v = std::getenv("RDMAX_RPC_LOCAL");
+    return v != nullptr && std::string_view(v) == "1";
+}
+
 rpc::rpc_options small_options() {
     rpc::rpc_options o;
+    o.local = local_path();
     o.slots = 16;
     o.slot_bytes = 4096;
     o.call_timeout = std::chrono::seconds(20);
@@ -204,6 +213,7 @@ TEST_CASE("echo: every size up to a slot comes back byte for byte") {
     connected_client c(pd, s);
     REQUIRE(c.cli.connected(c.peer));
     REQUIRE(c.cli.slots(c.peer) == 16);
+    CHECK(c.cli.is_local(c.peer) == local_path()); // the path this run tests
     const std::size_t room = c.cli.slot_bytes(c.peer) - sizeof(rpc::message_header);
     for (const std::size_t n :
          {std::size_t{0}, std::size_t{1}, std::size_t{64}, std::size_t{1000}, room}) {
@@ -220,6 +230,41 @@ TEST_CASE("echo: every size up to a slot comes back byte for byte") {
     CHECK(s.counters().rejected() == 0);
     CHECK(c.cli.counters().completed == 10);
     INFO(fmt::format("server: {}", s.counters()));
+}
+
+TEST_CASE("node-local path: taken when both ends are on this node, not when switched off") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options on = small_options();
+    on.local = true;
+    rpc::server s(pd, test_addr(), 0, on);
+    handlers h;
+    h.install(s);
+    connected_client here(pd, s, on);
+    rpc::rpc_options off = on;
+    off.local = false;
+    connected_client device(pd, s, off);
+    CHECK(here.cli.is_local(here.peer));
+    CHECK_FALSE(device.cli.is_local(device.peer));
+    // Both answered byte for byte; the large body and reply go by CMA on one, RDMA on the other.
+    std::vector<std::byte> req(300'000);
+    fill_pattern(req, 8);
+    const std::uint32_t want = 100'000;
+    std::memcpy(req.data(), &want, 4);
+    std::vector<std::byte> buf(128 * 1024);
+    for (connected_client* c : {&here, &device}) {
+        const answer a = call_once(s, *c, m_sum, req, {.reply_into = buf});
+        REQUIRE(a.status == rpc::call_status::ok);
+        REQUIRE(a.reply.size() == 8 + want);
+        CHECK(has_pattern(std::span(a.reply).subspan(8), 3));
+        std::vector<std::byte> small(200);
+        fill_pattern(small, 2);
+        const answer e = call_once(s, *c, m_echo, small);
+        CHECK(e.reply == small);
+    }
+    CHECK(s.counters().external_bodies == 2);
+    CHECK(s.counters().external_replies == 2);
+    CHECK(s.counters().rejected() == 0);
 }
 
 TEST_CASE("many calls in flight from many clients, one server thread, no reply mixed up") {
@@ -444,10 +489,14 @@ TEST_CASE("a call past its deadline ends timed_out; its slot comes back with the
 TEST_CASE("priorities: an urgent call overtakes bulk calls on the same connection") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    // Priorities are the device path's (the node-local one takes calls in order).
+    rpc::rpc_options o = small_options();
+    o.local = false;
+    rpc::server s(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
-    connected_client c(pd, s);
+    connected_client c(pd, s, o);
+    REQUIRE_FALSE(c.cli.is_local(c.peer));
     // Bulk: 8 calls of 2 MiB each, whose bodies the server reads in slices.
     std::vector<std::vector<std::byte>> bulk(8, std::vector<std::byte>(2 << 20));
     for (std::size_t i = 0; i < bulk.size(); ++i) {

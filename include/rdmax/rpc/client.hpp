@@ -37,6 +37,7 @@
 #include <rdmax/mem/verbs_cache.hpp>
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/inbox.hpp>
+#include <rdmax/rpc/link_wire.hpp>
 #include <rdmax/rpc/peer_link.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
@@ -109,6 +110,8 @@ public:
     /// Slot bytes granted by `p`'s server (what fits inline: this less 16..48).
     [[nodiscard]] std::uint32_t slot_bytes(peer_id p) const noexcept;
     [[nodiscard]] bool connected(peer_id p) const noexcept;
+    /// True when the calls to `p` go through the node's memory, not the device.
+    [[nodiscard]] bool is_local(peer_id p) const noexcept;
     [[nodiscard]] const rpc_counters& counters() const noexcept { return counters_; }
     [[nodiscard]] const rpc_options& options() const noexcept { return opts_; }
 
@@ -136,7 +139,8 @@ private:
     };
     struct link {
         std::uint32_t generation = 0;
-        std::unique_ptr<peer_link> wire;
+        std::unique_ptr<link_wire> wire;
+        peer_link* verbs = nullptr; ///< wire, when it goes through the device
         std::vector<slot_state> slots;
         std::vector<std::uint16_t> free_slots;
         std::uint32_t next_seq = 1;
@@ -150,6 +154,11 @@ private:
     void push_result(const call_result& r, const slot_ref& ref) noexcept;
     void grow_results();
     void progress() noexcept;
+    /// The node-local path to addr:port, if the server is on this node and
+    /// may use CMA on this process; nullptr otherwise (take the device).
+    std::unique_ptr<link_wire> connect_local(std::string_view addr, std::uint16_t port);
+    peer_id add_link(std::unique_ptr<link_wire> wire);
+    void on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept;
     void on_receive(const ibv_wc& wc) noexcept;
     void housekeeping() noexcept;
     void fail_link(link& l, std::uint32_t index) noexcept;
@@ -170,6 +179,8 @@ private:
     std::vector<link> links_;
     std::unordered_map<std::uint32_t, std::uint32_t> by_qp_;
     std::uint32_t generations_ = 0;
+    /// What a server on this node reads by CMA to see that it may.
+    std::uint64_t probe_ = 0;
     // Results: a ring of those not yet handed out, and the slots handed out
     // by the last poll (freed at the next). Sized at connect for every slot.
     std::vector<call_result> results_;

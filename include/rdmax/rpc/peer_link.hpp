@@ -5,6 +5,7 @@
 // it writes from), and the peer's ring. Server and client both hold one per
 // peer; what each keeps per slot is its own.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/registered_arena.hpp>
 #include <rdmax/mem/remote_handle.hpp>
+#include <rdmax/rpc/link_wire.hpp>
 #include <rdmax/rpc/wire.hpp>
 #include <rdmax/sched/priority_scheduler.hpp>
 #include <rdmax/verbs/connection.hpp>
@@ -60,16 +62,15 @@ private:
     registered_arena::block block_{};
 };
 
-class peer_link {
+/// A connection through the RDMA device.
+class peer_link final : public link_wire {
 public:
     /// This side's ring and staging slots for `slots` x `slot_bytes`, and the
     /// key (a registration of the ring alone, remote write only) the peer gets.
     peer_link(registered_arena& arena, handle_issuer& issuer, std::uint16_t slots,
               std::uint32_t slot_bytes);
-    peer_link(const peer_link&) = delete;
-    peer_link& operator=(const peer_link&) = delete;
     /// Scheduler, then queue pair (no more DMA), then the ring's key, then the memory.
-    ~peer_link();
+    ~peer_link() override;
 
     /// What the peer needs to write into this side's ring.
     [[nodiscard]] ring_offer offer() const noexcept;
@@ -78,45 +79,51 @@ public:
     void attach(verbs::connection conn, const ring_offer& peer,
                 const sched::scheduler_options& opts);
 
-    [[nodiscard]] std::uint16_t slots() const noexcept { return slots_; }
-    [[nodiscard]] std::uint32_t slot_bytes() const noexcept { return slot_bytes_; }
-    /// This side's slot s, as the peer last wrote it.
     [[nodiscard]] std::span<const std::byte> inbound(std::uint32_t s,
-                                                     std::uint32_t bytes) const noexcept {
-        return {ring_.data() + std::size_t{s} * slot_bytes_, bytes};
+                                                     std::uint32_t bytes) const noexcept override {
+        return {ring_.data() + std::size_t{s} * slot_bytes(), bytes};
     }
-    /// This side's staging slot s: build a message there, then send it.
-    [[nodiscard]] std::byte* staging(std::uint32_t s) const noexcept {
-        return staging_.data() + std::size_t{s} * slot_bytes_;
+    [[nodiscard]] std::byte* staging(std::uint32_t s) const noexcept override {
+        return staging_.data() + std::size_t{s} * slot_bytes();
     }
-    /// Writes the first `bytes` of staging slot s into the peer's slot s,
-    /// with the immediate naming them, at priority p; unsignaled (failures
-    /// still complete).
+    /// Writes with the immediate, unsignaled (failures still complete).
     [[nodiscard]] status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
-                                   sched::priority p) noexcept;
-
-    [[nodiscard]] verbs::connection& conn() noexcept { return *conn_; }
-    [[nodiscard]] sched::priority_scheduler<>& scheduler() noexcept { return *sched_; }
-    [[nodiscard]] bool attached() const noexcept { return sched_.has_value(); }
+                                   sched::priority p) noexcept override;
+    [[nodiscard]] transfer read_body(sched::priority p, local_buffer<rights::local_write> dst,
+                                     const buffer_descriptor& src,
+                                     std::uint64_t wr_id) noexcept override;
+    [[nodiscard]] transfer write_body(sched::priority p, local_buffer<rights::local_write> src,
+                                      const buffer_descriptor& dst,
+                                      std::uint64_t wr_id) noexcept override;
+    [[nodiscard]] int poll_transfers(std::span<verbs::completion> out) noexcept override {
+        return sched_->poll(out);
+    }
     /// The scheduler has work to post, or enough in flight that its budget
     /// wants completions reaped: poll it now. Otherwise its completions (of
     /// unsignaled requests, failures aside) can wait for housekeeping, and
     /// the poll loop stays short: what a call waits for is the receive side.
-    [[nodiscard]] bool needs_progress() const noexcept {
+    [[nodiscard]] bool needs_progress() const noexcept override {
         return sched_->queued() || sched_->in_flight() * 2 >= sched_->options().budget_wqes;
     }
+    [[nodiscard]] bool has_outstanding() const noexcept override {
+        return sched_->outstanding() != 0;
+    }
+    [[nodiscard]] bool failed() const noexcept override { return sched_->failed(); }
+    [[nodiscard]] bool peer_gone() noexcept override { return conn_->peer_disconnected(); }
+    [[nodiscard]] int event_fd() const noexcept override { return conn_->id()->channel->fd; }
+    [[nodiscard]] bool established() noexcept override { return conn_->established(); }
+    void established_by_traffic() noexcept override { conn_->established_by_traffic(); }
+    void close() noexcept override { conn_->disconnect(std::chrono::milliseconds(0)); }
+
+    [[nodiscard]] verbs::connection& conn() noexcept { return *conn_; }
+    [[nodiscard]] sched::priority_scheduler<>& scheduler() noexcept { return *sched_; }
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
-    /// The connection failed, the peer left, or it broke the protocol: no
-    /// more posts; the endpoint tears it down.
-    bool broken = false;
 
 private:
     handle_issuer* issuer_;
     arena_block ring_;
     arena_block staging_;
     remote_handle key_;
-    std::uint16_t slots_;
-    std::uint32_t slot_bytes_;
     remote_buffer<rights::remote_write> peer_ring_{};
     std::uint32_t qp_num_ = 0;
     std::optional<verbs::connection> conn_;

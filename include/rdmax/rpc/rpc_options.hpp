@@ -29,12 +29,16 @@ struct rpc_options {
     /// and deadlines: an epoll_wait (and, when it reports one, the events'
     /// reads), so not at every poll. Deadlines are this precise.
     std::chrono::microseconds housekeeping{5000};
+    /// Between processes on one node, through shared memory and CMA instead
+    /// of the device: the server also answers on a Unix name, the client tries
+    /// it first (RDMAX_RPC_LOCAL=0: always the device).
+    bool local = true;
     /// Each connection's scheduler (priorities, slicing of large transfers).
     sched::scheduler_options scheduler = {};
 
     /// These options with RDMAX_RPC_SLOTS, RDMAX_RPC_SLOT_BYTES,
     /// RDMAX_RPC_MAX_MESSAGE (K/M/G allowed), RDMAX_RPC_MAX_PEERS,
-    /// RDMAX_RPC_TIMEOUT_MS, RDMAX_RPC_CONNECT_TIMEOUT_MS and
+    /// RDMAX_RPC_TIMEOUT_MS, RDMAX_RPC_CONNECT_TIMEOUT_MS, RDMAX_RPC_LOCAL (0/1) and
     /// RDMAX_RPC_HOUSEKEEPING_US applied, and the scheduler's RDMAX_SCHED_*;
     /// a malformed or out-of-range value throws rdmax::error naming it.
     [[nodiscard]] rpc_options with_env() const;

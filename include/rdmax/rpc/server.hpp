@@ -39,10 +39,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/registered_arena.hpp>
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/inbox.hpp>
+#include <rdmax/rpc/local_link.hpp>
 #include <rdmax/rpc/peer_link.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
@@ -135,6 +137,8 @@ public:
     bool reply(const deferred_call& d, std::span<const std::byte> bytes) noexcept;
     bool fail(const deferred_call& d, call_status s) noexcept;
 
+    /// True when the peer reached this server through the node's memory.
+    [[nodiscard]] bool is_local(peer_id p) const noexcept;
     /// Closes a peer's connection (its calls in flight get no answer).
     void disconnect(peer_id p) noexcept;
 
@@ -156,7 +160,8 @@ private:
     };
     struct link {
         std::uint32_t generation = 0;
-        std::unique_ptr<peer_link> wire;
+        std::unique_ptr<link_wire> wire;
+        peer_link* verbs = nullptr; ///< wire, when it goes through the device
         std::vector<slot_state> slots;
         std::uint32_t reads = 0; ///< request bodies being read (signaled, awaited)
         /// Accepted, not yet established: dropped if still so at this time.
@@ -166,6 +171,9 @@ private:
     void housekeeping() noexcept;
     void accept_pending();
     void accept_one(verbs::connection_request req);
+    void accept_local(local::unix_channel ch);
+    std::uint32_t add_link(std::unique_ptr<link_wire> wire, std::uint16_t slots);
+    void on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept;
     void on_receive(const ibv_wc& wc) noexcept;
     void on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes) noexcept;
     void run_handler(link& l, std::uint32_t index, std::uint32_t slot,
@@ -184,6 +192,7 @@ private:
     handle_issuer issuer_;
     inbox inbox_;
     verbs::listener listener_;
+    std::optional<local::unix_listener> local_listener_; ///< peers on this node
     std::vector<handler> handlers_;
     std::vector<link> links_;
     std::vector<std::uint32_t> free_links_;

@@ -1,0 +1,100 @@
+#pragma once
+// link_wire: what an RPC endpoint needs of one connection, whichever way the
+// bytes go: through the RDMA device (peer_link: rings written with
+// write-with-immediate, the immediates arriving on the endpoint's completion
+// queue) or through the node's memory when both ends are on one node
+// (local_link: the rings in a shared segment, the immediates in a message
+// ring, large bodies by CMA). Server and client hold one per peer.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <rdmax/local/spsc_ring.hpp>
+#include <rdmax/mem/buffer.hpp>
+#include <rdmax/rpc/wire.hpp>
+#include <rdmax/sched/priority.hpp>
+#include <rdmax/status.hpp>
+#include <rdmax/verbs/completion.hpp>
+
+namespace rdmax::rpc {
+
+/// How a body transfer went: finished already (local), under way (its
+/// completion comes from poll_transfers), or refused (nothing moved).
+enum class transfer : std::uint8_t { done, started, failed };
+
+class link_wire {
+public:
+    link_wire(std::uint16_t slots, std::uint32_t slot_bytes) noexcept
+        : slots_(slots)
+        , slot_bytes_(slot_bytes) {}
+    link_wire(const link_wire&) = delete;
+    link_wire& operator=(const link_wire&) = delete;
+    virtual ~link_wire() = default;
+
+    [[nodiscard]] std::uint16_t slots() const noexcept { return slots_; }
+    [[nodiscard]] std::uint32_t slot_bytes() const noexcept { return slot_bytes_; }
+
+    /// This side's slot s, as the peer wrote it (`bytes` from the immediate).
+    [[nodiscard]] virtual std::span<const std::byte>
+    inbound(std::uint32_t s, std::uint32_t bytes) const noexcept = 0;
+    /// Where this side builds the message for slot s before send_slot.
+    [[nodiscard]] virtual std::byte* staging(std::uint32_t s) const noexcept = 0;
+    /// Sends the first `bytes` of staging slot s to the peer's slot s, with
+    /// the immediate naming them, at priority p.
+    [[nodiscard]] virtual status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
+                                           sched::priority p) noexcept = 0;
+    /// Reads `dst.length` bytes of the peer's buffer `src` into `dst`.
+    [[nodiscard]] virtual transfer read_body(sched::priority p,
+                                             local_buffer<rights::local_write> dst,
+                                             const buffer_descriptor& src,
+                                             std::uint64_t wr_id) noexcept = 0;
+    /// Writes `src` into the peer's buffer `dst`.
+    [[nodiscard]] virtual transfer write_body(sched::priority p,
+                                              local_buffer<rights::local_write> src,
+                                              const buffer_descriptor& dst,
+                                              std::uint64_t wr_id) noexcept = 0;
+    /// Completions of transfers that started, and failures.
+    [[nodiscard]] virtual int poll_transfers(std::span<verbs::completion> out) noexcept = 0;
+    /// Something to do at the next poll (queued work, completions to reap).
+    [[nodiscard]] virtual bool needs_progress() const noexcept = 0;
+    [[nodiscard]] virtual bool has_outstanding() const noexcept = 0;
+    /// The link failed under this side (an error completion, a corrupt ring).
+    [[nodiscard]] virtual bool failed() const noexcept = 0;
+    /// The peer left (reads connection events: housekeeping only).
+    [[nodiscard]] virtual bool peer_gone() noexcept = 0;
+    /// Readable when a connection event may be waiting (for the endpoint's epoll).
+    [[nodiscard]] virtual int event_fd() const noexcept = 0;
+    /// The handshake is over (a server accepts without waiting for it).
+    [[nodiscard]] virtual bool established() noexcept { return true; }
+    /// The peer's first message arrived: the connection is up.
+    virtual void established_by_traffic() noexcept {}
+    /// The next immediate from the peer, where they do not come through the
+    /// endpoint's completion queue (local links).
+    [[nodiscard]] virtual local::ring_status next_imm(std::uint32_t& imm) noexcept {
+        (void)imm;
+        return local::ring_status::empty;
+    }
+    /// Starts closing the connection (the peer sees it go).
+    virtual void close() noexcept = 0;
+    [[nodiscard]] virtual bool is_local() const noexcept { return false; }
+    /// A large body needs a registration the peer can use (RDMA), or none (CMA).
+    [[nodiscard]] virtual bool needs_registration() const noexcept { return true; }
+
+    /// The connection failed, the peer left, or it broke the protocol: no
+    /// more posts; the endpoint tears it down.
+    bool broken = false;
+
+protected:
+    /// The geometry granted (at most what this side built its rings for).
+    void grant(std::uint16_t slots, std::uint32_t slot_bytes) noexcept {
+        slots_ = slots;
+        slot_bytes_ = slot_bytes;
+    }
+
+private:
+    std::uint16_t slots_;
+    std::uint32_t slot_bytes_;
+};
+
+} // namespace rdmax::rpc

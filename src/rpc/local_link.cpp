@@ -1,0 +1,154 @@
+#include <cerrno>
+#include <cstring>
+#include <sys/socket.h>
+
+#include <fmt/format.h>
+
+#include <rdmax/local/cma.hpp>
+#include <rdmax/rpc/local_link.hpp>
+
+namespace rdmax::rpc {
+
+namespace {
+constexpr std::size_t page = 4096;
+constexpr std::uint32_t segment_magic = 0x4c4f4331; // "LOC1"
+
+struct segment_header {
+    std::uint32_t magic;
+    std::uint16_t slots;
+    std::uint16_t reserved;
+    std::uint32_t slot_bytes;
+    std::uint32_t ring_capacity;
+};
+
+/// Each direction's message ring: room for twice the slots' immediates.
+std::size_t ring_capacity(std::uint16_t slots) noexcept {
+    std::size_t cap = 256;
+    while (cap < std::size_t{slots} * 16 * 2)
+        cap *= 2;
+    return cap;
+}
+std::size_t round_page(std::size_t n) noexcept {
+    return (n + page - 1) / page * page;
+}
+} // namespace
+
+std::string local_name(std::string_view addr, std::uint16_t port) {
+    return fmt::format("rdmax-rpc/{}:{}", addr, port);
+}
+
+std::size_t local_link::segment_bytes(std::uint16_t slots, std::uint32_t slot_bytes) noexcept {
+    const std::size_t ring = round_page(local::spsc_ring::bytes_for(ring_capacity(slots)));
+    return page + 2 * ring + 2 * round_page(std::size_t{slots} * slot_bytes);
+}
+
+local_link::local_link(local::unix_channel channel, pid_t peer, std::uint16_t slots,
+                       std::uint32_t slot_bytes)
+    : link_wire(slots, slot_bytes)
+    , channel_(std::move(channel))
+    , seg_(local::shared_segment::create("rpc", segment_bytes(slots, slot_bytes)))
+    , peer_(peer) {
+    auto* h = reinterpret_cast<segment_header*>(seg_.data());
+    h->slots = slots;
+    h->slot_bytes = slot_bytes;
+    h->ring_capacity = static_cast<std::uint32_t>(ring_capacity(slots));
+    const std::size_t ring = round_page(local::spsc_ring::bytes_for(h->ring_capacity));
+    local::spsc_ring::format(seg_.bytes().subspan(page, ring), h->ring_capacity);
+    local::spsc_ring::format(seg_.bytes().subspan(page + ring, ring), h->ring_capacity);
+    h->magic = segment_magic;
+    lay_out(side::server);
+}
+
+local_link::local_link(local::unix_channel channel, local::shared_segment segment, pid_t peer,
+                       std::uint16_t slots, std::uint32_t slot_bytes)
+    : link_wire(slots, slot_bytes)
+    , channel_(std::move(channel))
+    , seg_(std::move(segment))
+    , peer_(peer) {
+    const auto* h = reinterpret_cast<const segment_header*>(seg_.data());
+    if (seg_.size() < segment_bytes(slots, slot_bytes) || h->magic != segment_magic ||
+        h->slots != slots || h->slot_bytes != slot_bytes ||
+        h->ring_capacity != ring_capacity(slots)) {
+        corrupt_ = true;
+        return;
+    }
+    lay_out(side::client);
+}
+
+void local_link::lay_out(side who) noexcept {
+    const std::size_t ring = round_page(local::spsc_ring::bytes_for(ring_capacity(slots())));
+    const std::size_t ring_bytes = round_page(std::size_t{slots()} * slot_bytes());
+    local::spsc_ring c2s(seg_.bytes().subspan(page, ring));
+    local::spsc_ring s2c(seg_.bytes().subspan(page + ring, ring));
+    std::byte* requests = seg_.data() + page + 2 * ring;
+    std::byte* replies = requests + ring_bytes;
+    if (!c2s.valid() || !s2c.valid()) {
+        corrupt_ = true;
+        return;
+    }
+    if (who == side::server) {
+        in_ = c2s;
+        out_ = s2c;
+        in_slots_ = requests;
+        out_slots_ = replies;
+    } else {
+        in_ = s2c;
+        out_ = c2s;
+        in_slots_ = replies;
+        out_slots_ = requests;
+    }
+}
+
+status local_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
+                             sched::priority) noexcept {
+    if (corrupt_)
+        return status::qp_failed;
+    const std::uint32_t imm = encode_imm(k, s, bytes);
+    switch (out_.try_push(std::as_bytes(std::span(&imm, 1)))) {
+    case local::ring_status::ok: return status::ok;
+    case local::ring_status::full: return status::queue_full;
+    default: corrupt_ = true; return status::qp_failed;
+    }
+}
+
+local::ring_status local_link::next_imm(std::uint32_t& imm) noexcept {
+    if (corrupt_)
+        return local::ring_status::corrupt;
+    std::size_t n = 0;
+    const local::ring_status st = in_.try_pop(std::as_writable_bytes(std::span(&imm, 1)), n);
+    if (st == local::ring_status::ok && n != sizeof imm)
+        return local::ring_status::corrupt;
+    if (st == local::ring_status::too_long)
+        return local::ring_status::corrupt;
+    return st;
+}
+
+transfer local_link::read_body(sched::priority, local_buffer<rights::local_write> dst,
+                               const buffer_descriptor& src, std::uint64_t) noexcept {
+    return local::cma_read(peer_, src.addr, {dst.addr, dst.length}) == local::cma_status::ok
+               ? transfer::done
+               : transfer::failed;
+}
+
+transfer local_link::write_body(sched::priority, local_buffer<rights::local_write> src,
+                                const buffer_descriptor& dst, std::uint64_t) noexcept {
+    if (src.length > dst.length)
+        return transfer::failed;
+    return local::cma_write(peer_, dst.addr, {src.addr, src.length}) == local::cma_status::ok
+               ? transfer::done
+               : transfer::failed;
+}
+
+bool local_link::peer_gone() noexcept {
+    char c = 0;
+    const ssize_t r = recv(channel_.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    // 0: the peer closed its end (or its process ended); a message there is not ours to take.
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+void local_link::close() noexcept {
+    if (channel_.fd() >= 0)
+        shutdown(channel_.fd(), SHUT_RDWR);
+}
+
+} // namespace rdmax::rpc

@@ -108,7 +108,8 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
             std::fprintf(stderr,
                          "rdmax: rpc::server on %.*s:%u: no node-local path (%s); peers here go "
                          "through the device\n",
-                         static_cast<int>(addr.size()), addr.data(), unsigned{listener_.port()}, e.what());
+                         static_cast<int>(addr.size()), addr.data(), unsigned{listener_.port()},
+                         e.what());
         }
     }
     links_.reserve(opts_.max_peers);

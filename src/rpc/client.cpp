@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
-#include <rdmax/rpc/client.hpp>
 #include <rdmax/local/cma.hpp>
+#include <rdmax/rpc/client.hpp>
 #include <rdmax/rpc/local_link.hpp>
 
 namespace rdmax::rpc {

@@ -119,6 +119,8 @@ peer_id client::add_link(std::unique_ptr<link_wire> wire) {
         l.free_slots.push_back(static_cast<std::uint16_t>(s));
     l.wire = std::move(wire);
     inbox_.watch(l.wire->event_fd());
+    if (l.wire->wake_fd() >= 0)
+        inbox_.watch(l.wire->wake_fd());
     grow_results();
     ++counters_.connected;
     return {index, l.generation};
@@ -165,7 +167,7 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
         return nullptr;
     }
     if (n != sizeof w || w.magic != protocol_magic || w.version != protocol_version ||
-        w.status != local_ok || fds.size() != 1 || w.slots == 0 || w.slots > opts_.slots ||
+        w.status != local_ok || fds.size() != 3 || w.slots == 0 || w.slots > opts_.slots ||
         w.slot_bytes < min_slot_bytes || w.slot_bytes > opts_.slot_bytes ||
         w.segment_bytes < local_link::segment_bytes(w.slots, w.slot_bytes)) {
         close_all();
@@ -181,10 +183,10 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
         close_all();
         throw;
     }
-    close_all();
+    ::close(fds[0]); // mapped: the mapping keeps the memory
     const pid_t server_pid = ch.peer().pid;
     auto wire = std::make_unique<local_link>(std::move(ch), std::move(seg), server_pid, w.slots,
-                                             w.slot_bytes);
+                                             w.slot_bytes, fds[1], fds[2]);
     if (wire->failed())
         throw_error("rpc::client::connect", EPROTO,
                     fmt::format("{}:{}: the node-local segment is not laid out", addr, port));
@@ -551,6 +553,8 @@ void client::teardown_idle() noexcept {
         if (l.held != 0 || l.in_flight != 0)
             continue;
         inbox_.forget(l.wire->event_fd());
+        if (l.wire->wake_fd() >= 0)
+            inbox_.forget(l.wire->wake_fd());
         if (l.verbs != nullptr)
             by_qp_.erase(l.verbs->qp_num());
         l.verbs = nullptr;
@@ -607,10 +611,21 @@ int client::wait(std::span<call_result> out, std::chrono::microseconds timeout) 
     if (const int n = poll(out); n != 0)
         return n;
     (void)inbox_.arm();
-    if (const int n = poll(out); n != 0)
-        return n;
+    bool asleep = true;
+    for (link& l : links_)
+        if (l.wire && !l.wire->broken && !l.wire->prepare_sleep())
+            asleep = false;
+    if (const int n = poll(out); n != 0 || !asleep) {
+        for (link& l : links_)
+            if (l.wire)
+                l.wire->woke();
+        return n != 0 ? n : poll(out);
+    }
     inbox_.sleep(std::min<std::chrono::microseconds>(
         timeout, std::chrono::duration_cast<std::chrono::microseconds>(opts_.housekeeping)));
+    for (link& l : links_)
+        if (l.wire)
+            l.wire->woke();
     next_housekeeping_ = {};
     return poll(out);
 }

@@ -1,9 +1,13 @@
 #include <cerrno>
 #include <cstring>
+#include <new>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
+#include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
 #include <rdmax/rpc/local_link.hpp>
 
@@ -19,7 +23,12 @@ struct segment_header {
     std::uint16_t reserved;
     std::uint32_t slot_bytes;
     std::uint32_t ring_capacity;
+    /// Each side sets its flag before it sleeps; a sender that finds the
+    /// peer's set writes its eventfd (the only system call of this path).
+    alignas(64) std::atomic<std::uint32_t> server_sleeping;
+    alignas(64) std::atomic<std::uint32_t> client_sleeping;
 };
+static_assert(sizeof(segment_header) <= 4096);
 
 /// Each direction's message ring: room for twice the slots' immediates.
 std::size_t ring_capacity(std::uint16_t slots) noexcept {
@@ -48,7 +57,17 @@ local_link::local_link(local::unix_channel channel, pid_t peer, std::uint16_t sl
     , channel_(std::move(channel))
     , seg_(local::shared_segment::create("rpc", segment_bytes(slots, slot_bytes)))
     , peer_(peer) {
-    auto* h = reinterpret_cast<segment_header*>(seg_.data());
+    wake_server_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    wake_client_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_server_ < 0 || wake_client_ < 0) {
+        const int err = errno;
+        if (wake_server_ >= 0)
+            ::close(wake_server_);
+        if (wake_client_ >= 0)
+            ::close(wake_client_);
+        throw_error("eventfd", err, "a node-local RPC connection");
+    }
+    auto* h = new (seg_.data()) segment_header{};
     h->slots = slots;
     h->slot_bytes = slot_bytes;
     h->ring_capacity = static_cast<std::uint32_t>(ring_capacity(slots));
@@ -60,11 +79,15 @@ local_link::local_link(local::unix_channel channel, pid_t peer, std::uint16_t sl
 }
 
 local_link::local_link(local::unix_channel channel, local::shared_segment segment, pid_t peer,
-                       std::uint16_t slots, std::uint32_t slot_bytes)
+                       std::uint16_t slots, std::uint32_t slot_bytes, int wake_server,
+                       int wake_client)
     : link_wire(slots, slot_bytes)
     , channel_(std::move(channel))
     , seg_(std::move(segment))
-    , peer_(peer) {
+    , peer_(peer)
+    , who_(side::client)
+    , wake_server_(wake_server)
+    , wake_client_(wake_client) {
     const auto* h = reinterpret_cast<const segment_header*>(seg_.data());
     if (seg_.size() < segment_bytes(slots, slot_bytes) || h->magic != segment_magic ||
         h->slots != slots || h->slot_bytes != slot_bytes ||
@@ -86,6 +109,9 @@ void local_link::lay_out(side who) noexcept {
         corrupt_ = true;
         return;
     }
+    auto* h = reinterpret_cast<segment_header*>(seg_.data());
+    my_sleep_ = who == side::server ? &h->server_sleeping : &h->client_sleeping;
+    peer_sleep_ = who == side::server ? &h->client_sleeping : &h->server_sleeping;
     if (who == side::server) {
         in_ = c2s;
         out_ = s2c;
@@ -105,7 +131,14 @@ status local_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t byte
         return status::qp_failed;
     const std::uint32_t imm = encode_imm(k, s, bytes);
     switch (out_.try_push(std::as_bytes(std::span(&imm, 1)))) {
-    case local::ring_status::ok: return status::ok;
+    case local::ring_status::ok:
+        // A read-modify-write, not a load: ordered after the push for a
+        // peer that set its flag and then looked at the ring.
+        if (peer_sleep_->fetch_or(0, std::memory_order_seq_cst) != 0) {
+            const std::uint64_t one = 1;
+            (void)!::write(who_ == side::server ? wake_client_ : wake_server_, &one, sizeof one);
+        }
+        return status::ok;
     case local::ring_status::full: return status::queue_full;
     default: corrupt_ = true; return status::qp_failed;
     }
@@ -137,6 +170,28 @@ transfer local_link::write_body(sched::priority, local_buffer<rights::local_writ
     return local::cma_write(peer_, dst.addr, {src.addr, src.length}) == local::cma_status::ok
                ? transfer::done
                : transfer::failed;
+}
+
+local_link::~local_link() {
+    if (wake_server_ >= 0)
+        ::close(wake_server_);
+    if (wake_client_ >= 0)
+        ::close(wake_client_);
+}
+
+bool local_link::prepare_sleep() noexcept {
+    if (my_sleep_ == nullptr)
+        return true;
+    (void)my_sleep_->exchange(1, std::memory_order_seq_cst);
+    return in_.queued() == 0;
+}
+
+void local_link::woke() noexcept {
+    if (my_sleep_ == nullptr)
+        return;
+    my_sleep_->store(0, std::memory_order_relaxed);
+    std::uint64_t n = 0;
+    (void)!::read(wake_fd(), &n, sizeof n);
 }
 
 bool local_link::peer_gone() noexcept {

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <arpa/inet.h>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -183,9 +184,21 @@ int server::wait(std::chrono::microseconds timeout) noexcept {
     if (const int n = poll(); n != 0)
         return n;
     (void)inbox_.arm();
-    if (const int n = poll(); n != 0)
-        return n;
+    // Peers on this node wake this side through an eventfd, if asked to.
+    bool asleep = true;
+    for (link& l : links_)
+        if (l.wire && !l.wire->broken && !l.wire->prepare_sleep())
+            asleep = false;
+    if (const int n = poll(); n != 0 || !asleep) {
+        for (link& l : links_)
+            if (l.wire)
+                l.wire->woke();
+        return n != 0 ? n : poll();
+    }
     inbox_.sleep(std::min<std::chrono::microseconds>(timeout, std::chrono::milliseconds(50)));
+    for (link& l : links_)
+        if (l.wire)
+            l.wire->woke();
     // Whatever woke it (a completion, a connection event): look now.
     next_housekeeping_ = {};
     return poll();
@@ -526,6 +539,8 @@ std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t sl
     l.verbs = nullptr;
     l.wire = std::move(wire);
     inbox_.watch(l.wire->event_fd());
+    if (l.wire->wake_fd() >= 0)
+        inbox_.watch(l.wire->wake_fd());
     ++live_;
     ++counters_.connected;
     return index;
@@ -564,13 +579,16 @@ void server::accept_local(local::unix_channel ch) {
     w.slot_bytes = std::min(hello.slot_bytes, opts_.slot_bytes);
     w.segment_bytes = local_link::segment_bytes(w.slots, w.slot_bytes);
     auto wire = std::make_unique<local_link>(std::move(ch), pid, w.slots, w.slot_bytes);
-    wire->send(std::as_bytes(std::span(&w, 1)), wire->segment().fd());
+    const std::array<int, 3> handed{wire->segment().fd(), wire->wake_fds()[0], wire->wake_fds()[1]};
+    wire->send(std::as_bytes(std::span(&w, 1)), handed);
     (void)add_link(std::move(wire), w.slots);
 }
 
 void server::teardown(std::uint32_t index) noexcept {
     link& l = links_[index];
     inbox_.forget(l.wire->event_fd());
+    if (l.wire->wake_fd() >= 0)
+        inbox_.forget(l.wire->wake_fd());
     if (l.verbs != nullptr)
         by_qp_.erase(l.verbs->qp_num());
     l.verbs = nullptr;

@@ -75,6 +75,14 @@ public:
         (void)imm;
         return local::ring_status::empty;
     }
+    /// Readable when the peer woke this side (local links: their messages
+    /// have no completion channel); -1 where the endpoint's channel does it.
+    [[nodiscard]] virtual int wake_fd() const noexcept { return -1; }
+    /// About to sleep: asks the peer to wake this side, and says false when
+    /// something already arrived (then do not sleep).
+    [[nodiscard]] virtual bool prepare_sleep() noexcept { return true; }
+    /// Awake again: the peer need not wake this side any more.
+    virtual void woke() noexcept {}
     /// Starts closing the connection (the peer sees it go).
     virtual void close() noexcept = 0;
     [[nodiscard]] virtual bool is_local() const noexcept { return false; }

@@ -18,6 +18,8 @@
 // taken in order (nothing on this path waits behind a large transfer on a
 // wire: CMA copies are the server's own work, in the order calls arrive).
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -61,20 +63,28 @@ class local_link final : public link_wire {
 public:
     enum class side : std::uint8_t { server, client };
 
-    /// Server: makes the segment for `slots` x `slot_bytes`; `peer` is the
-    /// client's pid (for CMA).
+    /// Server: makes the segment for `slots` x `slot_bytes` and the two
+    /// wake-up eventfds; `peer` is the client's pid (for CMA).
     local_link(local::unix_channel channel, pid_t peer, std::uint16_t slots,
                std::uint32_t slot_bytes);
-    /// Client: maps the server's segment.
+    /// Client: maps the server's segment; takes the eventfds that wake the
+    /// server and this side (it owns them from now on).
     local_link(local::unix_channel channel, local::shared_segment segment, pid_t peer,
-               std::uint16_t slots, std::uint32_t slot_bytes);
+               std::uint16_t slots, std::uint32_t slot_bytes, int wake_server, int wake_client);
+    ~local_link() override;
+    /// The eventfds, for the welcome message: {wake the server, wake the client}.
+    [[nodiscard]] std::array<int, 2> wake_fds() const noexcept {
+        return {wake_server_, wake_client_};
+    }
 
     /// Bytes of a segment for this geometry.
     [[nodiscard]] static std::size_t segment_bytes(std::uint16_t slots,
                                                    std::uint32_t slot_bytes) noexcept;
     [[nodiscard]] const local::shared_segment& segment() const noexcept { return seg_; }
     /// A message on the connection's Unix socket, with a descriptor beside it.
-    void send(std::span<const std::byte> bytes, int fd) { channel_.send(bytes, std::span(&fd, 1)); }
+    void send(std::span<const std::byte> bytes, std::span<const int> fds) {
+        channel_.send(bytes, fds);
+    }
 
     [[nodiscard]] std::span<const std::byte> inbound(std::uint32_t s,
                                                      std::uint32_t bytes) const noexcept override {
@@ -100,6 +110,11 @@ public:
     [[nodiscard]] local::ring_status next_imm(std::uint32_t& imm) noexcept override;
     void close() noexcept override;
     [[nodiscard]] bool is_local() const noexcept override { return true; }
+    [[nodiscard]] int wake_fd() const noexcept override {
+        return who_ == side::server ? wake_server_ : wake_client_;
+    }
+    [[nodiscard]] bool prepare_sleep() noexcept override;
+    void woke() noexcept override;
     [[nodiscard]] bool needs_registration() const noexcept override { return false; }
 
 private:
@@ -112,6 +127,10 @@ private:
     std::byte* in_slots_ = nullptr;
     std::byte* out_slots_ = nullptr;
     bool corrupt_ = false;
+    side who_ = side::server;
+    int wake_server_ = -1, wake_client_ = -1;
+    std::atomic<std::uint32_t>* my_sleep_ = nullptr;   ///< set while this side sleeps
+    std::atomic<std::uint32_t>* peer_sleep_ = nullptr; ///< set while the peer sleeps
 };
 
 } // namespace rdmax::rpc

@@ -378,15 +378,7 @@ void client::on_receive(const ibv_wc& wc) noexcept {
         return;
     }
     const auto bad = [&](violation v) {
-        switch (v) {
-        case violation::wrong_kind: ++counters_.rejected_kind; break;
-        case violation::bad_slot: ++counters_.rejected_slot; break;
-        case violation::bad_length: ++counters_.rejected_length; break;
-        case violation::malformed: ++counters_.rejected_malformed; break;
-        case violation::credit: ++counters_.rejected_credit; break;
-        case violation::bad_opcode: ++counters_.rejected_opcode; break;
-        case violation::none: break;
-        }
+        counters_.count(v);
         fail_link(l, index);
     };
     if (wc.status != IBV_WC_SUCCESS) {
@@ -405,15 +397,7 @@ void client::on_receive(const ibv_wc& wc) noexcept {
 
 void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
     const auto bad = [&](violation v) {
-        switch (v) {
-        case violation::wrong_kind: ++counters_.rejected_kind; break;
-        case violation::bad_slot: ++counters_.rejected_slot; break;
-        case violation::bad_length: ++counters_.rejected_length; break;
-        case violation::malformed: ++counters_.rejected_malformed; break;
-        case violation::credit: ++counters_.rejected_credit; break;
-        case violation::bad_opcode: ++counters_.rejected_opcode; break;
-        case violation::none: break;
-        }
+        counters_.count(v);
         fail_link(l, index);
     };
     const imm_fields f = decode_imm(imm);

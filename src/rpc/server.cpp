@@ -411,15 +411,9 @@ void server::drive(link& l) noexcept {
 }
 
 void server::reject(link& l, violation v) noexcept {
-    switch (v) {
-    case violation::wrong_kind: ++counters_.rejected_kind; break;
-    case violation::bad_slot: ++counters_.rejected_slot; break;
-    case violation::bad_length: ++counters_.rejected_length; break;
-    case violation::malformed: ++counters_.rejected_malformed; break;
-    case violation::credit: ++counters_.rejected_credit; break;
-    case violation::bad_opcode: ++counters_.rejected_opcode; break;
-    case violation::none: return;
-    }
+    if (v == violation::none)
+        return;
+    counters_.count(v);
     // Closed at the next housekeeping, after the completions already queued
     // for it are taken; from now on they are dropped.
     l.wire->broken = true;

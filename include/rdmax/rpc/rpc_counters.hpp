@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/rpc/wire.hpp>
+
 namespace rdmax::rpc {
 
 struct rpc_counters {
@@ -35,6 +37,19 @@ struct rpc_counters {
     std::uint64_t refused = 0;   ///< connection requests refused (bad offer, too many peers)
     std::uint64_t disconnected =
         0; ///< connections gone (peer left, failed, or closed for a violation)
+
+    /// Counts a message rejected for `v` (none counts nothing).
+    void count(violation v) noexcept {
+        switch (v) {
+        case violation::wrong_kind: ++rejected_kind; break;
+        case violation::bad_slot: ++rejected_slot; break;
+        case violation::bad_length: ++rejected_length; break;
+        case violation::malformed: ++rejected_malformed; break;
+        case violation::credit: ++rejected_credit; break;
+        case violation::bad_opcode: ++rejected_opcode; break;
+        case violation::none: break;
+        }
+    }
 
     [[nodiscard]] std::uint64_t rejected() const noexcept {
         return rejected_kind + rejected_slot + rejected_length + rejected_malformed +

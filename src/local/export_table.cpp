@@ -28,7 +28,7 @@ export_table::export_table(std::uint32_t slots)
         free_.push_back(i);
 }
 
-export_notice export_table::publish(const shared_segment& seg) {
+export_notice export_table::publish_bytes(std::uint64_t bytes) {
     if (free_.empty())
         throw_error("export_table::publish", ENOSPC,
                     fmt::format("all {} export slots are taken: revoke some", slots_));
@@ -37,7 +37,7 @@ export_notice export_table::publish(const shared_segment& seg) {
     export_notice n;
     n.id = id;
     n.generation = next_generation_++;
-    n.bytes = seg.size();
+    n.bytes = bytes;
     table_[id].bytes = n.bytes;
     table_[id].generation.store(n.generation, std::memory_order_release);
     ++live_;

@@ -1,3 +1,7 @@
+#include <exception>
+
+#include <fmt/format.h>
+
 #include <rdmax/local/mapping_cache.hpp>
 
 #include "../env_knobs.hpp"
@@ -42,16 +46,28 @@ void mapping_cache::drop(entry& en, std::uint64_t& counter) noexcept {
     ++counter;
 }
 
+void mapping_cache::note_failure(std::string_view why) noexcept {
+    last_ = map_status::map_failed;
+    try {
+        failure_.assign(why); // a failure's path: an allocation is fine here
+    } catch (...) {
+        failure_.clear();
+    }
+}
+
 mapping_cache::entry* mapping_cache::map(entry& en, const export_notice& e) noexcept {
     shared_segment seg;
     try {
         seg = attach_(e);
+    } catch (const std::exception& x) {
+        note_failure(x.what());
+        return nullptr;
     } catch (...) {
-        last_ = map_status::map_failed;
+        note_failure("the attach function failed");
         return nullptr;
     }
     if (!seg || seg.size() < e.bytes) {
-        last_ = map_status::map_failed;
+        note_failure(fmt::format("export {} mapped {} bytes of its {}", e.id, seg.size(), e.bytes));
         return nullptr;
     }
     // Room first: the least recently used go.

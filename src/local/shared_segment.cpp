@@ -39,7 +39,7 @@ shared_segment shared_segment::create(std::string_view name, std::size_t bytes) 
         close(fd);
         throw_error("mmap", err, fmt::format("{}: {} bytes", label, n));
     }
-    return {fd, static_cast<std::byte*>(p), n};
+    return {fd, static_cast<std::byte*>(p), n, true};
 }
 
 shared_segment shared_segment::attach(int fd, std::size_t bytes, bool writable) {
@@ -59,13 +59,14 @@ shared_segment shared_segment::attach(int fd, std::size_t bytes, bool writable) 
         close(mine);
         throw_error("mmap", err, fmt::format("a shared segment of {} bytes", n));
     }
-    return {mine, static_cast<std::byte*>(p), n};
+    return {mine, static_cast<std::byte*>(p), n, writable};
 }
 
 shared_segment::shared_segment(shared_segment&& o) noexcept
     : fd_(std::exchange(o.fd_, -1))
     , base_(std::exchange(o.base_, nullptr))
-    , bytes_(std::exchange(o.bytes_, 0)) {}
+    , bytes_(std::exchange(o.bytes_, 0))
+    , writable_(std::exchange(o.writable_, false)) {}
 
 shared_segment& shared_segment::operator=(shared_segment&& o) noexcept {
     if (this != &o) {
@@ -73,6 +74,7 @@ shared_segment& shared_segment::operator=(shared_segment&& o) noexcept {
         fd_ = std::exchange(o.fd_, -1);
         base_ = std::exchange(o.base_, nullptr);
         bytes_ = std::exchange(o.bytes_, 0);
+        writable_ = std::exchange(o.writable_, false);
     }
     return *this;
 }
@@ -89,6 +91,7 @@ void shared_segment::release() noexcept {
     base_ = nullptr;
     fd_ = -1;
     bytes_ = 0;
+    writable_ = false;
 }
 
 } // namespace rdmax::local

@@ -44,7 +44,10 @@ public:
 
     /// Publishes `seg` (the caller keeps it alive, and keeps its size) under
     /// a free id with a new generation. Throws if every slot is taken.
-    export_notice publish(const shared_segment& seg);
+    export_notice publish(const shared_segment& seg) { return publish_bytes(seg.size()); }
+    /// As publish(), for memory of `bytes` the caller maps by other means
+    /// (an arena's area: local/exporter.hpp).
+    export_notice publish_bytes(std::uint64_t bytes);
     /// Revokes an export: its id's generation becomes 0, then the id is free
     /// for another publish (with a newer generation). False if `n` is not
     /// the live export of its id.

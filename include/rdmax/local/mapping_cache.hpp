@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -36,6 +37,7 @@ enum class map_status : std::uint8_t {
     revoked,      ///< the owner revoked the export (or replaced it): not used
     out_of_range, ///< [offset, offset + length) is not inside the export
     map_failed,   ///< the export could not be mapped (its descriptor, mmap)
+    read_only,    ///< a copy into an export the owner shared read-only
 };
 
 [[nodiscard]] constexpr std::string_view to_string(map_status s) noexcept {
@@ -44,6 +46,7 @@ enum class map_status : std::uint8_t {
     case map_status::revoked: return "export revoked";
     case map_status::out_of_range: return "range outside the export";
     case map_status::map_failed: return "the export could not be mapped";
+    case map_status::read_only: return "the export is read-only";
     }
     return "unknown";
 }
@@ -97,6 +100,8 @@ public:
         std::byte* p = nullptr;
         if (const map_status s = at(e, offset, in.size(), p); s != map_status::ok)
             return s;
+        if (!entries_[e.id].seg.writable())
+            return map_status::read_only;
         std::memcpy(p, in.data(), in.size());
         return after_copy(e);
     }
@@ -118,6 +123,10 @@ public:
         return e.id < table_.size() &&
                table_[e.id].generation.load(std::memory_order_acquire) == e.generation;
     }
+
+    /// Why the last use that reported map_failed failed (the attach
+    /// function's error), for a message; empty before any failure.
+    [[nodiscard]] std::string_view failure() const noexcept { return failure_; }
 
     /// Drops every mapping.
     void clear() noexcept;
@@ -164,6 +173,7 @@ private:
         return map_status::revoked;
     }
     entry* map(entry& en, const export_notice& e) noexcept;
+    void note_failure(std::string_view why) noexcept;
     void drop(entry& en, std::uint64_t& counter) noexcept;
 
     std::span<const export_slot> table_;
@@ -173,6 +183,7 @@ private:
     boost::intrusive::list<entry> lru_;
     mapping_counters counters_;
     map_status last_ = map_status::ok;
+    std::string failure_;
 };
 
 } // namespace rdmax::local

@@ -34,18 +34,21 @@ public:
     [[nodiscard]] std::byte* data() const noexcept { return base_; }
     [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
     [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {base_, bytes_}; }
+    [[nodiscard]] bool writable() const noexcept { return writable_; }
     [[nodiscard]] explicit operator bool() const noexcept { return base_ != nullptr; }
 
 private:
-    shared_segment(int fd, std::byte* base, std::size_t bytes) noexcept
+    shared_segment(int fd, std::byte* base, std::size_t bytes, bool writable) noexcept
         : fd_(fd)
         , base_(base)
-        , bytes_(bytes) {}
+        , bytes_(bytes)
+        , writable_(writable) {}
     void release() noexcept;
 
     int fd_ = -1;
     std::byte* base_ = nullptr;
     std::size_t bytes_ = 0;
+    bool writable_ = false;
 };
 
 } // namespace rdmax::local

@@ -31,6 +31,11 @@ struct arena_options {
     /// local_write | mw_bind alone, the areas' own rkeys open nothing to a
     /// peer, and only the handles issued do.
     rights area_rights = all_rights;
+    /// Back areas with memfds mapped shared, so that another process on the
+    /// node can map them (local/exporter.hpp: one copy, no device). Such
+    /// areas are shared with the owner's children after fork() too, where
+    /// private memory would be copied: share with care.
+    bool shareable = false;
 
     /// These options with RDMAX_ARENA_AREA_BYTES, RDMAX_ARENA_HIGH_WATERMARK
     /// (sizes, K/M/G/T suffixes allowed), RDMAX_ARENA_HUGE_PAGES and

@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <memory_resource> // the resource's base class, declared here
 #include <mutex>
@@ -165,6 +166,30 @@ public:
     [[nodiscard]] remote_buffer<A> remote(const void* p, std::size_t n) const {
         const area& a = checked_area<A>(p, n, "remote");
         return {reinterpret_cast<std::uintptr_t>(p), n, a.keys.rkey, 0};
+    }
+
+    /// The area of a shareable arena that holds [p, p + n): what another
+    /// process maps to reach it (local/exporter.hpp).
+    struct shared_area {
+        int fd = -1; ///< the area's memfd, the arena's: dup it to keep it
+        std::byte* base = nullptr;
+        std::size_t bytes = 0;
+    };
+    /// Throws rdmax::error if the arena is not shareable or [p, p + n) is not
+    /// inside one of its areas. Valid while a block in the area is held.
+    [[nodiscard]] shared_area area_for_sharing(const void* p, std::size_t n) const {
+        if (!opt_.shareable)
+            throw_error("registered_arena::area_for_sharing", EINVAL,
+                        "the arena was not made shareable (arena_options::shareable)");
+        const area& a = checked_area<rights::local_read>(p, n, "area_for_sharing");
+        return {a.m.fd, a.m.base, a.m.bytes};
+    }
+    /// Called with each area's base and size before the area goes back to
+    /// the system (from the thread that trims, or the destructor), so that
+    /// whoever shared it revokes it first. One listener; empty to remove.
+    void on_release(std::function<void(const std::byte*, std::size_t)> listener) {
+        std::lock_guard r(registrar_mutex_);
+        release_listener_ = std::move(listener);
     }
 
     /// Gives every wholly free area back to the system now (deregistered,
@@ -449,7 +474,7 @@ private:
         const std::size_t bytes =
             dedicated ? (need + two_mib - 1) / two_mib * two_mib : opt_.area_bytes;
         auto fresh = std::make_unique<area>();
-        fresh->m = detail::map_area(bytes, opt_.area_bytes, opt_.huge_pages);
+        fresh->m = detail::map_area(bytes, opt_.area_bytes, opt_.huge_pages, opt_.shareable);
         try {
             std::lock_guard r(registrar_mutex_);
             fresh->reg = reg_.reg(fresh->m.base, fresh->m.bytes, opt_.area_rights);
@@ -497,6 +522,8 @@ private:
     void release(area& a) noexcept {
         {
             std::lock_guard r(registrar_mutex_);
+            if (release_listener_)
+                release_listener_(a.m.base, a.m.bytes);
             reg_.dereg(a.reg);
         }
         detail::unmap_area(a.m);
@@ -570,6 +597,8 @@ private:
 
     Registrar reg_;
     std::mutex registrar_mutex_; ///< registrars need not be thread-safe; areas are rare
+    /// Told of every area before it is released; under registrar_mutex_.
+    std::function<void(const std::byte*, std::size_t)> release_listener_;
     arena_options opt_;
     mutable detail::spin_lock lock_;
     std::vector<std::unique_ptr<area>> areas_;

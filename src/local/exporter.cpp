@@ -1,0 +1,178 @@
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <string>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <rdmax/local/exporter.hpp>
+
+namespace rdmax::local {
+
+namespace {
+
+/// A descriptor of the same file opened read-only: a peer given it cannot
+/// map the file writable (mmap checks the descriptor's mode).
+int reopen_read_only(int fd) {
+    const std::string path = fmt::format("/proc/self/fd/{}", fd);
+    const int ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (ro < 0)
+        throw_error("open", errno, fmt::format("{} read-only, for a read-only export", path));
+    return ro;
+}
+
+} // namespace
+
+exporter::exporter(std::uint32_t slots)
+    : table_(slots)
+    , by_id_(slots) {}
+
+exporter::~exporter() {
+    std::vector<unhook> going;
+    {
+        std::lock_guard g(mutex_);
+        going.swap(unhooks_);
+    }
+    // Outside our lock: an arena calls its listener under its own lock, and
+    // the listener takes ours.
+    for (unhook& u : going)
+        u.call();
+    std::lock_guard g(mutex_);
+    for (published& p : by_id_)
+        if (p.fd >= 0)
+            close(p.fd);
+}
+
+bool exporter::knows(const void* arena) const noexcept {
+    return std::any_of(unhooks_.begin(), unhooks_.end(),
+                       [arena](const unhook& u) { return u.arena == arena; });
+}
+
+export_notice exporter::share(const shared_segment& seg, bool writable) {
+    if (!seg)
+        throw_error("exporter::share", EINVAL, "an empty segment");
+    std::lock_guard g(mutex_);
+    return publish_locked(seg.fd(), seg.data(), seg.size(), writable);
+}
+
+export_notice exporter::publish_locked(int fd, const std::byte* base, std::size_t bytes,
+                                       bool writable) {
+    // One export per memory and access: a second block of an area shares
+    // the export of the first.
+    for (const published& p : by_id_)
+        if (p.fd >= 0 && p.base == base && p.writable == writable && p.notice.bytes == bytes)
+            return p.notice;
+    const int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (mine < 0)
+        throw_error("fcntl(F_DUPFD_CLOEXEC)", errno, "an export's descriptor");
+    export_notice n;
+    try {
+        n = table_.publish_bytes(bytes);
+    } catch (...) {
+        close(mine);
+        throw;
+    }
+    published& p = by_id_[n.id];
+    p.fd = mine;
+    p.base = base;
+    p.notice = n;
+    p.writable = writable;
+    return n;
+}
+
+bool exporter::revoke(const export_notice& n) {
+    std::lock_guard g(mutex_);
+    if (n.id >= by_id_.size() || by_id_[n.id].fd < 0 ||
+        by_id_[n.id].notice.generation != n.generation)
+        return false;
+    revoke_locked(by_id_[n.id]);
+    return true;
+}
+
+void exporter::revoke_locked(published& p) noexcept {
+    table_.revoke(p.notice);
+    close(p.fd);
+    p = published{};
+}
+
+void exporter::revoke_area(const std::byte* base) noexcept {
+    std::lock_guard g(mutex_);
+    for (published& p : by_id_)
+        if (p.fd >= 0 && p.base == base)
+            revoke_locked(p);
+}
+
+std::size_t exporter::live() const {
+    std::lock_guard g(mutex_);
+    return table_.live();
+}
+
+bool exporter::answer(unix_channel& peer, std::chrono::milliseconds timeout) {
+    export_wire::request q;
+    std::vector<int> fds;
+    std::size_t got = 0;
+    try {
+        got = peer.receive(std::as_writable_bytes(std::span(&q, 1)), fds, timeout);
+    } catch (const error& e) {
+        if (e.code().value() == ECONNRESET || e.code().value() == ETIMEDOUT)
+            return false;
+        throw;
+    }
+    for (const int fd : fds) // a peer sends none: close what came anyway
+        close(fd);
+    if (got != sizeof q || q.magic != export_wire::magic)
+        throw_error("exporter::answer", EPROTO,
+                    fmt::format("a request of {} bytes, magic {:#x}", got, q.magic));
+    export_wire::reply r;
+    int fd = -1;
+    bool close_fd = false;
+    {
+        std::lock_guard g(mutex_);
+        switch (q.what) {
+        case export_wire::kind::hello:
+            r.slots = table_.slots();
+            r.bytes = table_.control().size();
+            fd = table_.control().fd();
+            break;
+        case export_wire::kind::attach: {
+            const published* p = q.id < by_id_.size() ? &by_id_[q.id] : nullptr;
+            if (p == nullptr || p->fd < 0 || p->notice.generation != q.generation) {
+                r.error = ENOENT; // revoked, replaced, or never published
+                break;
+            }
+            r.bytes = p->notice.bytes;
+            r.writable = p->writable ? 1 : 0;
+            if (p->writable) {
+                fd = p->fd;
+            } else {
+                fd = reopen_read_only(p->fd);
+                close_fd = true;
+            }
+            break;
+        }
+        default:
+            throw_error("exporter::answer", EPROTO,
+                        fmt::format("request kind {}", static_cast<std::uint32_t>(q.what)));
+        }
+    }
+    bool sent = true;
+    try {
+        peer.send(std::as_bytes(std::span(&r, 1)),
+                  fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>{});
+    } catch (const error& e) {
+        if (e.code().value() != EPIPE && e.code().value() != ECONNRESET) {
+            if (close_fd)
+                close(fd);
+            throw;
+        }
+        sent = false; // the peer went away meanwhile
+    }
+    if (close_fd)
+        close(fd);
+    return sent;
+}
+
+} // namespace rdmax::local

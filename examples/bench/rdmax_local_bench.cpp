@@ -5,6 +5,7 @@
 // small messages (ring), and soft-RoCE's loopback (rxe, where a device is).
 //
 //   rdmax_local_bench [-s MIN] [-S MAX] [-n ITERS] [--json FILE] [--no-rxe] [-a ADDR]
+//   (sizes with K/M/G suffixes)
 //
 // Bandwidth: the reader process pulls SIZE bytes from the writer process
 // ITERS times (cma: process_vm_readv; mapped: memcpy from the mapped export;
@@ -20,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <getopt.h>
 #include <new>
@@ -38,6 +40,7 @@
 #include <rdmax/local/spsc_ring.hpp>
 
 #include "bench_common.hpp"
+#include "bench_stats.hpp"
 
 namespace {
 
@@ -367,10 +370,18 @@ int main(int argc, char** argv) {
                                    {"no-rxe", no_argument, nullptr, 'R'},
                                    {"help", no_argument, nullptr, 'h'},
                                    {nullptr, 0, nullptr, 0}};
+    const auto size_arg = [](const char* text, const char* flag) -> std::size_t {
+        try {
+            return parse_size(text, flag, std::size_t{1} << 30);
+        } catch (const bench_failure& e) {
+            fmt::print(stderr, "rdmax_local_bench: {}\n", e.what());
+            std::exit(2);
+        }
+    };
     for (int c; (c = getopt_long(argc, argv, "s:S:n:a:h", longs, nullptr)) != -1;) {
         switch (c) {
-        case 's': min = std::stoul(optarg); break;
-        case 'S': max = std::stoul(optarg); break;
+        case 's': min = size_arg(optarg, "-s"); break;
+        case 'S': max = size_arg(optarg, "-S"); break;
         case 'n': iters = std::max(1, std::atoi(optarg)); break;
         case 'a': addr = optarg; break;
         case 'j': json = optarg; break;

@@ -105,6 +105,12 @@ void exporter::revoke_area(const std::byte* base) noexcept {
             revoke_locked(p);
 }
 
+bool exporter::is_live(const export_notice& n) const {
+    std::lock_guard g(mutex_);
+    return n.id < by_id_.size() && by_id_[n.id].fd >= 0 &&
+           by_id_[n.id].notice.generation == n.generation;
+}
+
 std::size_t exporter::live() const {
     std::lock_guard g(mutex_);
     return table_.live();

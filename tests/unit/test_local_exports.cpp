@@ -3,11 +3,13 @@
 // copies from and into it; revocation (explicit, or the arena trimming the
 // area) refused at the peer's next use without a fault; the owner killed
 // while the peer works; fork on either side; and bad requests.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <random>
 #include <string>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -15,6 +17,8 @@
 #include <thread>
 #include <unistd.h>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/local/exporter.hpp>
@@ -399,4 +403,82 @@ TEST_CASE("bad requests: a forged export, a malformed request, a private arena, 
     }
     owner.join();
     CHECK(verdict == 2); // ended by the refusal, not by a deadline
+}
+
+TEST_CASE("100 000 random allocations, frees, trims, revocations and peer reads: never a stale "
+          "byte") {
+    // The model: a peer's read of a range either returns exactly what the
+    // owner's memory holds there now, or is refused because the range's
+    // export is dead (revoked, or its area given back). Anything else is a
+    // stale or a wrong answer.
+    arena_t arena{counting_registrar{}, shareable()};
+    exporter ex(64);
+    auto [mine, theirs] = unix_channel::pair();
+    answering a(ex, std::move(mine));
+    importer im(std::move(theirs), mapping_options{.max_count = 2, .max_bytes = 8 * mib});
+    struct held {
+        arena_t::block b;
+        exported_range r;
+    };
+    struct told {
+        exported_range r;
+        std::byte* at; ///< the owner's address of the range
+    };
+    std::vector<held> live;
+    std::vector<told> ranges; // every range the peer was ever told of (the newest 256)
+    std::mt19937_64 rng(20261125);
+    // The owner's truth: whether the export stands.
+    const auto export_alive = [&](const export_notice& n) { return ex.is_live(n); };
+    std::vector<std::byte> got(4096);
+    std::uint64_t reads_ok = 0, reads_refused = 0, wrong = 0, stamp = 0;
+    for (int op = 0; op < 100'000; ++op) {
+        const auto dice = rng() % 100;
+        if (dice < 20 && live.size() < 48) {
+            const std::size_t n = std::size_t{64} << (rng() % 14); // 64 B .. 512 KiB
+            const auto b = arena.allocate(n);
+            std::memset(b.data, static_cast<int>(++stamp & 0xff), n);
+            const exported_range r = ex.share(arena, b.data, n, false);
+            live.push_back({b, r});
+            ranges.push_back({r, b.data});
+            if (ranges.size() > 256)
+                ranges.erase(ranges.begin());
+        } else if (dice < 35 && !live.empty()) {
+            const std::size_t i = rng() % live.size();
+            arena.deallocate(live[i].b.data, live[i].b.size);
+            live[i] = live.back();
+            live.pop_back();
+        } else if (dice < 40 && !live.empty()) { // the owner writes into a live block
+            const held& h = live[rng() % live.size()];
+            std::memset(h.b.data, static_cast<int>(++stamp & 0xff), h.b.size);
+        } else if (dice == 40 && rng() % 4 == 0) {
+            arena.trim();
+        } else if (dice == 41 && rng() % 4 == 0 && !ranges.empty()) {
+            ex.revoke(ranges[rng() % ranges.size()].r.notice);
+        } else if (!ranges.empty()) {
+            const told& t = ranges[rng() % ranges.size()];
+            const std::size_t n = std::min<std::size_t>(t.r.length, got.size());
+            const map_status s = im.copy_out(t.r, 0, std::span(got).first(n));
+            const bool alive = export_alive(t.r.notice);
+            if (s == map_status::ok) {
+                ++reads_ok;
+                // Alive, so the area is still the owner's: compare with it.
+                if (!alive || std::memcmp(got.data(), t.at, n) != 0)
+                    ++wrong;
+            } else if (s == map_status::revoked) {
+                ++reads_refused;
+                if (alive)
+                    ++wrong;
+            } else {
+                ++wrong;
+            }
+        }
+    }
+    for (const held& h : live)
+        arena.deallocate(h.b.data, h.b.size);
+    INFO(fmt::format("reads ok {}, refused {}; {}", reads_ok, reads_refused, im.counters()));
+    CHECK(wrong == 0);
+    CHECK(reads_ok > 10'000);
+    CHECK(reads_refused > 1'000);
+    CHECK(im.counters().evictions > 0);
+    CHECK(im.counters().invalidations > 0);
 }

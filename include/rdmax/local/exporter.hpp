@@ -113,6 +113,8 @@ public:
     /// caller should then drop the peer).
     bool answer(unix_channel& peer, std::chrono::milliseconds timeout);
 
+    /// `n` is the live export of its id (not revoked, not replaced).
+    [[nodiscard]] bool is_live(const export_notice& n) const;
     [[nodiscard]] std::size_t live() const;
     [[nodiscard]] std::uint32_t slots() const noexcept { return table_.slots(); }
 

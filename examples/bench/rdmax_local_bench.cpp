@@ -1,6 +1,8 @@
 // rdmax_local_bench: moving bytes between two processes on one node, every
 // path in one run: one copy by cross-memory attach (cma), one copy through a
-// mapping of the peer's exported memory found in the mapping cache (mapped),
+// mapping of the peer's exported memory found in the mapping cache (mapped:
+// the writer exports its buffer with local::exporter, the reader maps it with
+// local::importer, as two services would),
 // two copies through a shared bounce buffer (bounce), the message ring for
 // small messages (ring), and soft-RoCE's loopback (rxe, where a device is).
 //
@@ -14,7 +16,8 @@
 // pairs on the device). Latency: a 64 B ping-pong between the two processes
 // (ring: two message rings; rxe: send/receive on a queue pair pair), half the
 // median round trip. The mapping cache: a hit (lookup and generation check)
-// against a fresh map (attach, mmap). Every transfer's bytes are checked.
+// against a fresh map (through the importer: a request to the writer, its
+// descriptor back, mmap). Every transfer's bytes are checked.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -28,13 +31,16 @@
 #include <optional>
 #include <string>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <rdmax/local/cma.hpp>
-#include <rdmax/local/export_table.hpp>
+#include <rdmax/local/descriptor_passing.hpp>
+#include <rdmax/local/exporter.hpp>
+#include <rdmax/local/importer.hpp>
 #include <rdmax/local/mapping_cache.hpp>
 #include <rdmax/local/shared_segment.hpp>
 #include <rdmax/local/spsc_ring.hpp>
@@ -103,11 +109,28 @@ struct bounce_area {
 };
 
 struct shared_state {
-    shared_segment src;    ///< the writer's buffer (exported for the mapped path)
-    shared_segment bounce; ///< bounce_area, then 2 chunks
-    shared_segment rings;  ///< two message rings for the ping-pong
+    shared_segment src;         ///< the writer's buffer (exported for the mapped path)
+    export_notice src_export;   ///< the writer's export of src, as it told the reader
+    std::optional<importer> im; ///< the reader's, over a channel to the writer's exporter
+    shared_segment bounce;      ///< bounce_area, then 2 chunks
+    shared_segment rings;       ///< two message rings for the ping-pong
     std::size_t max = 0;
 };
+
+/// The writer's exporter: publishes src, tells the reader, then answers its
+/// requests on a thread of its own until the reader closes the channel.
+void serve_exports(shared_state& s, unix_channel ch) {
+    static exporter ex(4); // lives until the writer's _exit
+    const export_notice n = ex.share(s.src, false);
+    ch.send(std::as_bytes(std::span(&n, 1)));
+    std::thread([c = std::move(ch)]() mutable {
+        try {
+            while (ex.answer(c, std::chrono::seconds(1))) {
+            }
+        } catch (...) {
+        }
+    }).detach();
+}
 
 void writer_loop(shared_state& s, int cmd, int ack) {
     auto* b = reinterpret_cast<bounce_area*>(s.bounce.data());
@@ -172,22 +195,16 @@ void bench_pulls(shared_state& s, writer& w, std::size_t size, int iters) {
             throw bench_failure("cma: wrong bytes");
         record("cma", "pull", size, static_cast<double>(size) / us, us);
     }
-    // mapped: the writer's buffer exported, found in the cache (a hit after the first)
+    // mapped: the writer's export of its buffer, found in the importer's
+    // cache (mapped at the first use, a hit after)
     {
-        export_table table(4);
-        const export_notice e = table.publish(s.src);
-        shared_segment control =
-            shared_segment::attach(table.control().fd(), table.control().size(), false);
-        mapping_cache cache(export_table::view(control.bytes(), table.slots()),
-                            [&](const export_notice& n) {
-                                return shared_segment::attach(s.src.fd(), n.bytes, false);
-                            });
+        const exported_range r{s.src_export, 0, size};
         std::fill(dst.begin(), dst.end(), std::byte{0});
-        if (cache.copy_out(e, 0, dst) != map_status::ok)
-            throw bench_failure("mapped: copy_out");
+        if (s.im->copy_out(r, 0, dst) != map_status::ok)
+            throw bench_failure(fmt::format("mapped: copy_out: {}", s.im->failure()));
         const std::uint64_t t0 = cycles();
         for (int i = 0; i < iters; ++i)
-            if (cache.copy_out(e, 0, dst) != map_status::ok)
+            if (s.im->copy_out(r, 0, dst) != map_status::ok)
                 throw bench_failure("mapped: copy_out");
         const double us = static_cast<double>(cycles() - t0) / per_us / iters;
         if (!check(dst, 1))
@@ -269,13 +286,8 @@ void bench_ring(shared_state& s, writer& w, int iters) {
 }
 
 void bench_map_cache(shared_state& s) {
-    export_table table(4);
-    const export_notice e = table.publish(s.src);
-    shared_segment control =
-        shared_segment::attach(table.control().fd(), table.control().size(), false);
-    mapping_cache cache(
-        export_table::view(control.bytes(), table.slots()),
-        [&](const export_notice& n) { return shared_segment::attach(s.src.fd(), n.bytes, false); });
+    mapping_cache& cache = s.im->cache();
+    const export_notice e = s.src_export;
     std::byte* p = nullptr;
     if (cache.at(e, 0, 64, p) != map_status::ok)
         throw bench_failure("map cache: first lookup");
@@ -408,6 +420,7 @@ int main(int argc, char** argv) {
         s.rings = shared_segment::create("bench-rings", 2 * ring_bytes);
         spsc_ring::format(s.rings.bytes().first(ring_bytes), 1 << 16);
         spsc_ring::format(s.rings.bytes().subspan(ring_bytes), 1 << 16);
+        auto [exports_mine, exports_theirs] = unix_channel::pair();
         writer w;
         int cmd[2], ack[2];
         if (pipe(cmd) != 0 || pipe(ack) != 0)
@@ -418,10 +431,21 @@ int main(int argc, char** argv) {
         if (w.pid == 0) {
             close(cmd[1]);
             close(ack[0]);
+            exports_mine = unix_channel();
+            serve_exports(s, std::move(exports_theirs));
             writer_loop(s, cmd[0], ack[1]);
         }
         close(cmd[0]);
         close(ack[1]);
+        exports_theirs = unix_channel();
+        {
+            std::vector<int> fds;
+            if (exports_mine.receive(std::as_writable_bytes(std::span(&s.src_export, 1)), fds,
+                                     std::chrono::seconds(10)) != sizeof s.src_export ||
+                !fds.empty())
+                throw bench_failure("the writer's export notice");
+        }
+        s.im.emplace(std::move(exports_mine));
         w.cmd = cmd[1];
         w.ack = ack[0];
         fmt::print("{:<8} {:<8} {:>10} {:>12} {:>12}\n", "path", "op", "bytes", "MB/s", "us");

@@ -123,7 +123,9 @@ bool exporter::answer(unix_channel& peer, std::chrono::milliseconds timeout) {
     try {
         got = peer.receive(std::as_writable_bytes(std::span(&q, 1)), fds, timeout);
     } catch (const error& e) {
-        if (e.code().value() == ECONNRESET || e.code().value() == ETIMEDOUT)
+        if (e.code().value() == ETIMEDOUT)
+            return true; // nothing asked: the peer is still there
+        if (e.code().value() == ECONNRESET)
             return false;
         throw;
     }

@@ -108,9 +108,9 @@ public:
     bool revoke(const export_notice& n);
 
     /// Answers one request of the peer at the other end of `peer`, waiting
-    /// for it up to `timeout`. False when the peer closed the channel or
-    /// nothing came in time; throws rdmax::error on a malformed request (the
-    /// caller should then drop the peer).
+    /// for it up to `timeout` (nothing asked by then: true all the same).
+    /// False when the peer closed the channel; throws rdmax::error on a
+    /// malformed request (the caller should then drop the peer).
     bool answer(unix_channel& peer, std::chrono::milliseconds timeout);
 
     /// `n` is the live export of its id (not revoked, not replaced).

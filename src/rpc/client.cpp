@@ -9,6 +9,7 @@
 
 #include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
+#include <rdmax/local/node_address.hpp>
 #include <rdmax/rpc/client.hpp>
 #include <rdmax/rpc/local_link.hpp>
 
@@ -131,7 +132,21 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
     try {
         ch = local::unix_channel::connect(local_name(addr, port));
     } catch (const error&) {
-        return nullptr; // nobody answers that name: the server is not on this node
+        // Nobody answers that name. A server on this node listening on a
+        // wildcard address answers for every address of the node: try its
+        // names, but only if addr is this node's (else the server on the
+        // port here would be the wrong one).
+        if (!local::is_node_address(addr))
+            return nullptr;
+        for (const std::string_view any : {"0.0.0.0", "::"}) {
+            try {
+                ch = local::unix_channel::connect(local_name(any, port));
+                break;
+            } catch (const error&) {
+            }
+        }
+        if (ch.fd() < 0)
+            return nullptr; // the server is not on this node
     }
     if (probe_ == 0)
         probe_ = std::random_device{}() | 1U;

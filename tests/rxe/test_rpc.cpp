@@ -267,6 +267,22 @@ TEST_CASE("node-local path: taken when both ends are on this node, not when swit
     CHECK(s.counters().rejected() == 0);
 }
 
+TEST_CASE("a server on the wildcard address is found on this node by the node's address") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = small_options();
+    rpc::server s(pd, "0.0.0.0", 0, o);
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s, o); // to test_addr(), one of this node's
+    CHECK(c.cli.is_local(c.peer) == local_path());
+    std::vector<std::byte> req(100);
+    fill_pattern(req, 5);
+    const answer a = call_once(s, c, m_echo, req);
+    REQUIRE(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
+}
+
 TEST_CASE("many calls in flight from many clients, one server thread, no reply mixed up") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);

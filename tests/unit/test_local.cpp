@@ -16,6 +16,7 @@
 #include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/local/export_table.hpp>
 #include <rdmax/local/mapping_cache.hpp>
+#include <rdmax/local/node_address.hpp>
 #include <rdmax/local/shared_segment.hpp>
 #include <rdmax/local/spsc_ring.hpp>
 
@@ -375,4 +376,12 @@ TEST_CASE("a Unix listener by abstract name: reached from this node, silent past
     CHECK(got[2] == std::byte{3});
     CHECK_THROWS(s.receive(got, fds, std::chrono::milliseconds(50))); // nothing more: deadline
     CHECK_THROWS(unix_channel::connect("rdmax-nobody-listens-here"));
+}
+
+TEST_CASE("node addresses: this node's are, another's and nonsense are not") {
+    CHECK(is_node_address("127.0.0.1"));
+    CHECK(is_node_address("127.0.0.2"));       // all of 127/8 is the loopback's
+    CHECK_FALSE(is_node_address("192.0.2.1")); // TEST-NET-1: nobody's
+    CHECK_FALSE(is_node_address(""));
+    CHECK_FALSE(is_node_address("300.1.1.1"));
 }

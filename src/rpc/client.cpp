@@ -352,17 +352,9 @@ void client::progress() noexcept {
         if (!l.wire || l.wire->broken)
             continue;
         if (l.wire->is_local()) {
-            std::uint32_t imm = 0;
-            for (int k = 0; k < 32 && !l.wire->broken; ++k) {
-                const local::ring_status st = l.wire->next_imm(imm);
-                if (st == local::ring_status::empty)
-                    break;
-                if (st != local::ring_status::ok) {
-                    ++counters_.rejected_malformed;
-                    fail_link(l, i);
-                    break;
-                }
-                on_imm(l, i, imm);
+            if (!l.wire->drain_imms([&](std::uint32_t imm) { on_imm(l, i, imm); })) {
+                ++counters_.rejected_malformed;
+                fail_link(l, i);
             }
             continue;
         }

@@ -158,19 +158,9 @@ int server::poll() noexcept {
         if (!l.wire || l.wire->broken)
             continue;
         if (l.wire->is_local()) {
-            // Its immediates come through its own message ring: a few at a
-            // time, so that no peer holds the others.
-            std::uint32_t imm = 0;
-            for (int k = 0; k < 32 && !l.wire->broken; ++k) {
-                const local::ring_status st = l.wire->next_imm(imm);
-                if (st == local::ring_status::empty)
-                    break;
-                if (st != local::ring_status::ok) {
-                    reject(l, violation::malformed);
-                    break;
-                }
-                on_imm(l, i, imm);
-            }
+            // Its immediates come through its own message ring.
+            if (!l.wire->drain_imms([&](std::uint32_t imm) { on_imm(l, i, imm); }))
+                reject(l, violation::malformed);
         } else if (l.reads != 0 || l.wire->needs_progress()) {
             drive(l);
         }

@@ -25,9 +25,12 @@
 #include <rdmax/mem/registered_arena.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/child_process.hpp"
 
 using namespace rdmax;
 using namespace rdmax::local;
+using rdmax::test::reap;
+using rdmax::test::spawn;
 using arena_t = basic_registered_arena<counting_registrar>;
 using namespace std::chrono_literals;
 
@@ -68,39 +71,6 @@ T hear(unix_channel& c) {
     if (c.receive(std::as_writable_bytes(std::span(&v, 1)), fds, 20s) != sizeof v)
         throw std::runtime_error("a control message of the wrong size");
     return v;
-}
-
-/// Runs `body` in a child process; its return value is the exit status
-/// (an exception: 100). The child never returns into the test runner.
-template <class F>
-pid_t spawn(F&& body) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-        int rc = 100;
-        try {
-            rc = body();
-        } catch (...) {
-        }
-        _exit(rc);
-    }
-    return pid;
-}
-
-/// The child's exit status; killed past `limit` (-1), killed by a signal (-2 - signal).
-int reap(pid_t pid, std::chrono::seconds limit = 30s) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    int st = 0;
-    while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (std::chrono::steady_clock::now() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return -1;
-        }
-        usleep(1000);
-    }
-    if (WIFSIGNALED(st))
-        return -2 - WTERMSIG(st);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /// Answers a peer's requests on a thread until the peer closes its end.

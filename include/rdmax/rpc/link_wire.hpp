@@ -75,6 +75,22 @@ public:
         (void)imm;
         return local::ring_status::empty;
     }
+    /// Hands up to `most` waiting immediates from next_imm() to on_imm, a
+    /// few at a time so that no peer holds the others; stops when the link
+    /// breaks. False if the peer's ring was found corrupt.
+    template <class OnImm>
+    [[nodiscard]] bool drain_imms(OnImm&& on_imm, int most = 32) noexcept {
+        std::uint32_t imm = 0;
+        for (int k = 0; k < most && !broken; ++k) {
+            const local::ring_status st = next_imm(imm);
+            if (st == local::ring_status::empty)
+                break;
+            if (st != local::ring_status::ok)
+                return false;
+            on_imm(imm);
+        }
+        return true;
+    }
     /// Readable when the peer woke this side (local links: their messages
     /// have no completion channel); -1 where the endpoint's channel does it.
     [[nodiscard]] virtual int wake_fd() const noexcept { return -1; }

@@ -367,7 +367,7 @@ TEST_CASE("a Unix listener by abstract name: reached from this node, silent past
 
 TEST_CASE("node addresses: this node's are, another's and nonsense are not") {
     CHECK(is_node_address("127.0.0.1"));
-    CHECK(is_node_address("127.0.0.2"));       // all of 127/8 is the loopback's
+    CHECK(is_node_address("127.0.0.2"));          // all of 127/8 is the loopback's
     CHECK_FALSE(is_node_address("203.0.113.77")); // TEST-NET-3 (the VM uses TEST-NET-1)
     CHECK_FALSE(is_node_address(""));
     CHECK_FALSE(is_node_address("300.1.1.1"));

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <getopt.h>
 #include <new>
 #include <optional>
@@ -70,16 +71,27 @@ bool check(std::span<const std::byte> b, unsigned seed) {
     return true;
 }
 
+/// CPU time of the calling thread (user and system), in microseconds.
+double thread_cpu_us() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_nsec) / 1e3;
+}
+
 /// op: "pull" (bandwidth: the reader takes `bytes` from the writer) or
 /// "pingpong" (a 64 B message there and back: lat_us is half the round trip).
-void record(const char* path, const char* op, std::size_t bytes, double mbps, double lat_us) {
-    fmt::print("{:<8} {:<8} {:>10} {:>12.1f} {:>12.2f}\n", path, op, bytes, mbps, lat_us);
+/// cpu_us: CPU time per transfer of every thread that copies (the reader's,
+/// and the writer's on the bounce path); 0 where not measured.
+void record(const char* path, const char* op, std::size_t bytes, double mbps, double lat_us,
+            double cpu_us = 0) {
+    fmt::print("{:<8} {:<8} {:>10} {:>12.1f} {:>12.2f} {:>12.2f}\n", path, op, bytes, mbps, lat_us,
+               cpu_us);
     std::fflush(stdout);
     if (json_out != nullptr)
         fmt::print(json_out,
                    "{{\"kind\":\"local\",\"path\":\"{}\",\"op\":\"{}\",\"bytes\":{},"
-                   "\"MBps\":{:.1f},\"lat_us\":{:.3f}}}\n",
-                   path, op, bytes, mbps, lat_us);
+                   "\"MBps\":{:.1f},\"lat_us\":{:.3f},\"cpu_us\":{:.3f}}}\n",
+                   path, op, bytes, mbps, lat_us, cpu_us);
 }
 
 /// The writer process: a child that keeps `src` (in a shared segment, so the
@@ -146,6 +158,7 @@ void writer_loop(shared_state& s, int cmd, int ack) {
             if (read(cmd, args, sizeof args) != sizeof args)
                 _exit(2);
             const std::size_t size = args[0];
+            const double cpu0 = thread_cpu_us();
             std::uint64_t put = 0;
             for (std::uint64_t it = 0; it < args[1]; ++it)
                 for (std::size_t off = 0; off < size; off += bounce_area::chunk) {
@@ -159,6 +172,11 @@ void writer_loop(shared_state& s, int cmd, int ack) {
                     b->full[k].fetch_add(1, std::memory_order_release);
                     ++put;
                 }
+            // The writer's share of the CPU, before the acknowledgement.
+            const double cpu = thread_cpu_us() - cpu0;
+            if (write(ack, "k", 1) != 1 || write(ack, &cpu, sizeof cpu) != sizeof cpu)
+                _exit(2);
+            continue;
         } else if (c == 'p') { // ping-pong: echo N messages
             std::uint64_t n = 0;
             if (read(cmd, &n, sizeof n) != sizeof n)
@@ -186,14 +204,16 @@ void bench_pulls(shared_state& s, writer& w, std::size_t size, int iters) {
     {
         if (cma_read(w.pid, remote, dst) != cma_status::ok)
             throw bench_failure(fmt::format("cma: {}", why_not_permitted(w.pid)));
+        const double cpu0 = thread_cpu_us();
         const std::uint64_t t0 = cycles();
         for (int i = 0; i < iters; ++i)
             if (cma_read(w.pid, remote, dst) != cma_status::ok)
                 throw bench_failure("cma_read");
         const double us = static_cast<double>(cycles() - t0) / per_us / iters;
+        const double cpu = (thread_cpu_us() - cpu0) / iters;
         if (!check(dst, 1))
             throw bench_failure("cma: wrong bytes");
-        record("cma", "pull", size, static_cast<double>(size) / us, us);
+        record("cma", "pull", size, static_cast<double>(size) / us, us, cpu);
     }
     // mapped: the writer's export of its buffer, found in the importer's
     // cache (mapped at the first use, a hit after)
@@ -202,14 +222,16 @@ void bench_pulls(shared_state& s, writer& w, std::size_t size, int iters) {
         std::fill(dst.begin(), dst.end(), std::byte{0});
         if (s.im->copy_out(r, 0, dst) != map_status::ok)
             throw bench_failure(fmt::format("mapped: copy_out: {}", s.im->failure()));
+        const double cpu0 = thread_cpu_us();
         const std::uint64_t t0 = cycles();
         for (int i = 0; i < iters; ++i)
             if (s.im->copy_out(r, 0, dst) != map_status::ok)
                 throw bench_failure("mapped: copy_out");
         const double us = static_cast<double>(cycles() - t0) / per_us / iters;
+        const double cpu = (thread_cpu_us() - cpu0) / iters;
         if (!check(dst, 1))
             throw bench_failure("mapped: wrong bytes");
-        record("mapped", "pull", size, static_cast<double>(size) / us, us);
+        record("mapped", "pull", size, static_cast<double>(size) / us, us, cpu);
     }
     // bounce: two copies, pipelined over two chunks
     {
@@ -222,6 +244,7 @@ void bench_pulls(shared_state& s, writer& w, std::size_t size, int iters) {
         std::fill(dst.begin(), dst.end(), std::byte{0});
         const char c = 'b';
         const std::uint64_t args[2] = {size, static_cast<std::uint64_t>(iters)};
+        const double cpu0 = thread_cpu_us();
         const std::uint64_t t0 = cycles();
         if (write(w.cmd, &c, 1) != 1 || write(w.cmd, args, sizeof args) != sizeof args)
             throw bench_failure("bounce: the writer is gone");
@@ -239,13 +262,17 @@ void bench_pulls(shared_state& s, writer& w, std::size_t size, int iters) {
                 b->empty[k].fetch_add(1, std::memory_order_release);
                 ++got;
             }
+        const double reader_cpu = thread_cpu_us() - cpu0;
         char a = 0;
-        if (read(w.ack, &a, 1) != 1)
+        double writer_cpu = 0;
+        if (read(w.ack, &a, 1) != 1 ||
+            read(w.ack, &writer_cpu, sizeof writer_cpu) != sizeof writer_cpu)
             throw bench_failure("bounce: no acknowledgement");
         const double us = static_cast<double>(cycles() - t0) / per_us / iters;
         if (!check(dst, 1))
             throw bench_failure("bounce: wrong bytes");
-        record("bounce", "pull", size, static_cast<double>(size) / us, us);
+        record("bounce", "pull", size, static_cast<double>(size) / us, us,
+               (reader_cpu + writer_cpu) / iters);
     }
 }
 
@@ -448,7 +475,8 @@ int main(int argc, char** argv) {
         s.im.emplace(std::move(exports_mine));
         w.cmd = cmd[1];
         w.ack = ack[0];
-        fmt::print("{:<8} {:<8} {:>10} {:>12} {:>12}\n", "path", "op", "bytes", "MB/s", "us");
+        fmt::print("{:<8} {:<8} {:>10} {:>12} {:>12} {:>12}\n", "path", "op", "bytes", "MB/s", "us",
+                   "cpu us");
         for (std::size_t size = min; size <= max; size *= 4) {
             fmt::print(stderr, "rdmax_local_bench: {} bytes\n", size);
             bench_pulls(s, w, size, size >= (8U << 20) ? std::max(2, iters / 4) : iters * 10);

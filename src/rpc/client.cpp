@@ -127,6 +127,28 @@ peer_id client::add_link(std::unique_ptr<link_wire> wire) {
     return {index, l.generation};
 }
 
+void client::grant_cma(pid_t server) noexcept {
+    using grant = rpc_options::ptracer_grant;
+    if (opts_.ptracer == grant::off || ptracer_ == -1 || ptracer_ == server || server <= 0)
+        return;
+    // Only where Yama asks for it: under scope 0 the user's own processes
+    // may already, and under 2 or 3 no grant helps.
+    int scope = -1;
+    if (std::FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "re")) {
+        if (std::fscanf(f, "%d", &scope) != 1)
+            scope = -1;
+        std::fclose(f);
+    }
+    if (scope != 1)
+        return;
+    if (opts_.ptracer == grant::any) {
+        if (local::allow_cma_from(0))
+            ptracer_ = -1;
+    } else if (ptracer_ == 0 && local::allow_cma_from(server)) {
+        ptracer_ = server; // one process at a time: a second server is not granted
+    }
+}
+
 std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uint16_t port) {
     local::unix_channel ch;
     try {
@@ -147,6 +169,11 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
         }
         if (ch.fd() < 0)
             return nullptr; // the server is not on this node
+    }
+    try {
+        grant_cma(ch.peer().pid); // the process that listens on the name
+    } catch (const error&) {
+        // No credentials: the probe below tells whether CMA works anyway.
     }
     if (probe_ == 0)
         probe_ = std::random_device{}() | 1U;
@@ -176,9 +203,12 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
         close_all();
         std::fprintf(stderr,
                      "rdmax: rpc::client: %.*s:%u is on this node, but it may not read this "
-                     "process's memory (CMA: %s): through the device\n",
+                     "process's memory (CMA: %s%s): through the device\n",
                      static_cast<int>(addr.size()), addr.data(), unsigned{port},
-                     local::why_not_permitted(getpid()).c_str());
+                     local::why_not_permitted(getpid()).c_str(),
+                     opts_.ptracer == rpc_options::ptracer_grant::any
+                         ? ""
+                         : "; RDMAX_RPC_PTRACER=any lets every server of this user do it");
         return nullptr;
     }
     if (n != sizeof w || w.magic != protocol_magic || w.version != protocol_version ||

@@ -41,6 +41,16 @@ rpc_options rpc_options::with_env() const {
             std::chrono::microseconds(number("RDMAX_RPC_HOUSEKEEPING_US", v, 1, 1'000'000));
     if (auto v = env("RDMAX_RPC_LOCAL"); !v.empty())
         o.local = parse_flag(who, "RDMAX_RPC_LOCAL", v);
+    if (auto v = env("RDMAX_RPC_PTRACER"); !v.empty()) {
+        if (v == "off")
+            o.ptracer = ptracer_grant::off;
+        else if (v == "peer")
+            o.ptracer = ptracer_grant::peer;
+        else if (v == "any")
+            o.ptracer = ptracer_grant::any;
+        else
+            malformed(who, "RDMAX_RPC_PTRACER", v, "off, peer or any");
+    }
     o.scheduler = o.scheduler.with_env();
     o.check(who);
     return o;

@@ -157,6 +157,9 @@ private:
     /// The node-local path to addr:port, if the server is on this node and
     /// may use CMA on this process; nullptr otherwise (take the device).
     std::unique_ptr<link_wire> connect_local(std::string_view addr, std::uint16_t port);
+    /// Lets the server process `server` use CMA on this one where Yama asks
+    /// for it, as rpc_options::ptracer allows.
+    void grant_cma(pid_t server) noexcept;
     peer_id add_link(std::unique_ptr<link_wire> wire);
     void on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept;
     void on_receive(const ibv_wc& wc) noexcept;
@@ -181,6 +184,9 @@ private:
     std::uint32_t generations_ = 0;
     /// What a server on this node reads by CMA to see that it may.
     std::uint64_t probe_ = 0;
+    /// Whom this process let use CMA on it (Yama scope 1): 0 nobody yet, -1
+    /// any process, else a server's pid.
+    pid_t ptracer_ = 0;
     // Results: a ring of those not yet handed out, and the slots handed out
     // by the last poll (freed at the next). Sized at connect for every slot.
     std::vector<call_result> results_;

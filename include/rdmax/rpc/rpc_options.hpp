@@ -33,14 +33,24 @@ struct rpc_options {
     /// of the device: the server also answers on a Unix name, the client tries
     /// it first (RDMAX_RPC_LOCAL=0: always the device).
     bool local = true;
+    /// Whom a client lets read and write its memory by CMA where Yama's
+    /// ptrace_scope is 1 (only descendants otherwise): the server on this
+    /// node reads large bodies from it and writes large replies into it.
+    enum class ptracer_grant : std::uint8_t {
+        off,  ///< nobody: under scope 1 such servers are reached through the device
+        peer, ///< the first node-local server's process (prctl PR_SET_PTRACER, pid):
+              ///< one process at a time, so a second server goes through the device
+        any,  ///< any process of this user (PR_SET_PTRACER_ANY), as MPI libraries do
+    };
+    ptracer_grant ptracer = ptracer_grant::peer;
     /// Each connection's scheduler (priorities, slicing of large transfers).
     sched::scheduler_options scheduler = {};
 
     /// These options with RDMAX_RPC_SLOTS, RDMAX_RPC_SLOT_BYTES,
     /// RDMAX_RPC_MAX_MESSAGE (K/M/G allowed), RDMAX_RPC_MAX_PEERS,
-    /// RDMAX_RPC_TIMEOUT_MS, RDMAX_RPC_CONNECT_TIMEOUT_MS, RDMAX_RPC_LOCAL (0/1) and
-    /// RDMAX_RPC_HOUSEKEEPING_US applied, and the scheduler's RDMAX_SCHED_*;
-    /// a malformed or out-of-range value throws rdmax::error naming it.
+    /// RDMAX_RPC_TIMEOUT_MS, RDMAX_RPC_CONNECT_TIMEOUT_MS, RDMAX_RPC_LOCAL (0/1),
+    /// RDMAX_RPC_PTRACER (off, peer, any) and RDMAX_RPC_HOUSEKEEPING_US applied, and the
+    /// scheduler's RDMAX_SCHED_*; a malformed or out-of-range value throws rdmax::error naming it.
     [[nodiscard]] rpc_options with_env() const;
     /// Throws rdmax::error if a field is out of range.
     void check(const char* who) const;

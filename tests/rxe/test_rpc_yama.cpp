@@ -1,0 +1,180 @@
+// RPC on one node under Yama's ptrace_scope 1, where a process may use CMA
+// only on its descendants or on a process that allowed it: the server runs
+// in a child, so it may not read its parent's (the client's) memory unless
+// the client grants it (rpc_options::ptracer). With the grant the connection
+// is node-local and large bodies and replies move by CMA; without, the
+// client says why and takes the device. The test sets the scope to 1 and
+// puts it back; it needs root and Yama (SKIP otherwise).
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <poll.h>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <rdmax/rpc/client.hpp>
+#include <rdmax/rpc/server.hpp>
+#include <rdmax/verbs/protection_domain.hpp>
+
+#include "../support/catch.hpp"
+#include "../support/child_process.hpp"
+#include "../support/skip_reason.hpp"
+#include "../support/test_device.hpp"
+
+using namespace rdmax;
+using namespace rdmax::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* scope_file = "/proc/sys/kernel/yama/ptrace_scope";
+constexpr std::uint16_t m_sum = 7; // replies with 8 bytes of the body's sum, then N bytes asked
+
+int read_scope() {
+    int v = -1;
+    std::ifstream(scope_file) >> v;
+    return v;
+}
+bool write_scope(int v) {
+    std::ofstream f(scope_file);
+    f << v;
+    f.flush();
+    return static_cast<bool>(f);
+}
+
+/// Yama's scope at 1 while it lives, as it was after.
+struct scope_one {
+    int before = read_scope();
+    scope_one() {
+        if (!write_scope(1) || read_scope() != 1)
+            throw std::runtime_error("cannot set kernel.yama.ptrace_scope to 1");
+    }
+    ~scope_one() { (void)write_scope(before); }
+    scope_one(const scope_one&) = delete;
+    scope_one& operator=(const scope_one&) = delete;
+};
+
+std::string address() {
+    return test_address().value_or("127.0.0.1");
+}
+
+/// The server, in a child process: answers m_sum until its parent closes the pipe.
+pid_t start_server(int& port_fd, int& stop_fd) {
+    int port_pipe[2], stop_pipe[2];
+    if (pipe(port_pipe) != 0 || pipe(stop_pipe) != 0)
+        throw std::runtime_error("pipe");
+    const pid_t pid = spawn([&] {
+        close(port_pipe[0]);
+        close(stop_pipe[1]);
+        verbs::context ctx = open_test_device();
+        verbs::protection_domain pd(ctx);
+        rpc::rpc_options o;
+        o.slots = 8;
+        rpc::server s(pd, address(), 0, o);
+        std::vector<std::byte> rep;
+        s.on(m_sum, [&rep](rpc::request_context& c) {
+            std::uint64_t sum = 0;
+            for (const std::byte b : c.body())
+                sum += std::to_integer<std::uint8_t>(b);
+            std::uint32_t want = 0;
+            if (c.body().size() >= 4)
+                std::memcpy(&want, c.body().data(), 4);
+            rep.resize(8 + want);
+            std::memcpy(rep.data(), &sum, 8);
+            for (std::size_t i = 8; i < rep.size(); ++i)
+                rep[i] = static_cast<std::byte>(i % 251);
+            c.reply(rep);
+        });
+        const std::uint16_t port = s.port();
+        if (write(port_pipe[1], &port, sizeof port) != sizeof port)
+            return 2;
+        const auto deadline = std::chrono::steady_clock::now() + 120s;
+        for (;;) {
+            (void)s.wait(2ms);
+            std::array<pollfd, 1> p{{{stop_pipe[0], POLLIN, 0}}};
+            if (poll(p.data(), 1, 0) == 1)
+                return 0; // the parent is done (or gone)
+            if (std::chrono::steady_clock::now() > deadline)
+                return 3;
+        }
+    });
+    close(port_pipe[1]);
+    close(stop_pipe[0]);
+    port_fd = port_pipe[0];
+    stop_fd = stop_pipe[1];
+    return pid;
+}
+
+/// A call with a body and a reply over a slot (CMA on the node-local path), checked.
+bool big_call(rpc::client& c, rpc::peer_id p) {
+    std::vector<std::byte> req(200'000);
+    for (std::size_t i = 0; i < req.size(); ++i)
+        req[i] = static_cast<std::byte>((i * 7) % 256);
+    const std::uint32_t want = 50'000;
+    std::memcpy(req.data(), &want, 4);
+    std::uint64_t sum = 0;
+    for (const std::byte b : req)
+        sum += std::to_integer<std::uint8_t>(b);
+    std::vector<std::byte> into(64 * 1024);
+    const rpc::call_result r = c.call(p, m_sum, req, {.reply_into = into});
+    if (r.status != rpc::call_status::ok || r.reply.size() != 8 + want)
+        return false;
+    std::uint64_t got = 0;
+    std::memcpy(&got, r.reply.data(), 8);
+    for (std::size_t i = 8; i < r.reply.size(); ++i)
+        if (r.reply[i] != static_cast<std::byte>(i % 251))
+            return false;
+    return got == sum;
+}
+
+} // namespace
+
+std::optional<std::string> rdmax::test::skip_reason() {
+    if (auto why = device_unavailable())
+        return why;
+    if (read_scope() < 0)
+        return std::string("no Yama here (") + scope_file + ")";
+    if (geteuid() != 0)
+        return std::string("setting ") + scope_file + " needs root";
+    return std::nullopt;
+}
+
+TEST_CASE("Yama scope 1: a client grants its node-local server CMA, or takes the device") {
+    scope_one yama;
+    int port_fd = -1, stop_fd = -1;
+    const pid_t server = start_server(port_fd, stop_fd);
+    std::uint16_t port = 0;
+    REQUIRE(read(port_fd, &port, sizeof port) == sizeof port);
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    {
+        // No grant: the server may not read this process, so the device.
+        rpc::rpc_options o;
+        o.ptracer = rpc::rpc_options::ptracer_grant::off;
+        rpc::client c(pd, o);
+        const rpc::peer_id p = c.connect(address(), port);
+        CHECK_FALSE(c.is_local(p));
+        CHECK(big_call(c, p));
+    }
+    {
+        // The grant to the server's process: node-local, bodies by CMA.
+        rpc::rpc_options o;
+        o.ptracer = rpc::rpc_options::ptracer_grant::peer;
+        rpc::client c(pd, o);
+        const rpc::peer_id p = c.connect(address(), port);
+        CHECK(c.is_local(p));
+        CHECK(big_call(c, p));
+        CHECK(c.counters().external_bodies == 1);
+    }
+    close(stop_fd);
+    CHECK(reap(server) == 0);
+    close(port_fd);
+}

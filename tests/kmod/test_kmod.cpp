@@ -4,6 +4,7 @@
 // leaks; every bad input gets its errno; the status area stays read-only; the
 // registration cache's kmod monitor on top; and the budgets that bound what any
 // user (tested as nobody) can make it keep. SKIP (77) without the module.
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <limits>
 #include <poll.h>
 #include <sstream>
 #include <string>
@@ -764,11 +766,19 @@ TEST_CASE("kmod: 10^4 opens and closes leave no memory behind") {
         }
     };
     cycles(1000); // caches settle
-    const long before = mem_available_kib();
-    cycles(10000);
-    const long after = mem_available_kib();
-    fmt::print("10000 opens, watches and closes: MemAvailable {} KiB -> {} KiB\n", before, after);
-    CHECK(before - after < 4 * 1024); // a page an open kept would be 40 MiB
+    // MemAvailable moves with everything else the system does (a 4 MiB dip
+    // was seen once on 7.x): two tries, and a leak shows in both (a page an
+    // open kept would be 40 MiB each time).
+    long least = std::numeric_limits<long>::max();
+    for (int attempt = 0; attempt < 2 && least >= 4 * 1024; ++attempt) {
+        const long before = mem_available_kib();
+        cycles(10000);
+        const long after = mem_available_kib();
+        fmt::print("10000 opens, watches and closes: MemAvailable {} KiB -> {} KiB\n", before,
+                   after);
+        least = std::min(least, before - after);
+    }
+    CHECK(least < 4 * 1024);
     munmap(p, page);
 }
 

@@ -1,19 +1,23 @@
 // RPC on one node under Yama's ptrace_scope 1, where a process may use CMA
-// only on its descendants or on a process that allowed it: the server runs
-// in a child, so it may not read its parent's (the client's) memory unless
-// the client grants it (rpc_options::ptracer). With the grant the connection
-// is node-local and large bodies and replies move by CMA; without, the
-// client says why and takes the device. The test sets the scope to 1 and
-// puts it back; it needs root and Yama (SKIP otherwise).
+// only on its descendants or on a process that allowed it. Server and
+// clients run in sibling processes as nobody (root may attach anywhere), so
+// the server may not reach a client's memory unless the client grants it
+// (rpc_options::ptracer). With the grant the connection is node-local and
+// large bodies and replies move by CMA; without, the client says why and
+// takes the device. The test sets the scope to 1 and puts it back; it needs
+// root and Yama (SKIP otherwise).
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <grp.h>
 #include <optional>
 #include <poll.h>
 #include <string>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -66,7 +70,21 @@ std::string address() {
     return test_address().value_or("127.0.0.1");
 }
 
-/// The server, in a child process: answers m_sum until its parent closes the pipe.
+/// Becomes an ordinary user (nobody), as two services would be: root may
+/// attach to anything whatever the scope (CAP_SYS_PTRACE), and a process
+/// that keeps fewer capabilities than another may not attach to it either.
+/// Memory locking stays unlimited (registrations pin pages), and the
+/// process stays dumpable (a uid change clears that, and a process that is
+/// not dumpable cannot be attached to at all).
+bool become_nobody() {
+    const rlimit unlimited{RLIM_INFINITY, RLIM_INFINITY};
+    return setrlimit(RLIMIT_MEMLOCK, &unlimited) == 0 && setgroups(0, nullptr) == 0 &&
+           setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0 &&
+           prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) == 0;
+}
+
+/// The server, in a child process run as nobody: answers m_sum until the
+/// test closes the pipe.
 pid_t start_server(int& port_fd, int& stop_fd) {
     int port_pipe[2], stop_pipe[2];
     if (pipe(port_pipe) != 0 || pipe(stop_pipe) != 0)
@@ -74,6 +92,8 @@ pid_t start_server(int& port_fd, int& stop_fd) {
     const pid_t pid = spawn([&] {
         close(port_pipe[0]);
         close(stop_pipe[1]);
+        if (!become_nobody())
+            return 4;
         verbs::context ctx = open_test_device();
         verbs::protection_domain pd(ctx);
         rpc::rpc_options o;
@@ -138,13 +158,53 @@ bool big_call(rpc::client& c, rpc::peer_id p) {
 } // namespace
 
 std::optional<std::string> rdmax::test::skip_reason() {
-    if (auto why = device_unavailable())
-        return why;
+    // The device is looked at in a child: librdmacm keeps the device files it
+    // opens for the process, and a child that inherited them as root could
+    // not use them as nobody (the kernel refuses a uverbs file opened under
+    // other credentials).
+    int fds[2];
+    if (pipe(fds) != 0)
+        return std::string("pipe");
+    const pid_t probe = spawn([&] {
+        const auto why = device_unavailable();
+        const std::string text = why.value_or("");
+        return ::write(fds[1], text.data(), text.size()) == static_cast<ssize_t>(text.size()) ? 0
+                                                                                              : 1;
+    });
+    close(fds[1]);
+    std::string why(512, '\0');
+    const ssize_t n = ::read(fds[0], why.data(), why.size());
+    close(fds[0]);
+    if (reap(probe) != 0)
+        return std::string("the device probe failed");
+    if (n > 0)
+        return why.substr(0, static_cast<std::size_t>(n));
     if (read_scope() < 0)
         return std::string("no Yama here (") + scope_file + ")";
     if (geteuid() != 0)
         return std::string("setting ") + scope_file + " needs root";
     return std::nullopt;
+}
+
+/// A client in a child process run as nobody (a sibling of the server:
+/// neither descends from the other). Exit 0: local as expected and the
+/// call's bytes right; 2: the wrong path; 3: the call failed.
+int client_run(std::uint16_t port, rpc::rpc_options::ptracer_grant grant, bool want_local) {
+    return reap(spawn([&] {
+        if (!become_nobody())
+            return 4;
+        verbs::context ctx = open_test_device();
+        verbs::protection_domain pd(ctx);
+        rpc::rpc_options o;
+        o.ptracer = grant;
+        rpc::client c(pd, o);
+        const rpc::peer_id p = c.connect(address(), port);
+        if (c.is_local(p) != want_local)
+            return 2;
+        if (!big_call(c, p) || c.counters().external_bodies != 1)
+            return 3;
+        return 0;
+    }));
 }
 
 TEST_CASE("Yama scope 1: a client grants its node-local server CMA, or takes the device") {
@@ -153,27 +213,13 @@ TEST_CASE("Yama scope 1: a client grants its node-local server CMA, or takes the
     const pid_t server = start_server(port_fd, stop_fd);
     std::uint16_t port = 0;
     REQUIRE(read(port_fd, &port, sizeof port) == sizeof port);
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    {
-        // No grant: the server may not read this process, so the device.
-        rpc::rpc_options o;
-        o.ptracer = rpc::rpc_options::ptracer_grant::off;
-        rpc::client c(pd, o);
-        const rpc::peer_id p = c.connect(address(), port);
-        CHECK_FALSE(c.is_local(p));
-        CHECK(big_call(c, p));
-    }
-    {
-        // The grant to the server's process: node-local, bodies by CMA.
-        rpc::rpc_options o;
-        o.ptracer = rpc::rpc_options::ptracer_grant::peer;
-        rpc::client c(pd, o);
-        const rpc::peer_id p = c.connect(address(), port);
-        CHECK(c.is_local(p));
-        CHECK(big_call(c, p));
-        CHECK(c.counters().external_bodies == 1);
-    }
+    using grant = rpc::rpc_options::ptracer_grant;
+    // No grant: the server may not reach the client's memory: the device.
+    CHECK(client_run(port, grant::off, false) == 0);
+    // The grant to the server's process: node-local, body and reply by CMA.
+    CHECK(client_run(port, grant::peer, true) == 0);
+    // Any process of the user.
+    CHECK(client_run(port, grant::any, true) == 0);
     close(stop_fd);
     CHECK(reap(server) == 0);
     close(port_fd);

@@ -30,7 +30,12 @@ struct scheduler_options {
     /// the floor: the doorbell transmits in the posting thread, so its fixed
     /// cost must be spread over enough bytes. On a 100 Gb/s link with a 3 us
     /// round trip the product is 37.5 KB.
-    std::uint64_t budget_bytes = 16 * 1024;
+    ///
+    /// 0 (the default): measured at run time, the product of the delivered
+    /// rate and the latency of a slice posted with nothing ahead (see
+    /// basic_priority_scheduler::measure), starting at 16 KiB; the counters
+    /// show the measurement. Any other value is fixed.
+    std::uint64_t budget_bytes = 0;
     /// Work requests in flight above which nothing more is posted (clamped to
     /// half the send queue).
     std::uint32_t budget_wqes = 16;
@@ -43,7 +48,8 @@ struct scheduler_options {
     std::uint32_t max_requests = 1024;
 
     /// These options with RDMAX_SCHED_SMALL_SLICE, RDMAX_SCHED_LARGE_SLICE,
-    /// RDMAX_SCHED_BUDGET_BYTES (sizes, K/M/G suffixes allowed),
+    /// RDMAX_SCHED_BUDGET_BYTES (sizes, K/M/G suffixes allowed; `auto`
+    /// for the measured budget),
     /// RDMAX_SCHED_BUDGET_WQES, RDMAX_SCHED_HOLD_US and
     /// RDMAX_SCHED_MAX_REQUESTS applied; a malformed value throws
     /// rdmax::error naming the variable.
@@ -65,6 +71,10 @@ struct scheduler_counters {
     /// Send completions that were not the scheduler's (someone else posted on
     /// its queue pair); ignored.
     std::uint64_t foreign_completions = 0;
+    std::uint64_t budget_bytes = 0;    ///< the byte budget now (fixed, or as measured)
+    std::uint64_t rate_mb_per_s = 0;   ///< measured delivery rate (adaptive budget only)
+    std::uint64_t base_latency_ns = 0; ///< measured latency with nothing ahead (likewise)
+    std::uint64_t budget_samples = 0;  ///< measurements taken
 };
 
 } // namespace rdmax::sched
@@ -76,9 +86,11 @@ struct fmt::formatter<rdmax::sched::scheduler_counters> {
         return fmt::format_to(ctx.out(),
                               "requests {} completed {} failed {} slices {} (small {}, signaled "
                               "{}) bytes {} doorbells {} budget stalls {} max in flight {} "
-                              "bytes, in flight {} bytes, foreign completions {}",
+                              "bytes, in flight {} bytes, foreign completions {}, budget {} "
+                              "bytes (measured: {} MB/s x {} ns base latency, {} samples)",
                               c.requests, c.completed, c.failed, c.slices, c.small_slices,
                               c.signaled, c.bytes, c.doorbells, c.budget_stalls, c.max_in_flight,
-                              c.in_flight_bytes, c.foreign_completions);
+                              c.in_flight_bytes, c.foreign_completions, c.budget_bytes,
+                              c.rate_mb_per_s, c.base_latency_ns, c.budget_samples);
     }
 };

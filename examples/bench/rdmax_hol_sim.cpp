@@ -121,8 +121,8 @@ sim_options parse(int argc, char** argv) {
             std::string s = optarg;
             for (std::size_t at = 0; at <= s.size();) {
                 const std::size_t comma = std::min(s.find(',', at), s.size());
-                const auto g = static_cast<std::uint32_t>(
-                    number(s.substr(at, comma - at).c_str(), "--gbps"));
+                const auto g =
+                    static_cast<std::uint32_t>(number(s.substr(at, comma - at).c_str(), "--gbps"));
                 if (8000 % g != 0)
                     fail(fmt::format("--gbps {}: the model wants a divisor of 8000", g));
                 o.gbps.push_back(g);
@@ -171,7 +171,8 @@ double percentile(std::vector<double>& v, double p) {
     if (v.empty())
         return 0;
     std::sort(v.begin(), v.end());
-    const auto rank = static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+    const auto rank =
+        static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
     return v[std::clamp<std::size_t>(rank, 1, v.size()) - 1];
 }
 
@@ -247,8 +248,8 @@ result run_host(const char* mode, sim::nic& nic, const sim_options& o, driver& d
     r.p50 = percentile(lat, 50);
     r.p99 = percentile(lat, 99);
     r.p999 = percentile(lat, 99.9);
-    r.bulk_Bps = static_cast<double>(nic.rx.window_bytes[0]) /
-                 (static_cast<double>(end - warm) / 1e12);
+    r.bulk_Bps =
+        static_cast<double>(nic.rx.window_bytes[0]) / (static_cast<double>(end - warm) / 1e12);
     return r;
 }
 
@@ -326,8 +327,8 @@ result run_justitia(const sim::nic_params& p, const sim_options& o, std::uint32_
         bool staged = false;
         for (auto& r : stream) {
             while (r.posted < o.bulk_bytes && in_flight < window) {
-                const std::uint64_t len =
-                    std::min<std::uint64_t>(urgent_out != 0 ? small : large, o.bulk_bytes - r.posted);
+                const std::uint64_t len = std::min<std::uint64_t>(urgent_out != 0 ? small : large,
+                                                                  o.bulk_bytes - r.posted);
                 (void)port.stage(direct(bulk_tag | (std::uint64_t{1} << 61) | chunk_id++,
                                         remote_base + r.posted, len));
                 chunk_owner.push_back(r.id);
@@ -548,9 +549,10 @@ int main(int argc, char** argv) try {
                    "p50 us", "p99 us", "p99.9 us", "p99/idle", "bulk MB/s", "bulk/plain");
         for (const result& r : rs) {
             const double fraction = r.mode == "idle" ? 0 : r.bulk_Bps / plain_Bps;
-            fmt::print("{:<16} {:>8} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}x {:>10.0f} {:>13.3f}\n",
-                       r.mode, r.samples, r.p50, r.p99, r.p999, r.p99 / idle99, r.bulk_Bps / 1e6,
-                       fraction);
+            fmt::print(
+                "{:<16} {:>8} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}x {:>10.0f} {:>13.3f}\n",
+                r.mode, r.samples, r.p50, r.p99, r.p999, r.p99 / idle99, r.bulk_Bps / 1e6,
+                fraction);
             json.add(fmt::format("{{\"kind\":\"hol_sim\",\"gbps\":{},\"mode\":\"{}\",\"p50_us\":{:."
                                  "4f},\"p99_us\":{:.4f},\"p999_us\":{:.4f},\"bulk_fraction\":{:."
                                  "4f}}}",
@@ -566,9 +568,9 @@ int main(int argc, char** argv) try {
             continue;
         fmt::print("sweep at {} Gb/s (p99 / idle p99, bulk / plain):\n", g);
         for (const std::uint32_t small : {4096U, 8192U, 16384U, 32768U}) {
-            for (const std::uint64_t budget : {std::uint64_t{0}, std::uint64_t{16} << 10,
-                                               std::uint64_t{32} << 10, std::uint64_t{64} << 10,
-                                               std::uint64_t{128} << 10}) {
+            for (const std::uint64_t budget :
+                 {std::uint64_t{0}, std::uint64_t{16} << 10, std::uint64_t{32} << 10,
+                  std::uint64_t{64} << 10, std::uint64_t{128} << 10}) {
                 sched::scheduler_options v = so;
                 v.small_slice = small;
                 v.budget_bytes = budget;
@@ -576,8 +578,7 @@ int main(int argc, char** argv) try {
                 const std::string label =
                     fmt::format("slice {} budget {}", human_bytes(small),
                                 budget == 0 ? std::string("measured") : human_bytes(budget));
-                points.push_back(
-                    {g, "scheduled", label, r.p99 / idle99, r.bulk_Bps / plain_Bps});
+                points.push_back({g, "scheduled", label, r.p99 / idle99, r.bulk_Bps / plain_Bps});
                 fmt::print("  scheduled  {:<32} p99 {:>9.2f} us  {:>7.2f}x  bulk {:.3f}\n", label,
                            r.p99, r.p99 / idle99, r.bulk_Bps / plain_Bps);
             }
@@ -595,12 +596,11 @@ int main(int argc, char** argv) try {
     if (!o.plot.empty() && o.sweep) {
         std::FILE* gp = open_gnuplot(o.plot);
         if (gp != nullptr) {
-            fmt::print(gp,
-                       "set title \"Urgent 64 B writes beside 64 MiB writes, NIC model: p99 "
-                       "against the stream's throughput\"\n"
-                       "set xlabel \"stream throughput / plain FIFO\"\n"
-                       "set ylabel \"urgent p99 / idle p99 (log)\"\nset logscale y\nset grid\n"
-                       "set key outside right\nset format y \"%g\"\n");
+            fmt::print(gp, "set title \"Urgent 64 B writes beside 64 MiB writes, NIC model: p99 "
+                           "against the stream's throughput\"\n"
+                           "set xlabel \"stream throughput / plain FIFO\"\n"
+                           "set ylabel \"urgent p99 / idle p99 (log)\"\nset logscale y\nset grid\n"
+                           "set key outside right\nset format y \"%g\"\n");
             std::vector<std::string> names;
             for (const std::uint32_t g : o.gbps)
                 for (const char* fam : {"scheduled", "justitia", "qp_per_priority"}) {

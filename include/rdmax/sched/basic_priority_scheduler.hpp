@@ -104,6 +104,7 @@ public:
         // Never active: not the clock's epoch, which is only the boot.
         last_active_.fill(clock::time_point::min());
         counters_.budget_bytes = budget_;
+        counters_.small_slice = small_slice_;
     }
     basic_priority_scheduler(const basic_priority_scheduler&) = delete;
     basic_priority_scheduler& operator=(const basic_priority_scheduler&) = delete;
@@ -114,6 +115,9 @@ public:
         for (auto& q : queues_)
             q.clear();
     }
+
+    /// The budget is measured (options' budget_bytes 0), not fixed.
+    [[nodiscard]] bool adaptive() const noexcept { return opts_.budget_bytes == 0; }
 
     // ---- submission -------------------------------------------------------------------------
 
@@ -394,10 +398,15 @@ private:
         // wait for all of it (1 MiB: 84 us at 100 Gb/s) instead of the budget.
         const std::uint64_t room = budget_ > in_flight_bytes_ ? budget_ - in_flight_bytes_ : 0;
         const std::uint64_t cut =
-            small ? opts_.small_slice
+            small ? small_slice_
                   : std::min<std::uint64_t>(opts_.large_slice,
-                                            std::max<std::uint64_t>(room, opts_.small_slice));
-        const auto len = static_cast<std::uint32_t>(sliced ? std::min(left, cut) : left);
+                                            std::max<std::uint64_t>(room, small_slice_));
+        // With a measured budget, the first slice after a quiet spell is a
+        // short probe: nothing is ahead of it, so its latency is the base
+        // latency, with little of its own bytes' time in it.
+        const std::uint64_t cut_now =
+            adaptive() && in_flight_bytes_ == 0 ? std::min(cut, probe_bytes) : cut; // signaled
+        const auto len = static_cast<std::uint32_t>(sliced ? std::min(left, cut_now) : left);
         const bool last = r.posted + len == r.length;
         const bool read = r.wr.opcode == IBV_WR_RDMA_READ;
 
@@ -414,13 +423,14 @@ private:
         // Signal the last slice, and any slice after which the budget could
         // run dry before a signaled completion came back.
         const std::uint64_t bytes_after = in_flight_bytes_ + len;
-        s.signaled = last || bytes_after >= budget_ ||
+        const bool probe = adaptive() && in_flight_bytes_ == 0;
+        s.signaled = last || probe || bytes_after >= budget_ ||
                      in_flight_wqes_ + 1 >= opts_.budget_wqes ||
-                     unsignaled_bytes_ + len >= budget_ / 2 ||
+                     unsignaled_bytes_ + len >= budget_ / (adaptive() ? 8 : 2) ||
                      (read && reads_in_flight_ + 1 >= port_.max_rd_atomic());
         if (const status st = port_.stage(s); st != status::ok)
             return st;
-        if (opts_.budget_bytes == 0 && s.signaled && !sampling_) {
+        if (adaptive() && s.signaled && !sampling_) {
             // One sample at a time: this slice's time to completion, and the
             // bytes that complete with it (everything in flight before it).
             sampling_ = true;
@@ -495,8 +505,8 @@ private:
     /// until the link is full; then it stays at gain x product.
     void measure(typename fine_clock::duration elapsed) noexcept {
         const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count();
-        const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               sample_start_ + elapsed - last_end_)
+        const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(sample_start_ +
+                                                                                elapsed - last_end_)
                                .count();
         last_end_ = sample_start_ + elapsed;
         const std::uint64_t delivered = delivered_ - delivered_at_last_end_;
@@ -513,19 +523,27 @@ private:
         sampled_before_ = true;
         rates_[rate_next_++ % rates_.size()] = rate;
         const double best_rate = *std::max_element(rates_.begin(), rates_.end());
-        if (sample_ahead_ == 0) // its own bytes' time stays in: the estimate errs high
-            base_ns_ = base_ns_ == 0 ? static_cast<double>(ns)
-                                     : std::min(base_ns_, static_cast<double>(ns));
+        if (sample_ahead_ == 0 && (base_ns_ == 0 || static_cast<double>(ns) < base_ns_))
+            base_ns_ = static_cast<double>(ns);
         counters_.rate_mb_per_s = static_cast<std::uint64_t>(best_rate * 1000.0);
         counters_.base_latency_ns = static_cast<std::uint64_t>(base_ns_);
         ++counters_.budget_samples;
         if (base_ns_ == 0)
             return;
-        const double product = best_rate * base_ns_;
-        const auto want = static_cast<std::uint64_t>(product * adaptive_gain);
-        const std::uint64_t floor = std::max<std::uint64_t>(opts_.small_slice, adaptive_floor);
-        budget_ = std::clamp<std::uint64_t>(want, floor, adaptive_ceiling);
+        // The product, and one small slice: what is ahead of an urgent
+        // request then drains while its own doorbell and fetches are under
+        // way, and the slack lets the budget grow while it is below the
+        // product (the rate measured is then the budget over the latency).
+        const auto product = static_cast<std::uint64_t>(best_rate * base_ns_);
+        budget_ =
+            std::clamp<std::uint64_t>(product + small_slice_, adaptive_floor, adaptive_ceiling);
+        // Small slices an eighth of the budget (at most the option's): an
+        // urgent request waits for about one slice more than the product.
+        small_slice_ = std::clamp<std::uint64_t>(
+            budget_ / 8, std::min<std::uint64_t>(probe_bytes, opts_.small_slice),
+            opts_.small_slice);
         counters_.budget_bytes = budget_;
+        counters_.small_slice = small_slice_;
     }
 
     /// Takes the port's completions in.
@@ -691,17 +709,18 @@ private:
     // The budget: fixed (options) or measured (budget_bytes 0).
     static constexpr std::uint64_t adaptive_initial_budget = 16 * 1024;
     static constexpr std::uint64_t adaptive_floor = 4 * 1024;
+    static constexpr std::uint64_t probe_bytes = 1024;
     static constexpr std::uint64_t adaptive_ceiling = 64ULL * 1024 * 1024;
-    static constexpr double adaptive_gain = 2.0;
     std::uint64_t budget_;
-    bool sampling_ = false; ///< a signaled slice in flight is timed
+    std::uint64_t small_slice_ = opts_.small_slice; ///< an eighth of a measured budget
+    bool sampling_ = false;                         ///< a signaled slice in flight is timed
     std::uint64_t sample_id_ = 0;
     std::uint64_t sample_ahead_ = 0;
     std::uint64_t sample_len_ = 0;
     typename fine_clock::time_point sample_start_{};
     std::array<double, 8> rates_{}; ///< the last rate samples, bytes per ns
     std::uint32_t rate_next_ = 0;
-    double base_ns_ = 0; ///< smallest latency with nothing in flight ahead
+    double base_ns_ = 0;          ///< smallest latency with nothing in flight ahead
     std::uint64_t delivered_ = 0; ///< bytes of slices completed, ever
     std::uint64_t delivered_at_last_end_ = 0;
     typename fine_clock::time_point last_end_{}; ///< the last sample's completion

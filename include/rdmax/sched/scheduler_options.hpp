@@ -72,6 +72,7 @@ struct scheduler_counters {
     /// its queue pair); ignored.
     std::uint64_t foreign_completions = 0;
     std::uint64_t budget_bytes = 0;    ///< the byte budget now (fixed, or as measured)
+    std::uint64_t small_slice = 0;     ///< the small slice now (an eighth of a measured budget)
     std::uint64_t rate_mb_per_s = 0;   ///< measured delivery rate (adaptive budget only)
     std::uint64_t base_latency_ns = 0; ///< measured latency with nothing ahead (likewise)
     std::uint64_t budget_samples = 0;  ///< measurements taken
@@ -87,10 +88,11 @@ struct fmt::formatter<rdmax::sched::scheduler_counters> {
                               "requests {} completed {} failed {} slices {} (small {}, signaled "
                               "{}) bytes {} doorbells {} budget stalls {} max in flight {} "
                               "bytes, in flight {} bytes, foreign completions {}, budget {} "
-                              "bytes (measured: {} MB/s x {} ns base latency, {} samples)",
+                              "bytes, small slice {} (measured: {} MB/s x {} ns base latency, {} "
+                              "samples)",
                               c.requests, c.completed, c.failed, c.slices, c.small_slices,
                               c.signaled, c.bytes, c.doorbells, c.budget_stalls, c.max_in_flight,
                               c.in_flight_bytes, c.foreign_completions, c.budget_bytes,
-                              c.rate_mb_per_s, c.base_latency_ns, c.budget_samples);
+                              c.small_slice, c.rate_mb_per_s, c.base_latency_ns, c.budget_samples);
     }
 };

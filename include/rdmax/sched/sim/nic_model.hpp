@@ -109,8 +109,8 @@ struct nic_params {
     /// Posting one request alone to its completion being seen, with no queue:
     /// what the unit test checks the model against.
     [[nodiscard]] constexpr picoseconds lone_latency(std::uint64_t length) const noexcept {
-        return host_wqe + host_doorbell + doorbell_latency + wqe_fetch_latency +
-               dma_read_latency + nic_wqe + wire(wire_bytes(length)) + rtt + cqe_latency;
+        return host_wqe + host_doorbell + doorbell_latency + wqe_fetch_latency + dma_read_latency +
+               nic_wqe + wire(wire_bytes(length)) + rtt + cqe_latency;
     }
 
     // Sources and estimates: docs/bench-hol-sim.md, "Model parameters".
@@ -150,13 +150,13 @@ struct nic_params {
 struct receiver {
     std::uint64_t packets = 0;
     std::uint64_t messages = 0;
-    std::uint64_t bytes = 0;                   ///< payload
-    std::uint64_t wire_bytes = 0;              ///< with headers
-    picoseconds last_arrival = 0;              ///< when the last packet left the link
-    std::uint64_t split_addr = ~0ULL;          ///< counts below / at-or-above apart
-    picoseconds window_start = 0;              ///< counted: packets that end in the window
+    std::uint64_t bytes = 0;          ///< payload
+    std::uint64_t wire_bytes = 0;     ///< with headers
+    picoseconds last_arrival = 0;     ///< when the last packet left the link
+    std::uint64_t split_addr = ~0ULL; ///< counts below / at-or-above apart
+    picoseconds window_start = 0;     ///< counted: packets that end in the window
     picoseconds window_end = never;
-    std::uint64_t window_bytes[2] = {0, 0};    ///< below split_addr, at or above
+    std::uint64_t window_bytes[2] = {0, 0}; ///< below split_addr, at or above
 };
 
 class nic;
@@ -241,8 +241,8 @@ private:
 
     struct wqe {
         slice_request s;
-        picoseconds ready = 0;    ///< its first payload bytes are in the NIC
-        std::uint64_t sent = 0;   ///< payload bytes sent
+        picoseconds ready = 0;  ///< its first payload bytes are in the NIC
+        std::uint64_t sent = 0; ///< payload bytes sent
         bool started = false;
     };
     struct cqe {

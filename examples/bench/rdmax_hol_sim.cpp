@@ -583,12 +583,37 @@ int main(int argc, char** argv) try {
                            r.p99, r.p99 / idle99, r.bulk_Bps / plain_Bps);
             }
         }
-        for (const std::uint32_t chunk : {2000U, 5000U, 16000U, 64000U}) {
-            for (const std::uint32_t window : {1U, 2U, 4U, 8U}) {
-                const result r = run_justitia(p, o, chunk, o.justitia_large, window);
-                const std::string label = fmt::format("chunk {} B window {}", chunk, window);
-                points.push_back({g, "justitia", label, r.p99 / idle99, r.bulk_Bps / plain_Bps});
-                fmt::print("  justitia   {:<32} p99 {:>9.2f} us  {:>7.2f}x  bulk {:.3f}\n", label,
+        // Justitia's own 1 MB chunks when nothing urgent is outstanding, then
+        // the small chunk always (large = small): the trade-off curve.
+        for (const std::uint32_t large : {o.justitia_large, 0U}) {
+            for (const std::uint32_t chunk : {5000U, 16000U, 64000U}) {
+                for (const std::uint32_t window : {1U, 2U, 4U, 8U, 16U}) {
+                    const std::uint32_t big = large == 0 ? chunk : large;
+                    const result r = run_justitia(p, o, chunk, big, window);
+                    const std::string label =
+                        fmt::format("chunk {} B/{} B window {}", chunk, big, window);
+                    points.push_back({g, large == 0 ? "justitia_one_size" : "justitia", label,
+                                      r.p99 / idle99, r.bulk_Bps / plain_Bps});
+                    fmt::print("  justitia   {:<32} p99 {:>9.2f} us  {:>7.2f}x  bulk {:.3f}\n",
+                               label, r.p99, r.p99 / idle99, r.bulk_Bps / plain_Bps);
+                }
+            }
+        }
+        {
+            sim_options w = o;
+            w.arbiter = sim::arbitration::per_wqe;
+            const result r = run_two_qps(p, w);
+            if (r.samples == 0) {
+                // One urgent write per 64 MiB write: the urgent queue grows
+                // without end, and none that arrived after the warm-up is done.
+                fmt::print("  qp_per_priority  arbitration per work request   no urgent write "
+                           "that arrived after the warm-up completed; bulk {:.3f}\n",
+                           r.bulk_Bps / plain_Bps);
+            } else {
+                points.push_back(
+                    {g, "qp_per_priority", "per wqe", r.p99 / idle99, r.bulk_Bps / plain_Bps});
+                fmt::print("  qp_per_priority  arbitration per work request   p99 {:>9.2f} us  "
+                           "{:>7.2f}x  bulk {:.3f}\n",
                            r.p99, r.p99 / idle99, r.bulk_Bps / plain_Bps);
             }
         }
@@ -596,26 +621,38 @@ int main(int argc, char** argv) try {
     if (!o.plot.empty() && o.sweep) {
         std::FILE* gp = open_gnuplot(o.plot);
         if (gp != nullptr) {
-            fmt::print(gp, "set title \"Urgent 64 B writes beside 64 MiB writes, NIC model: p99 "
-                           "against the stream's throughput\"\n"
-                           "set xlabel \"stream throughput / plain FIFO\"\n"
-                           "set ylabel \"urgent p99 / idle p99 (log)\"\nset logscale y\nset grid\n"
-                           "set key outside right\nset format y \"%g\"\n");
-            std::vector<std::string> names;
-            for (const std::uint32_t g : o.gbps)
-                for (const char* fam : {"scheduled", "justitia", "qp_per_priority"}) {
-                    fmt::print(gp, "$d{} << EOD\n", names.size());
+            fmt::print(gp, "set terminal pngcairo size {},520 noenhanced\nset output \"{}\"\n",
+                       420 * o.gbps.size() + 200, gnuplot_quoted(o.plot));
+            fmt::print(gp,
+                       "set multiplot layout 1,{} title \"Urgent 64 B writes beside 64 MiB "
+                       "writes, NIC model: urgent p99 against the stream's throughput "
+                       "(sweep)\"\n",
+                       o.gbps.size());
+            const char* const families[] = {"scheduled", "justitia", "justitia_one_size",
+                                            "qp_per_priority"};
+            const char* const titles[] = {"scheduled (slice x budget)",
+                                          "Justitia-style 5K-64K / 1 MB chunks",
+                                          "chunks of one size", "QP per priority"};
+            for (const std::uint32_t g : o.gbps) {
+                fmt::print(gp,
+                           "set title \"{} Gb/s\"\nset xlabel \"stream throughput / plain\"\n"
+                           "set ylabel \"urgent p99 / idle p99\"\nset logscale y\nset grid\n"
+                           "set key top left\nset format y \"%g\"\nset xrange [0:1.05]\n",
+                           g);
+                for (std::size_t f = 0; f < std::size(families); ++f) {
+                    fmt::print(gp, "$g{}f{} << EOD\n", g, f);
                     for (const auto& pt : points)
-                        if (pt.gbps == g && pt.family == fam)
+                        if (pt.gbps == g && pt.family == families[f])
                             fmt::print(gp, "{} {}\n", pt.fraction, pt.p99_ratio);
                     fmt::print(gp, "EOD\n");
-                    names.push_back(fmt::format("{} {} Gb/s", fam, g));
                 }
-            fmt::print(gp, "plot ");
-            for (std::size_t i = 0; i < names.size(); ++i)
-                fmt::print(gp, "{}$d{} using 1:2 with points pt {} ps 1.5 title \"{}\"",
-                           i == 0 ? "" : ", ", i, 5 + static_cast<int>(i % 3) * 2, names[i]);
-            fmt::print(gp, "\n");
+                fmt::print(gp, "plot ");
+                for (std::size_t f = 0; f < std::size(families); ++f)
+                    fmt::print(gp, "{}$g{}f{} using 1:2 with points pt {} ps 1.4 title \"{}\"",
+                               f == 0 ? "" : ", ", g, f, 5 + 2 * static_cast<int>(f), titles[f]);
+                fmt::print(gp, "\n");
+            }
+            fmt::print(gp, "unset multiplot\n");
             close_gnuplot(gp, o.plot);
             fmt::print(stderr, "rdmax_hol_sim: wrote {}\n", o.plot);
         }

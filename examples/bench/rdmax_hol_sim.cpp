@@ -199,8 +199,8 @@ sched::slice_request direct(std::uint64_t id, std::uint64_t remote, std::uint64_
 /// or the next completion the host can see (a busy-polling thread would see
 /// it one poll later, at most host_poll).
 result run_host(const char* mode, sim::nic& nic, const sim_options& o, driver& d, bool with_bulk) {
-    const picoseconds end = static_cast<picoseconds>(o.duration_ms * 1e9);
-    const picoseconds warm = static_cast<picoseconds>(o.warmup_ms * 1e9);
+    const auto end = static_cast<picoseconds>(o.duration_ms * 1e9);
+    const auto warm = static_cast<picoseconds>(o.warmup_ms * 1e9);
     nic.rx.split_addr = urgent_remote;
     nic.rx.window_start = warm;
     nic.rx.window_end = end;

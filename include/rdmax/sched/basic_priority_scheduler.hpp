@@ -423,10 +423,12 @@ private:
         // Signal the last slice, and any slice after which the budget could
         // run dry before a signaled completion came back.
         const std::uint64_t bytes_after = in_flight_bytes_ + len;
-        const bool probe = adaptive() && in_flight_bytes_ == 0;
-        s.signaled = last || probe || bytes_after >= budget_ ||
+        // With a measured budget, every slice: its completion frees its bytes
+        // as soon as it can, and the budget, sized to the product, has no
+        // room for bytes that completed but are not known to.
+        s.signaled = last || adaptive() || bytes_after >= budget_ ||
                      in_flight_wqes_ + 1 >= opts_.budget_wqes ||
-                     unsignaled_bytes_ + len >= budget_ / (adaptive() ? 8 : 2) ||
+                     unsignaled_bytes_ + len >= budget_ / 2 ||
                      (read && reads_in_flight_ + 1 >= port_.max_rd_atomic());
         if (const status st = port_.stage(s); st != status::ok)
             return st;
@@ -437,6 +439,7 @@ private:
             sample_id_ = next_slice_;
             sample_ahead_ = in_flight_bytes_;
             sample_len_ = len;
+            sample_rung_ = false;
             sample_start_ = fine_clock::now();
         }
 
@@ -468,7 +471,23 @@ private:
     /// the device refused some, which fails the scheduler.
     bool ring(std::uint64_t first) noexcept {
         ++counters_.doorbells;
-        if (port_.post() == status::ok)
+        // The doorbell that carries a sample is timed too: what posting
+        // costs the host per slice (on a NIC a memory write, on soft-RoCE the
+        // slices' transmission).
+        const bool timed = sampling_ && !sample_rung_ && sample_id_ >= first;
+        const auto before = timed ? fine_clock::now() : typename fine_clock::time_point{};
+        const status st = port_.post();
+        if (timed) {
+            sample_rung_ = true;
+            const auto ns =
+                std::chrono::duration_cast<std::chrono::nanoseconds>(fine_clock::now() - before)
+                    .count();
+            const double per_slice =
+                static_cast<double>(ns) / static_cast<double>(next_slice_ - first);
+            post_ns_ = post_ns_ == 0 ? per_slice : (7 * post_ns_ + per_slice) / 8;
+            counters_.post_ns = static_cast<std::uint64_t>(post_ns_);
+        }
+        if (st == status::ok)
             return true;
         // The slices the device did not take would never complete: take
         // them back, newest first, as failed. Those it took complete flushed,
@@ -537,10 +556,14 @@ private:
         const auto product = static_cast<std::uint64_t>(best_rate * base_ns_);
         budget_ =
             std::clamp<std::uint64_t>(product + small_slice_, adaptive_floor, adaptive_ceiling);
-        // Small slices an eighth of the budget (at most the option's): an
+        // Small slices an eighth of the budget, at most the option's: an
         // urgent request waits for about one slice more than the product.
+        // But at least what the link sends while the host posts four slices:
+        // where a doorbell is dear (soft-RoCE: a system call that sends what
+        // it carries), small slices would leave the link idle.
+        const auto posting = static_cast<std::uint64_t>(best_rate * post_ns_ * 4);
         small_slice_ = std::clamp<std::uint64_t>(
-            budget_ / 8, std::min<std::uint64_t>(probe_bytes, opts_.small_slice),
+            std::max(budget_ / 8, posting), std::min<std::uint64_t>(probe_bytes, opts_.small_slice),
             opts_.small_slice);
         counters_.budget_bytes = budget_;
         counters_.small_slice = small_slice_;
@@ -713,7 +736,9 @@ private:
     static constexpr std::uint64_t adaptive_ceiling = 64ULL * 1024 * 1024;
     std::uint64_t budget_;
     std::uint64_t small_slice_ = opts_.small_slice; ///< an eighth of a measured budget
-    bool sampling_ = false;                         ///< a signaled slice in flight is timed
+    double post_ns_ = 0;       ///< the host's time per slice posted (average of the samples)
+    bool sample_rung_ = false; ///< the sample's doorbell was timed
+    bool sampling_ = false;    ///< a signaled slice in flight is timed
     std::uint64_t sample_id_ = 0;
     std::uint64_t sample_ahead_ = 0;
     std::uint64_t sample_len_ = 0;

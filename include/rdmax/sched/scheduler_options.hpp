@@ -76,6 +76,7 @@ struct scheduler_counters {
     std::uint64_t rate_mb_per_s = 0;   ///< measured delivery rate (adaptive budget only)
     std::uint64_t base_latency_ns = 0; ///< measured latency with nothing ahead (likewise)
     std::uint64_t budget_samples = 0;  ///< measurements taken
+    std::uint64_t post_ns = 0;         ///< measured host time per slice posted (doorbell included)
 };
 
 } // namespace rdmax::sched
@@ -84,15 +85,16 @@ template <>
 struct fmt::formatter<rdmax::sched::scheduler_counters> {
     constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
     auto format(const rdmax::sched::scheduler_counters& c, fmt::format_context& ctx) const {
-        return fmt::format_to(ctx.out(),
-                              "requests {} completed {} failed {} slices {} (small {}, signaled "
-                              "{}) bytes {} doorbells {} budget stalls {} max in flight {} "
-                              "bytes, in flight {} bytes, foreign completions {}, budget {} "
-                              "bytes, small slice {} (measured: {} MB/s x {} ns base latency, {} "
-                              "samples)",
-                              c.requests, c.completed, c.failed, c.slices, c.small_slices,
-                              c.signaled, c.bytes, c.doorbells, c.budget_stalls, c.max_in_flight,
-                              c.in_flight_bytes, c.foreign_completions, c.budget_bytes,
-                              c.small_slice, c.rate_mb_per_s, c.base_latency_ns, c.budget_samples);
+        return fmt::format_to(
+            ctx.out(),
+            "requests {} completed {} failed {} slices {} (small {}, signaled "
+            "{}) bytes {} doorbells {} budget stalls {} max in flight {} "
+            "bytes, in flight {} bytes, foreign completions {}, budget {} "
+            "bytes, small slice {} (measured: {} MB/s x {} ns base latency, {} ns "
+            "per slice posted, {} samples)",
+            c.requests, c.completed, c.failed, c.slices, c.small_slices, c.signaled, c.bytes,
+            c.doorbells, c.budget_stalls, c.max_in_flight, c.in_flight_bytes, c.foreign_completions,
+            c.budget_bytes, c.small_slice, c.rate_mb_per_s, c.base_latency_ns, c.post_ns,
+            c.budget_samples);
     }
 };

@@ -24,8 +24,9 @@
 //   the switch both ways, the responder's acknowledgement), then
 //   `cqe_latency` for the completion's DMA write into host memory; only
 //   signaled requests complete, in order, as on an RC queue pair;
-// - the receiver counts the bytes that arrive, per address range, and
-//   checks that every request's packets arrive in order and whole.
+// - the receiver counts the packets, payload and wire bytes that arrive,
+//   and the payload per address range within a time window (the bench's
+//   measure of the stream's throughput).
 // Not modelled: loss and retransmission, congestion control (one flow, no
 // other traffic), PCIe bandwidth limits (taken above line rate), inline
 // data and BlueFlame (a small request costs the same fetches as a large

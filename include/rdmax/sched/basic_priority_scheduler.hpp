@@ -32,10 +32,14 @@
 //   are sliced; SEND is posted whole; READ slices in flight stay within the
 //   queue pair's max_rd_atomic;
 // - the slice size adapts: small while a more urgent level has work or had
-//   some within `hold`, large otherwise;
+//   some within `hold`, large otherwise; a large slice fills what is left of
+//   the budget, no more;
+// - the byte budget is measured unless the options fix it: the delivered
+//   rate times the latency of a slice posted alone, plus one small slice;
+//   small slices are then an eighth of it (see measure());
 // - only the last slice of a request is signaled, and those others that the
 //   budget's accounting needs (so that a completion always comes back
-//   before the budget runs dry).
+//   before the budget runs dry); with a measured budget, every slice.
 //
 // Posting can cost as much as sending: on soft-RoCE the doorbell system call
 // transmits the slices it carries, in the caller's thread. So a doorbell that
@@ -405,7 +409,7 @@ private:
         // short probe: nothing is ahead of it, so its latency is the base
         // latency, with little of its own bytes' time in it.
         const std::uint64_t cut_now =
-            adaptive() && in_flight_bytes_ == 0 ? std::min(cut, probe_bytes) : cut; // signaled
+            adaptive() && in_flight_bytes_ == 0 ? std::min(cut, probe_bytes) : cut;
         const auto len = static_cast<std::uint32_t>(sliced ? std::min(left, cut_now) : left);
         const bool last = r.posted + len == r.length;
         const bool read = r.wr.opcode == IBV_WR_RDMA_READ;
@@ -510,18 +514,17 @@ private:
         return false;
     }
 
-    /// The adaptive budget (budget_bytes 0): the bandwidth-delay product as
-    /// measured, times a gain. A sample is a signaled slice: the time from its
-    /// posting to its completion being reaped, and the bytes that completed
-    /// in that time (those in flight before it, and its own). Their ratio is
-    /// the rate the link delivered under the bytes in flight then; the
-    /// largest of the last samples estimates the link's rate (BBR's
-    /// bottleneck bandwidth, Cardwell et al., 2016). A slice posted with
-    /// nothing in flight gives the base latency; the smallest is kept (BBR's
-    /// round-trip propagation time). While
-    /// the budget is below the product, a sample's rate is the budget over
-    /// the base latency, so the budget grows by the gain each round trip
-    /// until the link is full; then it stays at gain x product.
+    /// The measured budget (budget_bytes 0): the bandwidth-delay product and
+    /// one small slice. A sample is a signaled slice, one at a time: the time
+    /// from its posting to its completion being reaped. The bytes completed
+    /// between the previous sample's completion and this one's, over the time
+    /// between them, are the rate the link delivered; the largest of the last
+    /// eight estimates the link's rate (as BBR's bottleneck bandwidth,
+    /// Cardwell et al., 2016). A slice posted with nothing in flight (a 1 KiB
+    /// probe) gives the base latency; the smallest is kept (as BBR's
+    /// round-trip propagation time). While the budget is below the product,
+    /// the rate measured is about the budget over the base latency, and the
+    /// slack of one slice lets the budget grow until the link is full.
     void measure(typename fine_clock::duration elapsed) noexcept {
         const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count();
         const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(sample_start_ +

@@ -559,14 +559,17 @@ private:
         const auto product = static_cast<std::uint64_t>(best_rate * base_ns_);
         budget_ =
             std::clamp<std::uint64_t>(product + small_slice_, adaptive_floor, adaptive_ceiling);
-        // Small slices an eighth of the budget, at most the option's: an
-        // urgent request waits for about one slice more than the product.
+        // Small slices an eighth of the budget, at most the option's and at
+        // least 4 KiB: an urgent request waits for about one slice more than
+        // the product, and every slice costs the host and the device
+        // something (soft-RoCE from Linux 6.12, which sends from a work
+        // queue, gave its stream 0.63 of plain with 1 KiB slices).
         // But at least what the link sends while the host posts four slices:
         // where a doorbell is dear (soft-RoCE: a system call that sends what
         // it carries), small slices would leave the link idle.
         const auto posting = static_cast<std::uint64_t>(best_rate * post_ns_ * 4);
         small_slice_ = std::clamp<std::uint64_t>(
-            std::max(budget_ / 8, posting), std::min<std::uint64_t>(probe_bytes, opts_.small_slice),
+            std::max(budget_ / 8, posting), std::min<std::uint64_t>(slice_floor, opts_.small_slice),
             opts_.small_slice);
         counters_.budget_bytes = budget_;
         counters_.small_slice = small_slice_;
@@ -736,6 +739,7 @@ private:
     static constexpr std::uint64_t adaptive_initial_budget = 16 * 1024;
     static constexpr std::uint64_t adaptive_floor = 4 * 1024;
     static constexpr std::uint64_t probe_bytes = 1024;
+    static constexpr std::uint64_t slice_floor = 4 * 1024;
     static constexpr std::uint64_t adaptive_ceiling = 64ULL * 1024 * 1024;
     std::uint64_t budget_;
     std::uint64_t small_slice_ = opts_.small_slice; ///< an eighth of a measured budget

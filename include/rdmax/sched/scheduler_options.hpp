@@ -18,7 +18,8 @@ struct scheduler_options {
     /// posting thread, so one slice fills the budget. On a NIC, keep it at
     /// most half the budget, so that a slice is posted while one is in flight.
     /// With a measured budget this is the cap: slices are then an eighth of
-    /// the budget, or what the link sends while the host posts four.
+    /// the budget, at least 4 KiB and what the link sends while the host
+    /// posts four.
     std::uint32_t small_slice = 16 * 1024;
     /// Slice size while nothing more urgent is around: large, so that a bulk
     /// transfer costs few work requests and completions (Justitia: 1 MB).

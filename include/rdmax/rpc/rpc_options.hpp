@@ -43,16 +43,8 @@ struct rpc_options {
         any,  ///< any process of this user (PR_SET_PTRACER_ANY), as MPI libraries do
     };
     ptracer_grant ptracer = ptracer_grant::peer;
-    /// Each connection's scheduler (priorities, slicing of large transfers),
-    /// with a fixed 16 KiB byte budget: with the scheduler's measured budget
-    /// (its default since the NIC model), kv_service between two hosts failed
-    /// one call in about 270 and lost its connection, every run, and the
-    /// cause is not found yet. RDMAX_SCHED_BUDGET_BYTES=auto measures it anyway.
-    sched::scheduler_options scheduler = [] {
-        sched::scheduler_options o;
-        o.budget_bytes = 16 * 1024;
-        return o;
-    }();
+    /// Each connection's scheduler (priorities, slicing of large transfers).
+    sched::scheduler_options scheduler = {};
 
     /// These options with RDMAX_RPC_SLOTS, RDMAX_RPC_SLOT_BYTES,
     /// RDMAX_RPC_MAX_MESSAGE (K/M/G allowed), RDMAX_RPC_MAX_PEERS,

@@ -58,7 +58,7 @@ using sim::picoseconds;
 
 constexpr rights rw = rights::local_write | rights::remote_write | rights::remote_read;
 // The model never touches the bytes: addresses only.
-std::byte* const local_base = sim::nominal_local;
+std::byte* const local_base = reinterpret_cast<std::byte*>(std::uintptr_t{1} << 32);
 constexpr std::uint64_t remote_base = std::uint64_t{1} << 40;
 constexpr std::uint64_t urgent_remote = remote_base + (std::uint64_t{1} << 36);
 constexpr std::uint64_t bulk_tag = std::uint64_t{1} << 62;
@@ -184,6 +184,16 @@ struct driver {
     std::function<int(std::vector<std::uint64_t>&)> poll;
 };
 
+sched::slice_request direct(std::uint64_t id, std::uint64_t remote, std::uint64_t length) {
+    sched::slice_request s;
+    s.id = id;
+    s.local = local_base;
+    s.length = static_cast<std::uint32_t>(length);
+    s.remote_addr = remote;
+    s.signaled = true;
+    return s;
+}
+
 /// The host's loop: urgent arrivals, the stream kept `bulk_outstanding`
 /// deep, polling; when a poll finds nothing, time jumps to the next arrival
 /// or the next completion the host can see (a busy-polling thread would see
@@ -249,11 +259,11 @@ result run_fifo(const char* mode, const sim::nic_params& p, const sim_options& o
     sim::nic_port port(nic, 0);
     driver d;
     d.urgent = [&](std::uint64_t id) {
-        (void)port.stage(sim::write_request(id, urgent_remote, o.urgent_bytes));
+        (void)port.stage(direct(id, urgent_remote, o.urgent_bytes));
         (void)port.post();
     };
     d.bulk = [&](std::uint64_t id) {
-        (void)port.stage(sim::write_request(id, remote_base, o.bulk_bytes));
+        (void)port.stage(direct(id, remote_base, o.bulk_bytes));
         (void)port.post();
     };
     d.poll = [&](std::vector<std::uint64_t>& out) {
@@ -275,11 +285,11 @@ result run_two_qps(const sim::nic_params& p, const sim_options& o) {
     sim::nic_port lo(nic, 1);
     driver d;
     d.urgent = [&](std::uint64_t id) {
-        (void)hi.stage(sim::write_request(id, urgent_remote, o.urgent_bytes));
+        (void)hi.stage(direct(id, urgent_remote, o.urgent_bytes));
         (void)hi.post();
     };
     d.bulk = [&](std::uint64_t id) {
-        (void)lo.stage(sim::write_request(id, remote_base, o.bulk_bytes));
+        (void)lo.stage(direct(id, remote_base, o.bulk_bytes));
         (void)lo.post();
     };
     d.poll = [&](std::vector<std::uint64_t>& out) {
@@ -319,8 +329,8 @@ result run_justitia(const sim::nic_params& p, const sim_options& o, std::uint32_
             while (r.posted < o.bulk_bytes && in_flight < window) {
                 const std::uint64_t len = std::min<std::uint64_t>(urgent_out != 0 ? small : large,
                                                                   o.bulk_bytes - r.posted);
-                (void)port.stage(sim::write_request(
-                    bulk_tag | (std::uint64_t{1} << 61) | chunk_id++, remote_base + r.posted, len));
+                (void)port.stage(direct(bulk_tag | (std::uint64_t{1} << 61) | chunk_id++,
+                                        remote_base + r.posted, len));
                 chunk_owner.push_back(r.id);
                 r.posted += len;
                 ++r.chunks_in_flight;
@@ -336,7 +346,7 @@ result run_justitia(const sim::nic_params& p, const sim_options& o, std::uint32_
     driver d;
     d.urgent = [&](std::uint64_t id) {
         ++urgent_out;
-        (void)port.stage(sim::write_request(id, urgent_remote, o.urgent_bytes));
+        (void)port.stage(direct(id, urgent_remote, o.urgent_bytes));
         (void)port.post();
     };
     d.bulk = [&](std::uint64_t id) {

@@ -23,12 +23,18 @@ using namespace rdmax::sched;
 using namespace rdmax::sched::sim;
 
 constexpr rights rw = rights::local_write | rights::remote_write | rights::remote_read;
-std::byte* const local_base = sim::nominal_local;
+std::byte* const local_base = reinterpret_cast<std::byte*>(std::uintptr_t{1} << 32);
 constexpr std::uint64_t remote_base = std::uint64_t{1} << 40;
 constexpr std::uint64_t urgent_off = std::uint64_t{1} << 36;
 
 slice_request write_of(std::uint64_t id, std::uint64_t length, bool signaled = true) {
-    return sim::write_request(id, remote_base, length, signaled);
+    slice_request s;
+    s.id = id;
+    s.local = local_base;
+    s.length = static_cast<std::uint32_t>(length);
+    s.remote_addr = remote_base;
+    s.signaled = signaled;
+    return s;
 }
 
 using model_scheduler =

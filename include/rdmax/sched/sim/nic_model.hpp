@@ -40,7 +40,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -70,23 +69,6 @@ struct virtual_clock {
 
     static inline thread_local picoseconds ps = 0; ///< the host's time now
 };
-
-/// The model moves no bytes: the local address its requests carry.
-inline std::byte* const nominal_local = reinterpret_cast<std::byte*>(std::uintptr_t{1} << 32);
-
-/// An RDMA write of `length` bytes to `remote`, posted as it is (no
-/// scheduler): what the plain modes and the model's own tests stage.
-[[nodiscard]] inline slice_request write_request(std::uint64_t id, std::uint64_t remote,
-                                                 std::uint64_t length,
-                                                 bool signaled = true) noexcept {
-    slice_request s;
-    s.id = id;
-    s.local = nominal_local;
-    s.length = static_cast<std::uint32_t>(length);
-    s.remote_addr = remote;
-    s.signaled = signaled;
-    return s;
-}
 
 enum class arbitration { per_packet, per_wqe };
 

@@ -388,8 +388,10 @@ int main(int argc, char** argv) try {
                "{} rounds\n",
                ctx.name(), o.urgent_bytes, o.interval_us, o.bulk_count, human_bytes(o.bulk_bytes),
                o.rounds);
-    fmt::print("scheduler: small slice {}, large slice {}, budget {} bytes / {} WQEs, hold {} us\n",
-               human_bytes(so.small_slice), human_bytes(so.large_slice), so.budget_bytes,
+    fmt::print("scheduler: small slice {}, large slice {}, budget {} / {} WQEs, hold {} us\n",
+               human_bytes(so.small_slice), human_bytes(so.large_slice),
+               so.budget_bytes == 0 ? std::string("measured (see the counters)")
+                                    : fmt::format("{} bytes", so.budget_bytes),
                so.budget_wqes, so.hold.count());
 
     std::vector<mode_result> modes(3);
@@ -459,8 +461,10 @@ int main(int argc, char** argv) try {
     // times an idle round trip, both measured here.
     const double bdp = modes[1].bulk_MBps() * percentile(modes[0].latency_us, 50);
     fmt::print("measured bandwidth-delay product: {:.1f} MB/s x {:.1f} us = {:.0f} bytes "
-               "(budget {} bytes)\n",
-               modes[1].bulk_MBps(), percentile(modes[0].latency_us, 50), bdp, so.budget_bytes);
+               "(budget {})\n",
+               modes[1].bulk_MBps(), percentile(modes[0].latency_us, 50), bdp,
+               so.budget_bytes == 0 ? std::string("measured: see the counters")
+                                    : fmt::format("{} bytes", so.budget_bytes));
     for (const auto& m : modes)
         if (m.late > 0)
             fmt::print("{}: {} urgent writes were posted over an interval after their arrival "

@@ -18,7 +18,9 @@ scheduler_options scheduler_options::with_env() const {
         o.small_slice = size32("RDMAX_SCHED_SMALL_SLICE", v, 1);
     if (auto v = env("RDMAX_SCHED_LARGE_SLICE"); !v.empty())
         o.large_slice = size32("RDMAX_SCHED_LARGE_SLICE", v, 1);
-    if (auto v = env("RDMAX_SCHED_BUDGET_BYTES"); !v.empty())
+    if (auto v = env("RDMAX_SCHED_BUDGET_BYTES"); v == "auto")
+        o.budget_bytes = 0;
+    else if (!v.empty())
         o.budget_bytes = size32("RDMAX_SCHED_BUDGET_BYTES", v, 1);
     if (auto v = env("RDMAX_SCHED_BUDGET_WQES"); !v.empty())
         o.budget_wqes = size32("RDMAX_SCHED_BUDGET_WQES", v, 1);

@@ -17,6 +17,9 @@ struct scheduler_options {
     /// where every slice costs an acknowledgement and a completion in the
     /// posting thread, so one slice fills the budget. On a NIC, keep it at
     /// most half the budget, so that a slice is posted while one is in flight.
+    /// With a measured budget this is the cap: slices are then an eighth of
+    /// the budget, at least 4 KiB and what the link sends while the host
+    /// posts four.
     std::uint32_t small_slice = 16 * 1024;
     /// Slice size while nothing more urgent is around: large, so that a bulk
     /// transfer costs few work requests and completions (Justitia: 1 MB).
@@ -30,7 +33,12 @@ struct scheduler_options {
     /// the floor: the doorbell transmits in the posting thread, so its fixed
     /// cost must be spread over enough bytes. On a 100 Gb/s link with a 3 us
     /// round trip the product is 37.5 KB.
-    std::uint64_t budget_bytes = 16 * 1024;
+    ///
+    /// 0 (the default): measured at run time, the product of the delivered
+    /// rate and the latency of a slice posted with nothing ahead (see
+    /// basic_priority_scheduler::measure), starting at 16 KiB; the counters
+    /// show the measurement. Any other value is fixed.
+    std::uint64_t budget_bytes = 0;
     /// Work requests in flight above which nothing more is posted (clamped to
     /// half the send queue).
     std::uint32_t budget_wqes = 16;
@@ -43,7 +51,8 @@ struct scheduler_options {
     std::uint32_t max_requests = 1024;
 
     /// These options with RDMAX_SCHED_SMALL_SLICE, RDMAX_SCHED_LARGE_SLICE,
-    /// RDMAX_SCHED_BUDGET_BYTES (sizes, K/M/G suffixes allowed),
+    /// RDMAX_SCHED_BUDGET_BYTES (sizes, K/M/G suffixes allowed; `auto`
+    /// for the measured budget),
     /// RDMAX_SCHED_BUDGET_WQES, RDMAX_SCHED_HOLD_US and
     /// RDMAX_SCHED_MAX_REQUESTS applied; a malformed value throws
     /// rdmax::error naming the variable.
@@ -65,6 +74,12 @@ struct scheduler_counters {
     /// Send completions that were not the scheduler's (someone else posted on
     /// its queue pair); ignored.
     std::uint64_t foreign_completions = 0;
+    std::uint64_t budget_bytes = 0;    ///< the byte budget now (fixed, or as measured)
+    std::uint64_t small_slice = 0;     ///< the small slice now (an eighth of a measured budget)
+    std::uint64_t rate_mb_per_s = 0;   ///< measured delivery rate (adaptive budget only)
+    std::uint64_t base_latency_ns = 0; ///< measured latency with nothing ahead (likewise)
+    std::uint64_t budget_samples = 0;  ///< measurements taken
+    std::uint64_t post_ns = 0;         ///< measured host time per slice posted (doorbell included)
 };
 
 } // namespace rdmax::sched
@@ -73,12 +88,16 @@ template <>
 struct fmt::formatter<rdmax::sched::scheduler_counters> {
     constexpr auto parse(fmt::format_parse_context& ctx) { return ctx.begin(); }
     auto format(const rdmax::sched::scheduler_counters& c, fmt::format_context& ctx) const {
-        return fmt::format_to(ctx.out(),
-                              "requests {} completed {} failed {} slices {} (small {}, signaled "
-                              "{}) bytes {} doorbells {} budget stalls {} max in flight {} "
-                              "bytes, in flight {} bytes, foreign completions {}",
-                              c.requests, c.completed, c.failed, c.slices, c.small_slices,
-                              c.signaled, c.bytes, c.doorbells, c.budget_stalls, c.max_in_flight,
-                              c.in_flight_bytes, c.foreign_completions);
+        return fmt::format_to(
+            ctx.out(),
+            "requests {} completed {} failed {} slices {} (small {}, signaled "
+            "{}) bytes {} doorbells {} budget stalls {} max in flight {} "
+            "bytes, in flight {} bytes, foreign completions {}, budget {} "
+            "bytes, small slice {} (measured: {} MB/s x {} ns base latency, {} ns "
+            "per slice posted, {} samples)",
+            c.requests, c.completed, c.failed, c.slices, c.small_slices, c.signaled, c.bytes,
+            c.doorbells, c.budget_stalls, c.max_in_flight, c.in_flight_bytes, c.foreign_completions,
+            c.budget_bytes, c.small_slice, c.rate_mb_per_s, c.base_latency_ns, c.post_ns,
+            c.budget_samples);
     }
 };

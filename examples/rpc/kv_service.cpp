@@ -164,8 +164,15 @@ int serve(const options& o) {
             break;
     }
     fmt::print("kv_service: {} keys; server {}\n", kv.size(), srv.counters());
+    // Served: N clients came and all of them left. A deadline that cuts a
+    // client off mid-run is a failure, not a pass.
     const bool served =
-        o.clients == 0 || srv.counters().connected >= static_cast<std::uint64_t>(o.clients);
+        o.clients == 0 ||
+        (srv.counters().connected >= static_cast<std::uint64_t>(o.clients) && srv.peers() == 0);
+    if (o.clients > 0 && srv.peers() != 0)
+        fmt::print(stderr,
+                   "kv_service: the deadline ({} s) passed with {} client(s) still connected\n",
+                   o.timeout_s, srv.peers());
     return served && srv.counters().rejected() == 0 ? 0 : 1;
 }
 

@@ -6,7 +6,7 @@
 //
 // The server answers method 1 with the request's bytes, from one thread,
 // for any number of clients; it exits once N clients came and went (0:
-// never), or with status 1 at the deadline if fewer came. The client keeps K
+// never), or with status 1 at the deadline if fewer came and left. The client keeps K
 // calls in flight, each with its own bytes, checks every reply with
 // --verify, and prints the rate, the median and 99th percentile latency, and
 // its counters. Exit status 0 when every call came back right.
@@ -105,8 +105,15 @@ int serve(const options& o) {
             break;
     }
     fmt::print("rpc_echo: server {}\n", srv.counters());
+    // Served: N clients came and all of them left. A deadline that cuts a
+    // client off mid-run is a failure, not a pass.
     const bool served =
-        o.clients == 0 || srv.counters().connected >= static_cast<std::uint64_t>(o.clients);
+        o.clients == 0 ||
+        (srv.counters().connected >= static_cast<std::uint64_t>(o.clients) && srv.peers() == 0);
+    if (o.clients > 0 && srv.peers() != 0)
+        fmt::print(stderr,
+                   "rpc_echo: the deadline ({} s) passed with {} client(s) still connected\n",
+                   o.timeout_s, srv.peers());
     return served && srv.counters().rejected() == 0 ? 0 : 1;
 }
 

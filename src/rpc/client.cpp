@@ -347,6 +347,8 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
             ++counters_.no_credit;
             return call_status::no_credit;
         }
+        counters_.count_link_end(l->wire->failure(), l->wire->ending_event(),
+                                 l->wire->ending_status());
         l->wire->broken = true;
         next_housekeeping_ = {};
         return call_status::peer_gone;
@@ -419,6 +421,8 @@ void client::on_receive(const ibv_wc& wc) noexcept {
         fail_link(l, index);
     };
     if (wc.status != IBV_WC_SUCCESS) {
+        counters_.count_link_end(wc.status == IBV_WC_WR_FLUSH_ERR ? l.wire->failure() : wc.status,
+                                 l.wire->ending_event(), l.wire->ending_status());
         if (wc.status == IBV_WC_WR_FLUSH_ERR)
             fail_link(l, index);
         else
@@ -522,8 +526,11 @@ void client::housekeeping() noexcept {
         link& l = links_[i];
         if (!l.wire)
             continue;
-        if (!l.wire->broken && (l.wire->failed() || (events && l.wire->peer_gone())))
+        if (!l.wire->broken && (l.wire->failed() || (events && l.wire->peer_gone()))) {
+            counters_.count_link_end(l.wire->failure(), l.wire->ending_event(),
+                                     l.wire->ending_status());
             fail_link(l, i);
+        }
         if (l.wire->broken || l.in_flight == 0)
             continue;
         for (std::uint32_t s = 0; s < l.slots.size(); ++s) {

@@ -234,6 +234,10 @@ void connection::pump(std::chrono::milliseconds timeout) noexcept {
     rdma_cm_event* ev = next_event(channel_, clock::now() + timeout);
     if (ev == nullptr)
         return;
+    const auto note_end = [&] {
+        if (!ended_by_)
+            ended_by_ = ending{ev->event, ev->status};
+    };
     switch (ev->event) {
     case RDMA_CM_EVENT_ESTABLISHED:
         if (establishing_)
@@ -243,6 +247,7 @@ void connection::pump(std::chrono::milliseconds timeout) noexcept {
     case RDMA_CM_EVENT_CONNECT_ERROR:
     case RDMA_CM_EVENT_UNREACHABLE:
         // A handshake that failed after accept_nowait: as good as gone.
+        note_end();
         disconnected_ = true;
         if (qp_)
             qp_->enter_error();
@@ -250,6 +255,7 @@ void connection::pump(std::chrono::milliseconds timeout) noexcept {
     case RDMA_CM_EVENT_DISCONNECTED:
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
     case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+        note_end();
         disconnected_ = true;
         // librdmacm leaves the QP as it was when the peer disconnects: move it
         // to the error state, so that posted work flushes now and new posts

@@ -424,6 +424,8 @@ TEST_CASE("a failed slice fails exactly its request; later ones are flushed") {
     CHECK(st[2] == IBV_WC_REM_ACCESS_ERR);
     CHECK(st[3] == IBV_WC_WR_FLUSH_ERR);
     CHECK(s.failed());
+    // Why it failed is the first error, not the flushes that followed it.
+    CHECK(s.failure() == IBV_WC_REM_ACCESS_ERR);
     CHECK(s.counters().failed == 2);
     CHECK(s.counters().completed == 2);
     CHECK(s.write(bulk, local(0, 100), remote(), 0, 9) == status::qp_failed);
@@ -432,8 +434,10 @@ TEST_CASE("a failed slice fails exactly its request; later ones are flushed") {
 TEST_CASE("a refused post fails its requests instead of leaving them waiting") {
     sim_scheduler<> s(options(4096, 4096, 1 << 20, 8), {});
     s.port().refuse_after = 2; // of the first request's 5 slices, the device takes 2
+    CHECK(s.failure() == IBV_WC_SUCCESS);
     REQUIRE(s.write(bulk, local(0, 20000), remote(), 0, 1) == status::ok);
     CHECK(s.failed());
+    CHECK(s.failure() == IBV_WC_LOC_QP_OP_ERR);
     CHECK(s.write(bulk, local(0, 100), remote(), 0, 2) == status::qp_failed);
     const auto got = run(s, 4096);
     REQUIRE(got.size() == 1);

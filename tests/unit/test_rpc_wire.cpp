@@ -254,5 +254,12 @@ TEST_CASE("counters print") {
     const std::string s = fmt::format("{}", c);
     CHECK(s.find("calls 3") != std::string::npos);
     CHECK(s.find("rejected 2") != std::string::npos);
+    CHECK(s.find("link failures 0 (last: none) last link event none") != std::string::npos);
+    // A link that ended: the first error completion and the connection event say why.
+    c.count_link_end(IBV_WC_RETRY_EXC_ERR, RDMA_CM_EVENT_DISCONNECTED, 0);
+    c.count_link_end(IBV_WC_SUCCESS, -1, 0); // nothing said: nothing changes
+    const std::string e = fmt::format("{}", c);
+    CHECK(e.find("link failures 1 (last: transport retry counter exceeded)") != std::string::npos);
+    CHECK(e.find("last link event RDMA_CM_EVENT_DISCONNECTED (0)") != std::string::npos);
     CHECK(fmt::format("{}", call_status::timed_out) == "no reply before the deadline");
 }

@@ -61,6 +61,12 @@ public:
     [[nodiscard]] virtual bool has_outstanding() const noexcept = 0;
     /// The link failed under this side (an error completion, a corrupt ring).
     [[nodiscard]] virtual bool failed() const noexcept = 0;
+    /// Why it failed, when a work completion says (retry exceeded, remote
+    /// access...): IBV_WC_SUCCESS when it did not fail or no completion says.
+    [[nodiscard]] virtual ibv_wc_status failure() const noexcept { return IBV_WC_SUCCESS; }
+    /// The connection event that ended the link (an rdma_cm_event_type), -1 if none did.
+    [[nodiscard]] virtual int ending_event() const noexcept { return -1; }
+    [[nodiscard]] virtual int ending_status() const noexcept { return 0; }
     /// The peer left (reads connection events: housekeeping only).
     [[nodiscard]] virtual bool peer_gone() noexcept = 0;
     /// Readable when a connection event may be waiting (for the endpoint's epoll).

@@ -109,6 +109,15 @@ public:
         return sched_->outstanding() != 0;
     }
     [[nodiscard]] bool failed() const noexcept override { return sched_->failed(); }
+    [[nodiscard]] ibv_wc_status failure() const noexcept override { return sched_->failure(); }
+    [[nodiscard]] int ending_event() const noexcept override {
+        const auto e = conn_->ended_by();
+        return e ? static_cast<int>(e->event) : -1;
+    }
+    [[nodiscard]] int ending_status() const noexcept override {
+        const auto e = conn_->ended_by();
+        return e ? e->status : 0;
+    }
     [[nodiscard]] bool peer_gone() noexcept override { return conn_->peer_disconnected(); }
     [[nodiscard]] int event_fd() const noexcept override { return conn_->id()->channel->fd; }
     [[nodiscard]] bool established() noexcept override { return conn_->established(); }

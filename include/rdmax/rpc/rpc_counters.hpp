@@ -4,6 +4,8 @@
 #include <cstdint>
 
 #include <fmt/format.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 #include <rdmax/rpc/wire.hpp>
 
@@ -37,6 +39,25 @@ struct rpc_counters {
     std::uint64_t refused = 0;   ///< connection requests refused (bad offer, too many peers)
     std::uint64_t disconnected =
         0; ///< connections gone (peer left, failed, or closed for a violation)
+    /// Of those, links that failed under this side with an error completion,
+    /// and the last such completion's ibv_wc_status (0: none yet).
+    std::uint64_t link_failures = 0;
+    std::uint32_t last_link_failure = 0;
+    /// The connection event (rdma_cm_event_type) that ended the last link
+    /// that ended by one (DISCONNECTED, REJECTED, TIMEWAIT_EXIT...); -1: none yet.
+    std::int32_t last_link_event = -1;
+    std::int32_t last_link_event_status = 0; ///< that event's status (-ETIMEDOUT...)
+    /// A link ended: why, as far as its completions and events say.
+    void count_link_end(ibv_wc_status failure, int event, int event_status) noexcept {
+        if (failure != IBV_WC_SUCCESS) {
+            ++link_failures;
+            last_link_failure = static_cast<std::uint32_t>(failure);
+        }
+        if (event >= 0) {
+            last_link_event = event;
+            last_link_event_status = event_status;
+        }
+    }
 
     /// Counts a message rejected for `v` (none counts nothing).
     void count(violation v) noexcept {
@@ -68,11 +89,19 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "calls {} completed {} failed {} (timed out {}, late replies {}, no credit {}) "
             "external bodies {} replies {} bytes in {} out {} unknown method {} "
             "rejected {} (kind {} slot {} length {} malformed {} credit {} opcode {}) "
-            "stray {} connected {} refused {} disconnected {}",
+            "stray {} connected {} refused {} disconnected {} link failures {} (last: {}) "
+            "last link event {} ({})",
             c.calls, c.completed, c.failed, c.timed_out, c.late_replies, c.no_credit,
             c.external_bodies, c.external_replies, c.bytes_in, c.bytes_out, c.unknown_method,
             c.rejected(), c.rejected_kind, c.rejected_slot, c.rejected_length, c.rejected_malformed,
             c.rejected_credit, c.rejected_opcode, c.stray_completions, c.connected, c.refused,
-            c.disconnected);
+            c.disconnected, c.link_failures,
+            c.last_link_failure == 0
+                ? "none"
+                : ibv_wc_status_str(static_cast<ibv_wc_status>(c.last_link_failure)),
+            c.last_link_event < 0
+                ? "none"
+                : rdma_event_str(static_cast<rdma_cm_event_type>(c.last_link_event)),
+            c.last_link_event_status);
     }
 };

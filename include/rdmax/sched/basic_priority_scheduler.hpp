@@ -212,6 +212,10 @@ public:
     [[nodiscard]] std::uint32_t in_flight() const noexcept { return in_flight_wqes_; }
     /// An earlier request failed: the queue pair is in the error state.
     [[nodiscard]] bool failed() const noexcept { return broken_; }
+    /// Why: the first completion in error that was not a flush (what broke the
+    /// queue pair: retry exceeded, remote access...), else the first flush;
+    /// IBV_WC_SUCCESS while nothing failed.
+    [[nodiscard]] ibv_wc_status failure() const noexcept { return failure_; }
     [[nodiscard]] const scheduler_counters& counters() const noexcept { return counters_; }
     [[nodiscard]] const scheduler_options& options() const noexcept { return opts_; }
     [[nodiscard]] Port& port() noexcept { return port_; }
@@ -626,6 +630,8 @@ private:
             // everything after it is flushed.
             if (r.result == IBV_WC_SUCCESS)
                 r.result = st;
+            if (failure_ == IBV_WC_SUCCESS || failure_ == IBV_WC_WR_FLUSH_ERR)
+                failure_ = st;
             broken_ = true;
         }
         finish_if_done(r);
@@ -732,6 +738,7 @@ private:
     std::uint32_t in_flight_wqes_ = 0;
     std::uint32_t reads_in_flight_ = 0;
     bool broken_ = false;
+    ibv_wc_status failure_ = IBV_WC_SUCCESS;
     bool deferred_pump_ = false; ///< the last poll() returned requests without posting
     scheduler_counters counters_;
 

@@ -79,6 +79,13 @@ public:
 
     /// Non-blocking: true once the peer disconnected or went away.
     [[nodiscard]] bool peer_disconnected() noexcept;
+    /// The rdma_cm event that ended the connection (DISCONNECTED, REJECTED,
+    /// TIMEWAIT_EXIT...) and its status, once one did; nullopt before.
+    struct ending {
+        rdma_cm_event_type event;
+        int status;
+    };
+    [[nodiscard]] std::optional<ending> ended_by() const noexcept { return ended_by_; }
     /// Non-blocking: true once the connection is established. Always true
     /// but after connection_request::accept_nowait, until rdma_cm's
     /// ESTABLISHED arrives (or established_by_traffic()).
@@ -119,6 +126,7 @@ private:
     std::optional<queue_pair<rc>> qp_;
     std::vector<std::byte> peer_payload_;
     bool disconnected_ = false; ///< DISCONNECTED seen (either side's doing)
+    std::optional<ending> ended_by_;
     bool disconnect_sent_ = false;
     bool establishing_ = false; ///< accepted without waiting, ESTABLISHED not yet seen
 };

@@ -248,6 +248,8 @@ int run_client(const options& o) {
                cs[0]->is_local(peers[0]) ? "through this node's memory" : "through the RDMA device",
                secs, bad, o.verify ? " (every value checked)" : "");
     fmt::print("kv_service: client 0 {}\n", cs[0]->counters());
+    if (const auto sc = cs[0]->scheduler_counters(peers[0]))
+        fmt::print("kv_service: client 0 scheduler: {}\n", *sc);
     return bad == 0 ? 0 : 1;
 }
 

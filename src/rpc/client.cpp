@@ -71,6 +71,11 @@ bool client::is_local(peer_id p) const noexcept {
     return l != nullptr && l->wire->is_local();
 }
 
+std::optional<sched::scheduler_counters> client::scheduler_counters(peer_id p) const noexcept {
+    const link* l = find(p);
+    return l != nullptr ? l->wire->scheduler_counters() : std::nullopt;
+}
+
 bool client::connected(peer_id p) const noexcept {
     const link* l = find(p);
     return l != nullptr && !l->wire->broken;
@@ -90,9 +95,9 @@ peer_id client::connect(std::string_view addr, std::uint16_t port) {
             return add_link(std::move(local));
     auto wire = std::make_unique<peer_link>(arena_, issuer_, opts_.slots, opts_.slot_bytes);
     const ring_offer mine = wire->offer();
-    verbs::connection conn = verbs::connection::connect(
-        *pd_, addr, port, verbs::payload_of(mine),
-        link_qp_config(inbox_.cq(), inbox_.srq(), opts_.slots), opts_.connect_timeout);
+    verbs::connection conn =
+        verbs::connection::connect(*pd_, addr, port, verbs::payload_of(mine),
+                                   link_qp_config(inbox_, opts_.slots), opts_.connect_timeout);
     const std::optional<ring_offer> granted = conn.peer_payload_as<ring_offer>();
     const char* why = granted ? check_offer(*granted) : "no ring offer in the reply";
     if (why == nullptr && (granted->slots > mine.slots || granted->slot_bytes > mine.slot_bytes))

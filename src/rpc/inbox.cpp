@@ -102,8 +102,16 @@ void inbox::take_events() noexcept {
     ibv_cq* cq = nullptr;
     void* ctx = nullptr;
     unsigned n = 0;
-    while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0)
-        ++n;
+    // Each event is acknowledged on its own queue: the receive queue's, or a
+    // connection's send queue's (whose destruction waits for its events to be
+    // acknowledged). The receive queue's are batched; a send queue raises one
+    // only when its scheduler armed it before a sleep.
+    while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
+        if (cq == cq_.get())
+            ++n;
+        else
+            ibv_ack_cq_events(cq, 1);
+    }
     if (n != 0)
         ibv_ack_cq_events(cq_.get(), n);
 }

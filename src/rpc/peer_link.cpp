@@ -64,8 +64,16 @@ transfer peer_link::write_body(sched::priority p, local_buffer<rights::local_wri
                : transfer::failed;
 }
 
-verbs::qp_config link_qp_config(verbs::completion_queue& recv_cq, verbs::shared_receive_queue& srq,
-                                std::uint16_t slots) {
+bool peer_link::prepare_sleep() noexcept {
+    // Unsignaled replies complete quietly; only work waiting for room in the
+    // budget needs the completion that makes room (one event, then re-armed
+    // at the next sleep). On rxe, arming is a system call: only here.
+    if (sched_ && sched_->queued())
+        (void)ibv_req_notify_cq(conn_->qp().send_cq().get(), 0);
+    return true;
+}
+
+verbs::qp_config link_qp_config(inbox& in, std::uint16_t slots) {
     verbs::qp_config cfg;
     // Each call posts one or two requests; the scheduler keeps at most half
     // the queue in flight.
@@ -73,8 +81,9 @@ verbs::qp_config link_qp_config(verbs::completion_queue& recv_cq, verbs::shared_
     cfg.max_send_sge = 2;
     cfg.max_recv_sge = 1;
     cfg.max_inline = 256;
-    cfg.recv_cq = &recv_cq;
-    cfg.srq = &srq;
+    cfg.recv_cq = &in.cq();
+    cfg.srq = &in.srq();
+    cfg.send_channel = &in.channel();
     return cfg;
 }
 

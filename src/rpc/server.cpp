@@ -131,6 +131,11 @@ void server::on(std::uint16_t method, handler h) {
     handlers_[method] = std::move(h);
 }
 
+std::optional<sched::scheduler_counters> server::scheduler_counters(peer_id p) noexcept {
+    const link* l = find(p);
+    return l != nullptr ? l->wire->scheduler_counters() : std::nullopt;
+}
+
 server::link* server::find(peer_id p) noexcept {
     if (p.index >= links_.size())
         return nullptr;
@@ -500,7 +505,7 @@ void server::accept_one(verbs::connection_request req) {
     const auto slots = std::min<std::uint16_t>(offer->slots, opts_.slots);
     const std::uint32_t slot_bytes = std::min(offer->slot_bytes, opts_.slot_bytes);
     auto wire = std::make_unique<peer_link>(arena_, issuer_, slots, slot_bytes);
-    req.create_qp(*pd_, link_qp_config(inbox_.cq(), inbox_.srq(), slots));
+    req.create_qp(*pd_, link_qp_config(inbox_, slots));
     const ring_offer mine = wire->offer();
     // Not waiting for ESTABLISHED: housekeeping looks for it (or the first
     // message proves it), and drops the connection at connect_timeout.

@@ -48,7 +48,7 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
                                  ibv_qp_type type, rdma_cm_id* cm_id)
     : pd_(&pd)
     , cfg_(validated(pd, cfg, type))
-    , send_cq_(pd.device(), cfg_.send_depth)
+    , send_cq_(pd.device(), cfg_.send_depth, cfg_.send_channel)
     , own_recv_cq_(cfg_.recv_cq == nullptr
                        ? std::make_unique<completion_queue>(
                              pd.device(), cfg_.srq != nullptr ? 1 : cfg_.recv_depth)

@@ -232,8 +232,8 @@ fi
 
 # 6, 7. The RPC examples, where built. The server's deadline (200 s, inside the
 # step's 240) covers the client's retries to connect and its whole run: at 60 s
-# it cut kv_service's client off mid-run under TCG (528 calls take 50-100 s),
-# and the server now fails when its deadline passes with a client connected.
+# it cut kv_service's client off mid-run when its 528 calls took 50-80 s (about 6
+# s now), and the server now fails when its deadline passes with a client connected.
 if built rpc_echo rpc_echo; then
     server_client rpc_echo "$rpc_bin/rpc_echo" --server --addr "$RDMAX_HOST_ADDR" --port 7471 --clients 1 --timeout 200 \
         -- "$rpc_bin/rpc_echo" --connect "$RDMAX_PEER_ADDR" --port 7471 --calls "$calls" --verify

@@ -265,6 +265,25 @@ TEST_CASE("node-local path: taken when both ends are on this node, not when swit
     CHECK(s.counters().external_bodies == 2);
     CHECK(s.counters().external_replies == 2);
     CHECK(s.counters().rejected() == 0);
+    // Only the device's connection has a scheduler to show.
+    CHECK_FALSE(here.cli.scheduler_counters(here.peer).has_value());
+    const auto sc = device.cli.scheduler_counters(device.peer);
+    REQUIRE(sc.has_value());
+    CHECK(sc->completed + sc->requests > 0);
+    CHECK(sc->budget_bytes > 0);
+    // The server's side likewise, found by the peer a deferred call names.
+    std::vector<std::byte> none(8);
+    REQUIRE(here.cli.start(here.peer, m_defer, none) == rpc::call_status::ok);
+    REQUIRE(device.cli.start(device.peer, m_defer, none) == rpc::call_status::ok);
+    std::vector<rpc::call_result> results;
+    REQUIRE(pump(s, {&here.cli, &device.cli}, results, [&] { return h.deferred.size() == 2; }));
+    int with_scheduler = 0;
+    for (const rpc::deferred_call& d : h.deferred) {
+        with_scheduler += s.scheduler_counters(d.peer).has_value() ? 1 : 0;
+        CHECK(s.reply(d, none));
+    }
+    CHECK(with_scheduler == 1);
+    REQUIRE(pump(s, {&here.cli, &device.cli}, results, [&] { return results.size() == 2; }));
 }
 
 TEST_CASE("a server on the wildcard address is found on this node by the node's address") {
@@ -561,6 +580,11 @@ TEST_CASE("a server that goes away: calls in flight end peer_gone well before th
         CHECK(r.status == rpc::call_status::peer_gone);
     CHECK(clock_type::now() - t0 < std::chrono::seconds(10)); // the call deadline is 20 s
     CHECK_FALSE(c.cli.connected(c.peer));
+    // Why, in the counters: nothing failed here; through the device, the
+    // server's side disconnected (its DREQ). A node-local link has no rdma_cm.
+    CHECK(c.cli.counters().link_failures == 0);
+    CHECK(c.cli.counters().last_link_event ==
+          (local_path() ? -1 : static_cast<int>(RDMA_CM_EVENT_DISCONNECTED)));
     CHECK(c.cli.start(c.peer, m_echo, req) != rpc::call_status::ok);
 }
 
@@ -939,4 +963,43 @@ TEST_CASE("call() from a client thread against a server thread that sleeps on it
     stop = true;
     serve.join();
     CHECK(s.counters().calls == 50);
+}
+
+TEST_CASE("a server asleep in wait() moves a large reply held to a small budget at full pace") {
+    // The reply goes in slices, at most one budget in flight: each slice past
+    // the first waits for a send completion. A server that slept through those
+    // (its wait() woke only for receives, at most every 50 ms) took 256 x 50 ms
+    // for this 1 MiB; the send queue's events now wake it.
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = small_options();
+    o.scheduler.budget_bytes = 4096;
+    o.scheduler.small_slice = 4096;
+    rpc::server s(pd, test_addr(), 0, o);
+    handlers h;
+    h.install(s);
+    std::atomic<bool> stop{false};
+    std::thread serve([&] {
+        while (!stop.load())
+            (void)s.wait(std::chrono::seconds(1));
+    });
+    {
+        rpc::client cli(pd, o);
+        const rpc::peer_id p = cli.connect(test_addr(), s.port());
+        std::vector<std::byte> req(16);
+        const std::uint32_t want = 1 << 20;
+        std::memcpy(req.data(), &want, 4);
+        std::vector<std::byte> reply_buf(8 + want);
+        for (int round = 0; round < 2; ++round) { // the second with the registration cached
+            const auto t0 = clock_type::now();
+            const rpc::call_result r = cli.call(p, m_sum, req, {.reply_into = reply_buf});
+            const auto took = clock_type::now() - t0;
+            REQUIRE(r.status == rpc::call_status::ok);
+            REQUIRE(r.reply.size() == 8 + want);
+            CHECK(has_pattern(r.reply.subspan(8), 3));
+            CHECK(took < std::chrono::seconds(6)); // asleep through each slice: about 13 s
+        }
+    }
+    stop = true;
+    serve.join();
 }

@@ -112,6 +112,11 @@ public:
     [[nodiscard]] bool connected(peer_id p) const noexcept;
     /// True when the calls to `p` go through the node's memory, not the device.
     [[nodiscard]] bool is_local(peer_id p) const noexcept;
+    /// The priority scheduler's counters of the connection to `p` (budget,
+    /// slices, the rate and latency it measured); nullopt for no such peer
+    /// or a node-local one.
+    [[nodiscard]] std::optional<sched::scheduler_counters>
+    scheduler_counters(peer_id p) const noexcept;
     [[nodiscard]] const rpc_counters& counters() const noexcept { return counters_; }
     [[nodiscard]] const rpc_options& options() const noexcept { return opts_; }
 

@@ -30,6 +30,10 @@ public:
     [[nodiscard]] verbs::completion_queue& cq() noexcept { return cq_; }
     [[nodiscard]] verbs::shared_receive_queue& srq() noexcept { return srq_; }
     [[nodiscard]] std::uint32_t depth() const noexcept { return depth_; }
+    /// The channel fd() sleeps on. The connections' send queues raise their
+    /// events here too (qp_config::send_channel), so that a scheduler whose
+    /// queued work waits for send completions wakes the endpoint.
+    [[nodiscard]] verbs::completion_channel& channel() noexcept { return channel_; }
 
     /// Receive completions, without blocking.
     [[nodiscard]] int poll(std::span<ibv_wc> out) noexcept { return cq_.poll(out); }

@@ -8,12 +8,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include <rdmax/local/spsc_ring.hpp>
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/rpc/wire.hpp>
 #include <rdmax/sched/priority.hpp>
+#include <rdmax/sched/scheduler_options.hpp>
 #include <rdmax/status.hpp>
 #include <rdmax/verbs/completion.hpp>
 
@@ -67,6 +69,12 @@ public:
     /// The connection event that ended the link (an rdma_cm_event_type), -1 if none did.
     [[nodiscard]] virtual int ending_event() const noexcept { return -1; }
     [[nodiscard]] virtual int ending_status() const noexcept { return 0; }
+    /// The counters of the connection's priority scheduler (its budget, as
+    /// measured, and slices); nullopt where there is none (node-local links).
+    [[nodiscard]] virtual std::optional<sched::scheduler_counters>
+    scheduler_counters() const noexcept {
+        return std::nullopt;
+    }
     /// The peer left (reads connection events: housekeeping only).
     [[nodiscard]] virtual bool peer_gone() noexcept = 0;
     /// Readable when a connection event may be waiting (for the endpoint's epoll).

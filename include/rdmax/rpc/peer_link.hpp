@@ -14,6 +14,7 @@
 #include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/registered_arena.hpp>
 #include <rdmax/mem/remote_handle.hpp>
+#include <rdmax/rpc/inbox.hpp>
 #include <rdmax/rpc/link_wire.hpp>
 #include <rdmax/rpc/wire.hpp>
 #include <rdmax/sched/priority_scheduler.hpp>
@@ -109,10 +110,18 @@ public:
         return sched_->outstanding() != 0;
     }
     [[nodiscard]] bool failed() const noexcept override { return sched_->failed(); }
+    /// Work queued behind the byte budget moves on only when a send
+    /// completion frees room: arm the send queue, so that its next completion
+    /// wakes the endpoint (the caller polls once more after this).
+    [[nodiscard]] bool prepare_sleep() noexcept override;
     [[nodiscard]] ibv_wc_status failure() const noexcept override { return sched_->failure(); }
     [[nodiscard]] int ending_event() const noexcept override {
         const auto e = conn_->ended_by();
         return e ? static_cast<int>(e->event) : -1;
+    }
+    [[nodiscard]] std::optional<sched::scheduler_counters>
+    scheduler_counters() const noexcept override {
+        return sched_ ? std::optional(sched_->counters()) : std::nullopt;
     }
     [[nodiscard]] int ending_status() const noexcept override {
         const auto e = conn_->ended_by();
@@ -139,9 +148,8 @@ private:
     std::optional<sched::priority_scheduler<>> sched_;
 };
 
-/// The queue pair configuration of an RPC connection on `in`'s queues.
-[[nodiscard]] verbs::qp_config link_qp_config(verbs::completion_queue& recv_cq,
-                                              verbs::shared_receive_queue& srq,
-                                              std::uint16_t slots);
+/// The queue pair configuration of an RPC connection on `in`'s queues, its
+/// send queue's events on `in`'s channel.
+[[nodiscard]] verbs::qp_config link_qp_config(inbox& in, std::uint16_t slots);
 
 } // namespace rdmax::rpc

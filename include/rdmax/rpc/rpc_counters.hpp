@@ -49,7 +49,8 @@ struct rpc_counters {
     std::int32_t last_link_event_status = 0; ///< that event's status (-ETIMEDOUT...)
     /// A link ended: why, as far as its completions and events say.
     void count_link_end(ibv_wc_status failure, int event, int event_status) noexcept {
-        if (failure != IBV_WC_SUCCESS) {
+        // A flush is the consequence of a failure or a disconnect, never the cause.
+        if (failure != IBV_WC_SUCCESS && failure != IBV_WC_WR_FLUSH_ERR) {
             ++link_failures;
             last_link_failure = static_cast<std::uint32_t>(failure);
         }

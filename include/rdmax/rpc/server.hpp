@@ -144,6 +144,9 @@ public:
 
     [[nodiscard]] std::uint16_t port() const noexcept { return listener_.port(); }
     [[nodiscard]] std::size_t peers() const noexcept { return live_; }
+    /// The priority scheduler's counters of the connection to `p`; nullopt
+    /// for no such peer or a node-local one.
+    [[nodiscard]] std::optional<sched::scheduler_counters> scheduler_counters(peer_id p) noexcept;
     [[nodiscard]] const rpc_counters& counters() const noexcept { return counters_; }
     [[nodiscard]] const rpc_options& options() const noexcept { return opts_; }
 

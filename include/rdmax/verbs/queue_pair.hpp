@@ -61,6 +61,11 @@ struct qp_config {
     std::uint8_t rnr_retry = 7;          ///< 7: retry for ever on "receiver not ready"
     std::uint32_t qkey = 0x1ee7cafe;     ///< UD only
     completion_queue* recv_cq = nullptr; ///< share one; nullptr: the QP makes its own
+    /// The send queue's completion queue raises its events on this channel
+    /// (an endpoint that sleeps on one channel for all its queues); nullptr: none.
+    /// Whoever owns the channel reads and acknowledges its events: do not
+    /// wait_send() on such a queue pair.
+    completion_channel* send_channel = nullptr;
     shared_receive_queue* srq = nullptr; ///< receive from a shared queue
 };
 

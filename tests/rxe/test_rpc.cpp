@@ -968,8 +968,10 @@ TEST_CASE("call() from a client thread against a server thread that sleeps on it
 TEST_CASE("a server asleep in wait() moves a large reply held to a small budget at full pace") {
     // The reply goes in slices, at most one budget in flight: each slice past
     // the first waits for a send completion. A server that slept through those
-    // (its wait() woke only for receives, at most every 50 ms) took 256 x 50 ms
-    // for this 1 MiB; the send queue's events now wake it.
+    // (its wait() woke only for receives, at most every 50 ms) took 6.4 s a
+    // call on Linux 7.3's soft-RoCE, which completes from a work queue; the
+    // send queue's events now wake it: 0.31 s for the whole case. (On 6.1,
+    // soft-RoCE completes a loopback send inside the post: no sleep to miss.)
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     rpc::rpc_options o = small_options();
@@ -997,7 +999,7 @@ TEST_CASE("a server asleep in wait() moves a large reply held to a small budget 
             REQUIRE(r.status == rpc::call_status::ok);
             REQUIRE(r.reply.size() == 8 + want);
             CHECK(has_pattern(r.reply.subspan(8), 3));
-            CHECK(took < std::chrono::seconds(6)); // asleep through each slice: about 13 s
+            CHECK(took < std::chrono::seconds(2));
         }
     }
     stop = true;

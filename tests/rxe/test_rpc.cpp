@@ -938,18 +938,35 @@ TEST_CASE("the call path allocates nothing (server and client in one thread)") {
     CHECK(during == 0);
 }
 
+/// The server on a thread of its own, asleep in wait() between messages,
+/// until this goes.
+class serving_thread {
+public:
+    serving_thread(rpc::server& s, std::chrono::milliseconds sleep)
+        : thread_([this, &s, sleep] {
+            while (!stop_.load())
+                (void)s.wait(sleep);
+        }) {}
+    serving_thread(const serving_thread&) = delete;
+    serving_thread& operator=(const serving_thread&) = delete;
+    ~serving_thread() {
+        stop_ = true;
+        thread_.join();
+    }
+
+private:
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
 TEST_CASE("call() from a client thread against a server thread that sleeps on its descriptor") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     rpc::server s(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
-    std::atomic<bool> stop{false};
-    std::thread serve([&] {
-        while (!stop.load())
-            (void)s.wait(std::chrono::milliseconds(20));
-    });
     {
+        serving_thread serve(s, std::chrono::milliseconds(20));
         rpc::client cli(pd, small_options());
         const rpc::peer_id p = cli.connect(test_addr(), s.port());
         for (int i = 0; i < 50; ++i) {
@@ -960,8 +977,6 @@ TEST_CASE("call() from a client thread against a server thread that sleeps on it
             CHECK(std::equal(r.reply.begin(), r.reply.end(), req.begin(), req.end()));
         }
     }
-    stop = true;
-    serve.join();
     CHECK(s.counters().calls == 50);
 }
 
@@ -980,12 +995,8 @@ TEST_CASE("a server asleep in wait() moves a large reply held to a small budget 
     rpc::server s(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
-    std::atomic<bool> stop{false};
-    std::thread serve([&] {
-        while (!stop.load())
-            (void)s.wait(std::chrono::seconds(1));
-    });
     {
+        serving_thread serve(s, std::chrono::seconds(1));
         rpc::client cli(pd, o);
         const rpc::peer_id p = cli.connect(test_addr(), s.port());
         std::vector<std::byte> req(16);
@@ -1002,6 +1013,4 @@ TEST_CASE("a server asleep in wait() moves a large reply held to a small budget 
             CHECK(took < std::chrono::seconds(2));
         }
     }
-    stop = true;
-    serve.join();
 }

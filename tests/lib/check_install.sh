@@ -33,8 +33,11 @@ libdir=$(pc --variable=libdir)
     -Wl,-rpath,"$libdir"
 "$scratch/consumer" "$version"
 # The shared library is the one pkg-config linked against, not the build tree's.
-ldd "$scratch/consumer" | grep -q "$libdir/librdmax" ||
-    { echo "FAIL: the consumer did not load the installed librdmax"; ldd "$scratch/consumer"; exit 1; }
+# ldd's whole output first: `ldd | grep -q` under pipefail fails whenever grep
+# stops reading before ldd has written its last line (SIGPIPE), as it did once in CI.
+loaded=$(ldd "$scratch/consumer")
+grep -q "$libdir/librdmax" <<<"$loaded" ||
+    { echo "FAIL: the consumer did not load the installed librdmax"; echo "$loaded"; exit 1; }
 
 # Static: the same flags with --static, against librdmax.a.
 # shellcheck disable=SC2086

@@ -19,7 +19,8 @@ RDMAX_PKGS_VM_2HOST="openmpi-bin"
 rdmax_missing_packages() {
     local p missing=()
     for p in "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+        # Not `| grep -q`: under a caller's pipefail, grep leaving early fails the pipe.
+        [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = 'install ok installed' ] || missing+=("$p")
     done
     echo "${missing[*]}"
 }

@@ -352,8 +352,7 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
             ++counters_.no_credit;
             return call_status::no_credit;
         }
-        counters_.count_link_end(l->wire->failure(), l->wire->ending_event(),
-                                 l->wire->ending_status());
+        counters_.count_link_end(l->wire->why_ended());
         l->wire->broken = true;
         next_housekeeping_ = {};
         return call_status::peer_gone;
@@ -426,8 +425,10 @@ void client::on_receive(const ibv_wc& wc) noexcept {
         fail_link(l, index);
     };
     if (wc.status != IBV_WC_SUCCESS) {
-        counters_.count_link_end(wc.status == IBV_WC_WR_FLUSH_ERR ? l.wire->failure() : wc.status,
-                                 l.wire->ending_event(), l.wire->ending_status());
+        link_end e = l.wire->why_ended();
+        if (wc.status != IBV_WC_WR_FLUSH_ERR)
+            e.failure = wc.status;
+        counters_.count_link_end(e);
         if (wc.status == IBV_WC_WR_FLUSH_ERR)
             fail_link(l, index);
         else
@@ -532,8 +533,7 @@ void client::housekeeping() noexcept {
         if (!l.wire)
             continue;
         if (!l.wire->broken && (l.wire->failed() || (events && l.wire->peer_gone()))) {
-            counters_.count_link_end(l.wire->failure(), l.wire->ending_event(),
-                                     l.wire->ending_status());
+            counters_.count_link_end(l.wire->why_ended());
             fail_link(l, i);
         }
         if (l.wire->broken || l.in_flight == 0)

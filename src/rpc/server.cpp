@@ -359,8 +359,7 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
             std::memcpy(ss.reply.data(), body.data(), body.size());
             if (l.wire->write_body(p, ss.reply.local(0, body.size()), *ss.reply_buffer,
                                    make_wr_id(tag_external, 0, slot)) == transfer::failed) {
-                counters_.count_link_end(l.wire->failure(), l.wire->ending_event(),
-                                         l.wire->ending_status());
+                counters_.count_link_end(l.wire->why_ended());
                 l.wire->broken = true;
                 return;
             }
@@ -376,8 +375,7 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
     }
     std::memcpy(out, &h, sizeof h);
     if (l.wire->send_slot(message_kind::reply, slot, bytes, p) != status::ok) {
-        counters_.count_link_end(l.wire->failure(), l.wire->ending_event(),
-                                 l.wire->ending_status());
+        counters_.count_link_end(l.wire->why_ended());
         l.wire->broken = true;
         return;
     }
@@ -406,8 +404,7 @@ void server::drive(link& l) noexcept {
         }
     }
     if (l.wire->failed() && !l.wire->broken) {
-        counters_.count_link_end(l.wire->failure(), l.wire->ending_event(),
-                                 l.wire->ending_status());
+        counters_.count_link_end(l.wire->why_ended());
         l.wire->broken = true;
     }
 }
@@ -458,8 +455,7 @@ void server::housekeeping() noexcept {
         if (!l.wire->broken && l.wire->has_outstanding())
             drive(l);
         if (!l.wire->broken && (l.wire->failed() || (events && l.wire->peer_gone()))) {
-            counters_.count_link_end(l.wire->failure(), l.wire->ending_event(),
-                                     l.wire->ending_status());
+            counters_.count_link_end(l.wire->why_ended());
             l.wire->broken = true;
         }
         if (l.establish_by && !l.wire->broken) {

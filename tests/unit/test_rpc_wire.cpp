@@ -256,9 +256,9 @@ TEST_CASE("counters print") {
     CHECK(s.find("rejected 2") != std::string::npos);
     CHECK(s.find("link failures 0 (last: none) last link event none") != std::string::npos);
     // A link that ended: the first error completion and the connection event say why.
-    c.count_link_end(IBV_WC_RETRY_EXC_ERR, RDMA_CM_EVENT_DISCONNECTED, 0);
-    c.count_link_end(IBV_WC_SUCCESS, -1, 0);      // nothing said: nothing changes
-    c.count_link_end(IBV_WC_WR_FLUSH_ERR, -1, 0); // a flush is no cause
+    c.count_link_end({IBV_WC_RETRY_EXC_ERR, RDMA_CM_EVENT_DISCONNECTED, 0});
+    c.count_link_end({});                               // nothing said: nothing changes
+    c.count_link_end({.failure = IBV_WC_WR_FLUSH_ERR}); // a flush is no cause
     const std::string e = fmt::format("{}", c);
     CHECK(e.find("link failures 1 (last: transport retry counter exceeded)") != std::string::npos);
     CHECK(e.find("last link event RDMA_CM_EVENT_DISCONNECTED (0)") != std::string::npos);

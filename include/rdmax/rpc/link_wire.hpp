@@ -13,6 +13,7 @@
 
 #include <rdmax/local/spsc_ring.hpp>
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/wire.hpp>
 #include <rdmax/sched/priority.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
@@ -63,12 +64,9 @@ public:
     [[nodiscard]] virtual bool has_outstanding() const noexcept = 0;
     /// The link failed under this side (an error completion, a corrupt ring).
     [[nodiscard]] virtual bool failed() const noexcept = 0;
-    /// Why it failed, when a work completion says (retry exceeded, remote
-    /// access...): IBV_WC_SUCCESS when it did not fail or no completion says.
-    [[nodiscard]] virtual ibv_wc_status failure() const noexcept { return IBV_WC_SUCCESS; }
-    /// The connection event that ended the link (an rdma_cm_event_type), -1 if none did.
-    [[nodiscard]] virtual int ending_event() const noexcept { return -1; }
-    [[nodiscard]] virtual int ending_status() const noexcept { return 0; }
+    /// Why it ended, when a work completion (retry exceeded, remote
+    /// access...) or a connection event says; nothing said by default.
+    [[nodiscard]] virtual link_end why_ended() const noexcept { return {}; }
     /// The counters of the connection's priority scheduler (its budget, as
     /// measured, and slices); nullopt where there is none (node-local links).
     [[nodiscard]] virtual std::optional<sched::scheduler_counters>

@@ -114,18 +114,17 @@ public:
     /// completion frees room: arm the send queue, so that its next completion
     /// wakes the endpoint (the caller polls once more after this).
     [[nodiscard]] bool prepare_sleep() noexcept override;
-    [[nodiscard]] ibv_wc_status failure() const noexcept override { return sched_->failure(); }
-    [[nodiscard]] int ending_event() const noexcept override {
-        const auto e = conn_->ended_by();
-        return e ? static_cast<int>(e->event) : -1;
+    [[nodiscard]] link_end why_ended() const noexcept override {
+        link_end e{.failure = sched_->failure()};
+        if (const auto by = conn_->ended_by()) {
+            e.event = static_cast<int>(by->event);
+            e.event_status = by->status;
+        }
+        return e;
     }
     [[nodiscard]] std::optional<sched::scheduler_counters>
     scheduler_counters() const noexcept override {
         return sched_ ? std::optional(sched_->counters()) : std::nullopt;
-    }
-    [[nodiscard]] int ending_status() const noexcept override {
-        const auto e = conn_->ended_by();
-        return e ? e->status : 0;
     }
     [[nodiscard]] bool peer_gone() noexcept override { return conn_->peer_disconnected(); }
     [[nodiscard]] int event_fd() const noexcept override { return conn_->id()->channel->fd; }

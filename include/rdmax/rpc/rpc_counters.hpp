@@ -11,6 +11,13 @@
 
 namespace rdmax::rpc {
 
+/// Why a link ended, as far as its completions and connection events say.
+struct link_end {
+    ibv_wc_status failure = IBV_WC_SUCCESS; ///< the first error completion, else a flush
+    int event = -1;                         ///< the rdma_cm_event_type that ended it; -1: none
+    int event_status = 0;                   ///< that event's status
+};
+
 struct rpc_counters {
     // Calls.
     std::uint64_t calls = 0;        ///< server: requests handled; client: calls started
@@ -47,16 +54,16 @@ struct rpc_counters {
     /// that ended by one (DISCONNECTED, REJECTED, TIMEWAIT_EXIT...); -1: none yet.
     std::int32_t last_link_event = -1;
     std::int32_t last_link_event_status = 0; ///< that event's status (-ETIMEDOUT...)
-    /// A link ended: why, as far as its completions and events say.
-    void count_link_end(ibv_wc_status failure, int event, int event_status) noexcept {
+    /// A link ended: count why.
+    void count_link_end(const link_end& e) noexcept {
         // A flush is the consequence of a failure or a disconnect, never the cause.
-        if (failure != IBV_WC_SUCCESS && failure != IBV_WC_WR_FLUSH_ERR) {
+        if (e.failure != IBV_WC_SUCCESS && e.failure != IBV_WC_WR_FLUSH_ERR) {
             ++link_failures;
-            last_link_failure = static_cast<std::uint32_t>(failure);
+            last_link_failure = static_cast<std::uint32_t>(e.failure);
         }
-        if (event >= 0) {
-            last_link_event = event;
-            last_link_event_status = event_status;
+        if (e.event >= 0) {
+            last_link_event = e.event;
+            last_link_event_status = e.event_status;
         }
     }
 

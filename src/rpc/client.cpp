@@ -228,7 +228,7 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
     }
     local::shared_segment seg;
     try {
-        seg = local::shared_segment::attach(fds[0], w.segment_bytes, true);
+        seg = local::shared_segment::attach(fds[0], w.segment_bytes, true, /*require_sealed=*/true);
     } catch (...) {
         close_all();
         throw;

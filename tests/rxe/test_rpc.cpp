@@ -8,12 +8,19 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fstream>
 #include <functional>
 #include <new>
 #include <numeric>
 #include <optional>
 #include <poll.h>
+#include <string>
 #include <string_view>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <thread>
 #include <vector>
 
@@ -1013,4 +1020,80 @@ TEST_CASE("a server asleep in wait() moves a large reply held to a small budget 
             CHECK(took < std::chrono::seconds(2));
         }
     }
+}
+
+// ---- hostile peers on this node -------------------------------------------------------------
+// These take the node-local path in both runs (it is what they are about).
+
+namespace {
+
+rpc::rpc_options local_options() {
+    rpc::rpc_options o = small_options();
+    o.local = true;
+    return o;
+}
+
+/// A node-local client written by hand: the server's Unix name, a hello as
+/// rpc::client sends it (this process lets the server read its probe by
+/// CMA: the server is this process), then whatever the test does.
+struct raw_local_peer {
+    local::unix_channel ch;
+    std::uint64_t probe = 0x5eed5eed5eedULL;
+    rpc::local_welcome welcome;
+    std::vector<int> fds; ///< segment, wake the server, wake the client
+
+    explicit raw_local_peer(std::uint16_t port)
+        : ch(local::unix_channel::connect(rpc::local_name(test_addr(), port))) {}
+    raw_local_peer(const raw_local_peer&) = delete;
+    raw_local_peer& operator=(const raw_local_peer&) = delete;
+    ~raw_local_peer() {
+        for (int fd : fds)
+            ::close(fd);
+    }
+    /// Says hello and takes the welcome, serving `s` meanwhile.
+    void handshake(rpc::server& s) {
+        rpc::local_hello hello;
+        hello.slots = 16;
+        hello.slot_bytes = 4096;
+        hello.probe_addr = reinterpret_cast<std::uint64_t>(&probe);
+        hello.probe_value = probe;
+        ch.send(std::as_bytes(std::span(&hello, 1)));
+        pollfd p{ch.fd(), POLLIN, 0};
+        REQUIRE(serve_until(s, [&] { return ::poll(&p, 1, 0) == 1; }));
+        REQUIRE(ch.receive(std::as_writable_bytes(std::span(&welcome, 1)), fds,
+                           std::chrono::seconds(5)) == sizeof welcome);
+        REQUIRE(welcome.status == rpc::local_ok);
+        REQUIRE(fds.size() == 3);
+    }
+};
+
+} // namespace
+
+TEST_CASE("a node-local peer cannot truncate its shared segment under the server",
+          "[hostile-local][seal]") {
+    // It used to: ftruncate(0) of the memfd it was handed, and the server died
+    // of SIGBUS at its next look at the rings (every peer lost).
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, local_options());
+    handlers h;
+    h.install(s);
+    raw_local_peer bad(s.port());
+    bad.handshake(s);
+    REQUIRE(serve_until(s, [&] { return s.peers() == 1; }));
+    errno = 0;
+    // REQUIRE: on a segment that did shrink, the server must not look again.
+    REQUIRE(ftruncate(bad.fds[0], 0) == -1);
+    CHECK(errno == EPERM);
+    CHECK(ftruncate(bad.fds[0], 1 << 30) == -1); // nor grow it
+    // The server goes on: the truncating peer's connection and a good one.
+    connected_client good(pd, s, local_options());
+    std::vector<std::byte> req(3000);
+    fill_pattern(req, 11);
+    for (int i = 0; i < 20; ++i) {
+        const answer a = call_once(s, good, m_echo, req);
+        REQUIRE(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+    CHECK(s.peers() == 2);
 }

@@ -2,12 +2,17 @@
 // between two processes), cross-memory attach, and the mapping cache (with a
 // randomized export/revoke/republish test against a plain model).
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
@@ -36,6 +41,35 @@ std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
 }
 
 } // namespace
+
+TEST_CASE("a shared segment's size is sealed; attach can refuse a memfd that is not") {
+    // A peer given the descriptor cannot cut the pages under the owner's
+    // mapping (its next access would be SIGBUS), nor grow the file.
+    shared_segment a = shared_segment::create("sealed", 8192);
+    const int seals = fcntl(a.fd(), F_GET_SEALS);
+    CHECK((seals & F_SEAL_SHRINK) != 0);
+    CHECK((seals & F_SEAL_GROW) != 0);
+    CHECK((seals & F_SEAL_SEAL) != 0);
+    // As the peer would: its own descriptor of the same file.
+    const int theirs = open(fmt::format("/proc/self/fd/{}", a.fd()).c_str(), O_RDWR | O_CLOEXEC);
+    REQUIRE(theirs >= 0);
+    errno = 0;
+    CHECK(ftruncate(theirs, 0) == -1);
+    CHECK(errno == EPERM);
+    CHECK(ftruncate(theirs, 1 << 20) == -1);
+    CHECK(fcntl(theirs, F_ADD_SEALS, F_SEAL_WRITE) == -1); // the seals are sealed too
+    close(theirs);
+    a.data()[8191] = std::byte{7}; // still mapped whole
+    CHECK(shared_segment::attach(a.fd(), a.size(), false, true).data()[8191] == std::byte{7});
+    // A memfd its sender may still shrink: refused where seals are required.
+    const int loose = memfd_create("loose", MFD_CLOEXEC);
+    REQUIRE(loose >= 0);
+    REQUIRE(ftruncate(loose, 8192) == 0);
+    CHECK_NOTHROW(shared_segment::attach(loose, 8192, true));
+    CHECK_THROWS_WITH(shared_segment::attach(loose, 8192, true, true),
+                      Catch::Matchers::Contains("not sealed"));
+    close(loose);
+}
 
 TEST_CASE("a shared segment maps again from its descriptor, the same bytes") {
     shared_segment a = shared_segment::create("test", 10000);

@@ -1033,6 +1033,14 @@ rpc::rpc_options local_options() {
     return o;
 }
 
+/// The CPU time (user and system) this thread has used.
+std::chrono::microseconds thread_cpu() {
+    rusage u{};
+    REQUIRE(getrusage(RUSAGE_THREAD, &u) == 0);
+    return std::chrono::seconds(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           std::chrono::microseconds(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 /// A node-local client written by hand: the server's Unix name, a hello as
 /// rpc::client sends it (this process lets the server read its probe by
 /// CMA: the server is this process), then whatever the test does.
@@ -1096,4 +1104,34 @@ TEST_CASE("a node-local peer cannot truncate its shared segment under the server
         CHECK(a.reply == req);
     }
     CHECK(s.peers() == 2);
+}
+
+TEST_CASE("a node-local peer that writes on its socket after the handshake is dropped; the "
+          "server sleeps",
+          "[hostile-local][stray-byte]") {
+    // One unread byte used to keep the server's epoll readable: wait() never
+    // slept again (a core at 100 % for as long as that peer stayed).
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, local_options());
+    handlers h;
+    h.install(s);
+    connected_client good(pd, s, local_options());
+    raw_local_peer bad(s.port());
+    bad.handshake(s);
+    REQUIRE(serve_until(s, [&] { return s.peers() == 2; }));
+    const char stray = 'x';
+    REQUIRE(::send(bad.ch.fd(), &stray, 1, MSG_NOSIGNAL) == 1);
+    const auto cpu0 = thread_cpu();
+    const auto t0 = clock_type::now();
+    while (clock_type::now() - t0 < std::chrono::milliseconds(300))
+        (void)s.wait(std::chrono::milliseconds(100));
+    const auto cpu = thread_cpu() - cpu0;
+    INFO("the server's thread used " << cpu.count() << " us of CPU in 300 ms of wait()");
+    CHECK(cpu < std::chrono::milliseconds(60));
+    CHECK(s.peers() == 1); // the writer went, the good one stays
+    std::vector<std::byte> req(100, std::byte{2});
+    const answer a = call_once(s, good, m_echo, req);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
 }

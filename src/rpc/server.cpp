@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <new>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -118,6 +120,8 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
 }
 
 server::~server() {
+    for (handshake& h : handshakes_)
+        inbox_.forget(h.ch.fd());
     for (std::uint32_t i = 0; i < links_.size(); ++i)
         if (links_[i].wire)
             teardown(i);
@@ -428,24 +432,22 @@ void server::housekeeping() noexcept {
         try {
             accept_pending();
         } catch (...) {
-            ++counters_.refused;
+            refuse_current("rdma_cm connection request");
         }
         while (local_listener_) {
             local::unix_channel ch;
             try {
                 ch = local_listener_->accept(std::chrono::milliseconds(0));
             } catch (...) {
+                refuse_current("node-local connection"); // out of descriptors...
                 break;
             }
             if (ch.fd() < 0)
                 break;
-            try {
-                accept_local(std::move(ch));
-            } catch (...) {
-                ++counters_.refused; // the channel closes as it goes
-            }
+            start_local(std::move(ch));
         }
     }
+    progress_handshakes(events);
     bool any_broken = false;
     const auto now = sched::coarse_clock::now();
     for (link& l : links_) {
@@ -486,7 +488,7 @@ void server::accept_pending() {
         try {
             accept_one(std::move(*req));
         } catch (...) {
-            ++counters_.refused; // the request is rejected as it goes
+            refuse_current("rdma_cm connection request"); // rejected as it goes
         }
     }
 }
@@ -541,20 +543,100 @@ std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t sl
     return index;
 }
 
-void server::accept_local(local::unix_channel ch) {
+void server::refuse(int err, std::string_view why) noexcept {
+    (void)err;
+    (void)why;
+    ++counters_.refused;
+}
+
+void server::refuse_current(std::string_view what) noexcept {
+    try {
+        throw;
+    } catch (const std::system_error& e) {
+        refuse(e.code().value(), fmt::format("{}: {}", what, e.what()));
+    } catch (const std::bad_alloc&) {
+        refuse(ENOMEM, what);
+    } catch (const std::exception& e) {
+        refuse(0, fmt::format("{}: {}", what, e.what()));
+    } catch (...) {
+        refuse(0, what);
+    }
+}
+
+void server::start_local(local::unix_channel ch) noexcept {
+    if (handshakes_.size() >= opts_.max_peers) {
+        refuse(EBUSY, fmt::format("node-local connection: {} handshakes under way already "
+                                  "(max_peers)",
+                                  handshakes_.size()));
+        return; // closed as it goes
+    }
+    const int fd = ch.fd();
+    try {
+        inbox_.watch(fd);
+    } catch (...) {
+        refuse_current("node-local connection");
+        return;
+    }
+    try {
+        handshakes_.push_back({std::move(ch), local::message_reader(sizeof(local_hello)),
+                               sched::coarse_clock::now() + opts_.connect_timeout});
+    } catch (...) {
+        inbox_.forget(fd);
+        refuse_current("node-local connection");
+    }
+}
+
+void server::progress_handshakes(bool readable) noexcept {
+    if (handshakes_.empty())
+        return;
+    const auto now = sched::coarse_clock::now();
+    for (std::size_t i = 0; i < handshakes_.size();) {
+        handshake& h = handshakes_[i];
+        // Never waits: what the socket has now, at most the hello.
+        const local::message_reader::state st =
+            readable ? h.hello.read_some(h.ch.fd()) : h.hello.current();
+        if (st == local::message_reader::state::more && now < h.deadline) {
+            ++i;
+            continue;
+        }
+        handshake done = std::move(h);
+        if (i + 1 != handshakes_.size())
+            handshakes_[i] = std::move(handshakes_.back());
+        handshakes_.pop_back();
+        inbox_.forget(done.ch.fd());
+        switch (st) {
+        case local::message_reader::state::more:
+            refuse(ETIMEDOUT, "node-local handshake: no hello before connect_timeout");
+            break;
+        case local::message_reader::state::failed:
+            refuse(done.hello.error(), "node-local handshake: the hello did not come whole");
+            break;
+        case local::message_reader::state::done:
+            try {
+                accept_local(std::move(done.ch), done.hello.message());
+            } catch (...) {
+                refuse_current("node-local handshake"); // the channel closes as it goes
+            }
+            break;
+        }
+        // `done` goes here, closing its channel and any descriptor a peer sent.
+    }
+}
+
+void server::accept_local(local::unix_channel ch, std::span<const std::byte> hello_bytes) {
     local_hello hello;
-    std::vector<int> fds;
-    const std::size_t n = ch.receive(std::as_writable_bytes(std::span(&hello, 1)), fds,
-                                     std::chrono::milliseconds(200));
-    for (int fd : fds)
-        ::close(fd); // a client sends none
+    const std::size_t n = hello_bytes.size();
+    std::memcpy(&hello, hello_bytes.data(), std::min(n, sizeof hello));
     local_welcome w;
     const bool sane = n == sizeof hello && hello.magic == protocol_magic &&
                       hello.version == protocol_version && hello.slots != 0 &&
                       hello.slots <= max_slots && hello.slot_bytes >= min_slot_bytes &&
                       hello.slot_bytes <= max_slot_bytes && hello.slot_bytes % 8 == 0;
     if (!sane || live_ >= opts_.max_peers) {
-        ++counters_.refused;
+        if (!sane)
+            refuse(EPROTO, "node-local handshake: a hello that is not an rdmax client's");
+        else
+            refuse(EBUSY, fmt::format("node-local handshake: {} peers already (max_peers)", live_));
         w.status = local_refused;
         ch.send(std::as_bytes(std::span(&w, 1)));
         return;

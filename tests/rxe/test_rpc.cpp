@@ -1033,12 +1033,41 @@ rpc::rpc_options local_options() {
     return o;
 }
 
+/// Descriptors this process has open.
+std::size_t open_fds() {
+    std::size_t n = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+        while (readdir(d) != nullptr)
+            ++n;
+        closedir(d);
+    }
+    return n;
+}
+
 /// The CPU time (user and system) this thread has used.
 std::chrono::microseconds thread_cpu() {
     rusage u{};
     REQUIRE(getrusage(RUSAGE_THREAD, &u) == 0);
     return std::chrono::seconds(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
            std::chrono::microseconds(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/// `bytes` bytes (a length prefix cut short) with `fds` beside them, by sendmsg of its own.
+void send_raw(int sock, std::size_t bytes, std::span<const int> fds) {
+    std::array<char, 4> data{};
+    iovec iov{data.data(), bytes};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    REQUIRE(sendmsg(sock, &m, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes));
 }
 
 /// A node-local client written by hand: the server's Unix name, a hello as
@@ -1104,6 +1133,80 @@ TEST_CASE("a node-local peer cannot truncate its shared segment under the server
         CHECK(a.reply == req);
     }
     CHECK(s.peers() == 2);
+}
+
+TEST_CASE("node-local handshakes that fail leave none of their descriptors in the server",
+          "[hostile-local][fd-leak]") {
+    // 200 connections that send 1 byte (a length prefix cut short) and 16
+    // descriptors, then close (half) or go silent past the deadline (half).
+    // Each used to leave its 16 descriptors open in the server for good.
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = local_options();
+    o.connect_timeout = std::chrono::milliseconds(500);
+    rpc::server s(pd, test_addr(), 0, o);
+    const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(devnull >= 0);
+    std::array<int, 16> sixteen{};
+    sixteen.fill(devnull);
+    (void)s.poll();
+    const std::size_t before = open_fds();
+    std::vector<local::unix_channel> silent;
+    for (int batch = 0; batch < 10; ++batch) {
+        for (int i = 0; i < 20; ++i) {
+            local::unix_channel ch =
+                local::unix_channel::connect(rpc::local_name(test_addr(), s.port()));
+            send_raw(ch.fd(), 1, sixteen);
+            if (i % 2 == 0)
+                silent.push_back(std::move(ch));
+        }
+        // Within the listen backlog: served before the next batch connects.
+        const std::uint64_t want = 20 * (std::uint64_t(batch) + 1);
+        REQUIRE(serve_until(s, [&] { return s.counters().refused == want; }));
+        silent.clear();
+    }
+    CHECK(s.counters().refused == 200);
+    CHECK(s.peers() == 0);
+    CHECK(open_fds() == before);
+    ::close(devnull);
+}
+
+TEST_CASE("node-local connections that never say hello do not stall the server's peers",
+          "[hostile-local][silent-hello]") {
+    // Each used to hold the serving thread for 200 ms in its handshake: ten of
+    // them, two seconds without an answer for anyone.
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = local_options();
+    o.connect_timeout = std::chrono::seconds(2);
+    rpc::server s(pd, test_addr(), 0, o);
+    handlers h;
+    h.install(s);
+    std::chrono::nanoseconds worst{0};
+    int calls = 0;
+    {
+        serving_thread serve(s, std::chrono::milliseconds(20));
+        rpc::client cli(pd, o);
+        const rpc::peer_id p = cli.connect(test_addr(), s.port());
+        std::vector<std::byte> req(64, std::byte{6});
+        REQUIRE(cli.call(p, m_echo, req).status == rpc::call_status::ok);
+        std::vector<local::unix_channel> silent;
+        silent.reserve(10);
+        for (int i = 0; i < 10; ++i)
+            silent.push_back(local::unix_channel::connect(rpc::local_name(test_addr(), s.port())));
+        const auto until = clock_type::now() + std::chrono::milliseconds(800);
+        while (clock_type::now() < until) {
+            const auto t0 = clock_type::now();
+            const rpc::call_result r = cli.call(p, m_echo, req);
+            worst = std::max<std::chrono::nanoseconds>(worst, clock_type::now() - t0);
+            REQUIRE(r.status == rpc::call_status::ok);
+            ++calls;
+        }
+    }
+    INFO(calls << " calls, the slowest " << worst.count() / 1000 << " us");
+    CHECK(worst < std::chrono::milliseconds(100));
+    // The silent ones go at their deadline.
+    CHECK(serve_until(s, [&] { return s.counters().refused == 10; }));
 }
 
 TEST_CASE("a node-local peer that writes on its socket after the handshake is dropped; the "

@@ -515,29 +515,46 @@ void server::accept_one(verbs::connection_request req) {
     peer_link* v = wire.get();
     const std::uint32_t index = add_link(std::move(wire), slots);
     links_[index].verbs = v;
-    by_qp_[v->qp_num()] = index;
     links_[index].establish_by = sched::coarse_clock::now() + opts_.connect_timeout;
+    try {
+        by_qp_[v->qp_num()] = index;
+    } catch (...) {
+        links_[index].wire->broken = true; // torn down at the next housekeeping
+        next_housekeeping_ = {};
+        throw;
+    }
 }
 
 std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t slots) {
-    std::uint32_t index = 0;
-    if (!free_links_.empty()) {
-        index = free_links_.back();
-        free_links_.pop_back();
-    } else {
-        index = static_cast<std::uint32_t>(links_.size());
+    // Whatever may throw comes first, undone on the way out; then the
+    // commit, which cannot fail: a link is live (and counted in live_) or
+    // not there at all.
+    std::vector<slot_state> fresh(slots);
+    if (free_links_.empty()) {
+        free_links_.reserve(links_.size() + 1);
         links_.emplace_back();
+        free_links_.push_back(static_cast<std::uint32_t>(links_.size() - 1));
     }
+    const int event_fd = wire->event_fd();
+    const int wake_fd = wire->wake_fd();
+    inbox_.watch(event_fd);
+    if (wake_fd >= 0) {
+        try {
+            inbox_.watch(wake_fd);
+        } catch (...) {
+            inbox_.forget(event_fd);
+            throw;
+        }
+    }
+    const std::uint32_t index = free_links_.back();
+    free_links_.pop_back();
     link& l = links_[index];
     l.generation = ++generations_;
-    l.slots = std::vector<slot_state>(slots);
+    l.slots = std::move(fresh);
     l.reads = 0;
     l.establish_by.reset();
     l.verbs = nullptr;
     l.wire = std::move(wire);
-    inbox_.watch(l.wire->event_fd());
-    if (l.wire->wake_fd() >= 0)
-        inbox_.watch(l.wire->wake_fd());
     ++live_;
     ++counters_.connected;
     return index;

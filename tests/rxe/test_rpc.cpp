@@ -1238,3 +1238,89 @@ TEST_CASE("a node-local peer that writes on its socket after the handshake is dr
     CHECK(a.status == rpc::call_status::ok);
     CHECK(a.reply == req);
 }
+
+// ---- the server's bookkeeping ----------------------------------------------------------------
+
+namespace rdmax::rpc {
+/// The tests' way to server::add_link (a friend of the server): a failure
+/// no peer can cause from outside, injected.
+struct server_test_access {
+    static std::uint32_t add_link(server& s, std::unique_ptr<link_wire> w, std::uint16_t slots) {
+        return s.add_link(std::move(w), slots);
+    }
+};
+} // namespace rdmax::rpc
+
+namespace {
+
+/// A connection whose descriptor epoll refuses (a memfd has no poll:
+/// EPERM): the server cannot watch it, so add_link fails after it took the
+/// wire. Ended as far as anyone asks, so that a server that kept it tears it
+/// down at its next housekeeping.
+class unwatchable_wire final : public rpc::link_wire {
+public:
+    unwatchable_wire()
+        : link_wire(4, 4096)
+        , fd_(memfd_create("unwatchable", MFD_CLOEXEC)) {
+        REQUIRE(fd_ >= 0);
+    }
+    unwatchable_wire(const unwatchable_wire&) = delete;
+    unwatchable_wire& operator=(const unwatchable_wire&) = delete;
+    ~unwatchable_wire() override { ::close(fd_); }
+
+    std::span<const std::byte> inbound(std::uint32_t, std::uint32_t) const noexcept override {
+        return {};
+    }
+    std::byte* staging(std::uint32_t) const noexcept override { return staging_.data(); }
+    status send_slot(rpc::message_kind, std::uint32_t, std::uint32_t,
+                     sched::priority) noexcept override {
+        return status::qp_failed;
+    }
+    rpc::transfer read_body(sched::priority, local_buffer<rights::local_write>,
+                            const rpc::buffer_descriptor&, std::uint64_t) noexcept override {
+        return rpc::transfer::failed;
+    }
+    rpc::transfer write_body(sched::priority, local_buffer<rights::local_write>,
+                             const rpc::buffer_descriptor&, std::uint64_t) noexcept override {
+        return rpc::transfer::failed;
+    }
+    int poll_transfers(std::span<verbs::completion>) noexcept override { return 0; }
+    bool needs_progress() const noexcept override { return false; }
+    bool has_outstanding() const noexcept override { return false; }
+    bool failed() const noexcept override { return true; }
+    bool peer_gone() noexcept override { return true; }
+    int event_fd() const noexcept override { return fd_; }
+    void close() noexcept override {}
+
+private:
+    int fd_;
+    mutable std::array<std::byte, 4096> staging_{};
+};
+
+} // namespace
+
+TEST_CASE("a connection that fails half-way into the server's table leaves the peer count right",
+          "[bookkeeping][add-link]") {
+    // It used to keep the wire without counting it; its teardown then took
+    // the live-peer count below zero (it wrapped) and every peer was refused.
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    for (int i = 0; i < 3; ++i)
+        CHECK_THROWS(rpc::server_test_access::add_link(s, std::make_unique<unwatchable_wire>(), 4));
+    CHECK(s.peers() == 0);
+    // Housekeeping, which tore down what add_link had left behind.
+    const auto until = clock_type::now() + std::chrono::milliseconds(50);
+    while (clock_type::now() < until)
+        (void)s.wait(std::chrono::milliseconds(5));
+    CHECK(s.peers() == 0);
+    CHECK(s.counters().disconnected == 0);
+    connected_client good(pd, s);
+    accept_peers(s, 1);
+    std::vector<std::byte> req(200, std::byte{8});
+    const answer a = call_once(s, good, m_echo, req);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
+}

@@ -154,6 +154,8 @@ public:
 
 private:
     friend class request_context;
+    friend struct server_test_access; // tests: a failure injected where none can be caused
+
     struct slot_state {
         bool busy = false; ///< a request arrived, its answer is not yet sent
         std::uint32_t seq = 0;
@@ -182,6 +184,7 @@ private:
     /// those that are whole, drops those past their deadline or broken.
     void progress_handshakes(bool readable) noexcept;
     void accept_local(local::unix_channel ch, std::span<const std::byte> hello_bytes);
+    /// Makes the connection live; all or nothing (throws, nothing changed).
     std::uint32_t add_link(std::unique_ptr<link_wire> wire, std::uint16_t slots);
     /// Counts a refused connection, and why.
     void refuse(int err, std::string_view why) noexcept;

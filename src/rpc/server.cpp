@@ -2,7 +2,6 @@
 #include <arpa/inet.h>
 #include <array>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <new>
 #include <system_error>
@@ -12,6 +11,8 @@
 #include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
 #include <rdmax/rpc/server.hpp>
+
+#include "../notice.hpp"
 
 namespace rdmax::rpc {
 
@@ -108,11 +109,10 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
             inbox_.watch(local_listener_->fd());
         } catch (const error& e) {
             local_listener_.reset();
-            std::fprintf(stderr,
-                         "rdmax: rpc::server on %.*s:%u: no node-local path (%s); peers here go "
-                         "through the device\n",
-                         static_cast<int>(addr.size()), addr.data(), unsigned{listener_.port()},
-                         e.what());
+            rdmax::detail::notice(
+                fmt::format("rpc::server on {}:{}: no node-local path ({}); peers "
+                            "here go through the device",
+                            addr, listener_.port(), e.what()));
         }
     }
     links_.reserve(opts_.max_peers);
@@ -495,8 +495,13 @@ void server::accept_pending() {
 
 void server::accept_one(verbs::connection_request req) {
     const std::optional<ring_offer> offer = req.peer_payload_as<ring_offer>();
-    if (live_ >= opts_.max_peers || !offer || check_offer(*offer) != nullptr) {
-        ++counters_.refused;
+    const char* bad = !offer ? "no ring offer" : check_offer(*offer);
+    if (live_ >= opts_.max_peers || bad != nullptr) {
+        if (bad != nullptr)
+            refuse(EPROTO, fmt::format("rdma_cm connection request: {}", bad));
+        else
+            refuse(EBUSY,
+                   fmt::format("rdma_cm connection request: {} peers already (max_peers)", live_));
         req.reject();
         return;
     }
@@ -561,9 +566,7 @@ std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t sl
 }
 
 void server::refuse(int err, std::string_view why) noexcept {
-    (void)err;
-    (void)why;
-    ++counters_.refused;
+    counters_.count_refusal(err, why);
 }
 
 void server::refuse_current(std::string_view what) noexcept {

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
-#include <fstream>
 #include <functional>
 #include <new>
 #include <numeric>
@@ -1323,4 +1322,87 @@ TEST_CASE("a connection that fails half-way into the server's table leaves the p
     const answer a = call_once(s, good, m_echo, req);
     CHECK(a.status == rpc::call_status::ok);
     CHECK(a.reply == req);
+}
+
+TEST_CASE("a buffer that cannot be registered is registration_failed, not too_large",
+          "[bookkeeping][registration-failed]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s);
+    // Over a slot, so it goes by the caller's buffer, across a page that is
+    // not mapped: nothing there to pin, on any kernel (PROT_NONE memory would
+    // not do: 6.1's ib_umem_get still forces read-only pins; nor the [vvar]
+    // pages, which 7.3 lets a registration pin).
+    const std::size_t page = 4096;
+    auto* base = static_cast<std::byte*>(
+        mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(base != MAP_FAILED);
+    REQUIRE(::munmap(base + page, page) == 0);
+    const std::span<const std::byte> req(base, 3 * page);
+    if (!local_path()) {
+        CHECK(c.cli.start(c.peer, m_echo, req) == rpc::call_status::registration_failed);
+    } else {
+        // No registration on this path: the server's CMA read fails, and says so.
+        CHECK(call_once(s, c, m_echo, req).status == rpc::call_status::read_failed);
+    }
+    ::munmap(base, page);
+    ::munmap(base + 2 * page, page);
+    // The connection is unharmed.
+    std::vector<std::byte> ok(1000);
+    fill_pattern(ok, 9);
+    const answer a = call_once(s, c, m_echo, ok);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == ok);
+}
+
+TEST_CASE("a refused connection leaves its reason in last_refusal", "[bookkeeping][last-refusal]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = local_options();
+    o.connect_timeout = std::chrono::milliseconds(300);
+    rpc::server s(pd, test_addr(), 0, o);
+    CHECK(s.counters().last_refusal.error == 0);
+    CHECK(s.counters().last_refusal.what().empty());
+    CHECK_THAT(fmt::format("{}", s.counters()),
+               Catch::Matchers::Contains("refused 0 (last: none)"));
+    const auto name = rpc::local_name(test_addr(), s.port());
+    {
+        // A hello that is not an rdmax client's.
+        local::unix_channel ch = local::unix_channel::connect(name);
+        const std::array<std::byte, 8> junk{};
+        ch.send(junk);
+        REQUIRE(serve_until(s, [&] { return s.counters().refused == 1; }));
+        CHECK(s.counters().last_refusal.error == EPROTO);
+        CHECK_THAT(std::string(s.counters().last_refusal.what()),
+                   Catch::Matchers::Contains("not an rdmax client"));
+    }
+    {
+        // Silent past the deadline.
+        local::unix_channel ch = local::unix_channel::connect(name);
+        REQUIRE(serve_until(s, [&] { return s.counters().refused == 2; }));
+        CHECK(s.counters().last_refusal.error == ETIMEDOUT);
+        CHECK_THAT(std::string(s.counters().last_refusal.what()),
+                   Catch::Matchers::Contains("no hello"));
+        CHECK_THAT(fmt::format("{}", s.counters()), Catch::Matchers::Contains("no hello"));
+    }
+    {
+        // Through rdma_cm: a request with no ring offer.
+        std::atomic<bool> stop{false};
+        std::thread serve([&] {
+            while (!stop.load())
+                (void)s.wait(std::chrono::milliseconds(2));
+        });
+        const std::array<std::byte, 7> junk{};
+        CHECK_THROWS(verbs::connection::connect(pd, test_addr(), s.port(), junk, {},
+                                                std::chrono::seconds(5)));
+        stop = true;
+        serve.join();
+        CHECK(s.counters().refused == 3);
+        CHECK(s.counters().last_refusal.error == EPROTO);
+        CHECK_THAT(std::string(s.counters().last_refusal.what()),
+                   Catch::Matchers::Contains("no ring offer"));
+    }
 }

@@ -29,7 +29,8 @@
 // handshake to end: a peer that stalls there holds nobody, and is dropped
 // after rpc_options::connect_timeout. That holds for peers on this node too:
 // their hello is read a piece at a time as it comes, in the same loop, never
-// waited for.
+// waited for. A refused connection is counted with its reason
+// (rpc_counters::last_refusal).
 
 #include <chrono>
 #include <cstdint>

@@ -1,6 +1,8 @@
 #pragma once
-// One line on stderr, once per process and message: how the library says it
-// fell back to something (another monitor, registration per use). Private to src/.
+// One line on stderr: how the library says it fell back to something
+// (another monitor, registration per use, the device instead of the node's
+// memory). notice_once: once per process and message. The library writes to
+// stderr through here only. Private to src/.
 
 #include <cstdio>
 #include <mutex>
@@ -8,10 +10,12 @@
 
 namespace rdmax::detail {
 
+inline void notice(std::string_view line) noexcept {
+    std::fprintf(stderr, "rdmax: %.*s\n", static_cast<int>(line.size()), line.data());
+}
+
 inline void notice_once(std::once_flag& once, std::string_view line) {
-    std::call_once(once, [&] {
-        std::fprintf(stderr, "rdmax: %.*s\n", static_cast<int>(line.size()), line.data());
-    });
+    std::call_once(once, [&] { notice(line); });
 }
 
 } // namespace rdmax::detail

@@ -111,61 +111,129 @@ void unix_channel::send(std::span<const std::byte> bytes, std::span<const int> f
     }
 }
 
-std::size_t unix_channel::receive(std::span<std::byte> bytes, std::vector<int>& fds,
-                                  std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::vector<std::byte> got;
-    std::uint32_t want = UINT32_MAX;
-    const auto wait = [&] {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            deadline - std::chrono::steady_clock::now());
-        pollfd p{fd_, POLLIN, 0};
-        if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) != 1)
-            throw_error("recvmsg", ETIMEDOUT, "unix channel: no message before the deadline");
-    };
-    while (want == UINT32_MAX || got.size() < sizeof want + want) {
-        wait();
-        std::array<std::byte, most_bytes + 4> buf{};
+message_reader::message_reader(message_reader&& o) noexcept
+    : room_(o.room_)
+    , want_(o.want_)
+    , got_(o.got_)
+    , buf_(o.buf_)
+    , fds_(std::exchange(o.fds_, {}))
+    , state_(o.state_)
+    , error_(o.error_) {}
+
+message_reader& message_reader::operator=(message_reader&& o) noexcept {
+    if (this != &o) {
+        close_fds();
+        room_ = o.room_;
+        want_ = o.want_;
+        got_ = o.got_;
+        buf_ = o.buf_;
+        fds_ = std::exchange(o.fds_, {});
+        state_ = o.state_;
+        error_ = o.error_;
+    }
+    return *this;
+}
+
+void message_reader::close_fds() noexcept {
+    for (int fd : fds_)
+        close(fd);
+    fds_.clear();
+}
+
+message_reader::state message_reader::fail(int err) noexcept {
+    close_fds();
+    error_ = err;
+    state_ = state::failed;
+    return state_;
+}
+
+std::span<const std::byte> message_reader::message() const noexcept {
+    if (state_ != state::done)
+        return {};
+    return {buf_.data() + sizeof want_, want_};
+}
+
+message_reader::state message_reader::read_some(int fd) noexcept {
+    while (state_ == state::more) {
+        // Never past this message: the prefix first, then exactly its length.
+        const std::size_t end = want_ == UINT32_MAX ? sizeof want_ : sizeof want_ + want_;
         alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * most_fds)] = {};
-        iovec iov{buf.data(),
-                  want == UINT32_MAX ? sizeof want - got.size() : sizeof want + want - got.size()};
+        iovec iov{buf_.data() + got_, end - got_};
         msghdr m{};
         m.msg_iov = &iov;
         m.msg_iovlen = 1;
         m.msg_control = control;
         m.msg_controllen = sizeof control;
-        const ssize_t r = recvmsg(fd_, &m, MSG_CMSG_CLOEXEC);
+        const ssize_t r = recvmsg(fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
         if (r < 0 && errno == EINTR)
             continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return state_;
         if (r < 0)
-            throw_error("recvmsg", errno, "unix channel");
-        if (r == 0)
-            throw_error("recvmsg", ECONNRESET, "unix channel: the peer closed it");
+            return fail(errno);
+        // Taken before anything else can fail, so that they are closed with the rest.
         for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                 continue;
             const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
             for (std::size_t i = 0; i < k; ++i) {
-                int fd = -1;
-                std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-                fds.push_back(fd);
+                int got = -1;
+                std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
+                try {
+                    fds_.push_back(got);
+                } catch (...) {
+                    close(got);
+                    return fail(ENOMEM);
+                }
             }
         }
-        got.insert(got.end(), buf.begin(), buf.begin() + r);
-        if (want == UINT32_MAX && got.size() >= sizeof want) {
-            std::memcpy(&want, got.data(), sizeof want);
-            if (want == 0 || want > most_bytes || want > bytes.size()) {
-                for (int fd : fds)
-                    close(fd);
-                fds.clear();
-                throw_error("recvmsg", EMSGSIZE,
-                            fmt::format("unix channel: a message of {} bytes, room for {}", want,
-                                        bytes.size()));
-            }
+        if (r == 0)
+            return fail(ECONNRESET);
+        got_ += static_cast<std::size_t>(r);
+        if (want_ == UINT32_MAX && got_ == sizeof want_) {
+            std::memcpy(&want_, buf_.data(), sizeof want_);
+            if (want_ == 0 || want_ > most_bytes || want_ > room_)
+                return fail(EMSGSIZE);
+        } else if (want_ != UINT32_MAX && got_ == sizeof want_ + want_) {
+            state_ = state::done;
         }
     }
-    std::memcpy(bytes.data(), got.data() + sizeof want, want);
-    return want;
+    return state_;
+}
+
+std::size_t unix_channel::receive(std::span<std::byte> bytes, std::vector<int>& fds,
+                                  std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    // Owns what came until the message is whole: a throw below closes it all.
+    message_reader reader(bytes.size());
+    while (reader.read_some(fd_) == message_reader::state::more) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        pollfd p{fd_, POLLIN, 0};
+        if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) != 1)
+            throw_error("recvmsg", ETIMEDOUT, "unix channel: no message before the deadline");
+    }
+    if (reader.current() == message_reader::state::failed) {
+        switch (reader.error()) {
+        case ECONNRESET: throw_error("recvmsg", ECONNRESET, "unix channel: the peer closed it");
+        case EMSGSIZE:
+            throw_error("recvmsg", EMSGSIZE,
+                        fmt::format("unix channel: a message over the {} bytes of room",
+                                    std::min(bytes.size(), most_bytes)));
+        default: throw_error("recvmsg", reader.error(), "unix channel");
+        }
+    }
+    const std::span<const std::byte> msg = reader.message();
+    std::memcpy(bytes.data(), msg.data(), msg.size());
+    std::vector<int> got = reader.take_fds();
+    try {
+        fds.insert(fds.end(), got.begin(), got.end());
+    } catch (...) {
+        for (int fd : got)
+            close(fd);
+        throw;
+    }
+    return msg.size();
 }
 
 peer_credentials unix_channel::peer() const {

@@ -44,7 +44,7 @@ importer::importer(unix_channel owner, mapping_options opts, std::chrono::millis
     if (r.error != 0)
         throw_error("importer", r.error, "the owner refused its export table");
     try {
-        control_ = shared_segment::attach(fd, r.bytes, false);
+        control_ = shared_segment::attach(fd, r.bytes, false, /*require_sealed=*/true);
     } catch (...) {
         close(fd);
         throw;

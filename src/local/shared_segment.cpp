@@ -25,13 +25,20 @@ shared_segment shared_segment::create(std::string_view name, std::size_t bytes) 
         throw_error("memfd_create", EINVAL, "a shared segment of 0 bytes");
     const std::size_t n = page_round(bytes);
     const std::string label = fmt::format("rdmax-{}", name);
-    const int fd = memfd_create(label.c_str(), MFD_CLOEXEC);
+    const int fd = memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         throw_error("memfd_create", errno, label);
     if (ftruncate(fd, static_cast<off_t>(n)) != 0) {
         const int err = errno;
         close(fd);
         throw_error("ftruncate", err, fmt::format("{}: {} bytes", label, n));
+    }
+    // Its size for good: a peer that holds the descriptor cannot cut the
+    // pages from under this side's mapping (SIGBUS at the next access).
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        const int err = errno;
+        close(fd);
+        throw_error("fcntl(F_ADD_SEALS)", err, fmt::format("{}: shrink, grow, seal", label));
     }
     void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
@@ -42,7 +49,17 @@ shared_segment shared_segment::create(std::string_view name, std::size_t bytes) 
     return {fd, static_cast<std::byte*>(p), n, true};
 }
 
-shared_segment shared_segment::attach(int fd, std::size_t bytes, bool writable) {
+shared_segment shared_segment::attach(int fd, std::size_t bytes, bool writable,
+                                      bool require_sealed) {
+    // Before the size: once sealed against shrinking, the size seen below holds.
+    if (require_sealed) {
+        const int seals = fcntl(fd, F_GET_SEALS);
+        if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
+            throw_error("mmap", EPERM,
+                        fmt::format("shared segment descriptor {}: not sealed against shrinking "
+                                    "(its owner could cut the pages under this mapping)",
+                                    fd));
+    }
     struct stat st {};
     if (fstat(fd, &st) != 0)
         throw_error("fstat", errno, fmt::format("shared segment descriptor {}", fd));

@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -12,6 +11,8 @@
 #include <rdmax/local/node_address.hpp>
 #include <rdmax/rpc/client.hpp>
 #include <rdmax/rpc/local_link.hpp>
+
+#include "../notice.hpp"
 
 namespace rdmax::rpc {
 
@@ -103,7 +104,7 @@ peer_id client::connect(std::string_view addr, std::uint16_t port) {
     if (why == nullptr && (granted->slots > mine.slots || granted->slot_bytes > mine.slot_bytes))
         why = "the server granted more than was asked";
     if (why != nullptr) {
-        ++counters_.refused;
+        counters_.count_refusal(EPROTO, why);
         throw_error("rpc::client::connect", EPROTO, fmt::format("{}:{}: {}", addr, port, why));
     }
     wire->attach(std::move(conn), *granted, opts_.scheduler);
@@ -206,14 +207,13 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
     };
     if (n == sizeof w && w.magic == protocol_magic && w.status == local_no_cma) {
         close_all();
-        std::fprintf(stderr,
-                     "rdmax: rpc::client: %.*s:%u is on this node, but it may not read this "
-                     "process's memory (CMA: %s%s): through the device\n",
-                     static_cast<int>(addr.size()), addr.data(), unsigned{port},
-                     local::why_not_permitted(getpid()).c_str(),
-                     opts_.ptracer == rpc_options::ptracer_grant::any
-                         ? ""
-                         : "; RDMAX_RPC_PTRACER=any lets every server of this user do it");
+        rdmax::detail::notice(fmt::format(
+            "rpc::client: {}:{} is on this node, but it may not read this process's memory "
+            "(CMA: {}{}): through the device",
+            addr, port, local::why_not_permitted(getpid()),
+            opts_.ptracer == rpc_options::ptracer_grant::any
+                ? ""
+                : "; RDMAX_RPC_PTRACER=any lets every server of this user do it"));
         return nullptr;
     }
     if (n != sizeof w || w.magic != protocol_magic || w.version != protocol_version ||
@@ -221,14 +221,16 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
         w.slot_bytes < min_slot_bytes || w.slot_bytes > opts_.slot_bytes ||
         w.segment_bytes < local_link::segment_bytes(w.slots, w.slot_bytes)) {
         close_all();
-        ++counters_.refused;
+        counters_.count_refusal(EPROTO, n == sizeof w && w.status == local_refused
+                                            ? "the node-local server refused the connection"
+                                            : "the node-local server answered nonsense");
         throw_error(
             "rpc::client::connect", EPROTO,
             fmt::format("{}:{}: the node-local server refused or answered nonsense", addr, port));
     }
     local::shared_segment seg;
     try {
-        seg = local::shared_segment::attach(fds[0], w.segment_bytes, true);
+        seg = local::shared_segment::attach(fds[0], w.segment_bytes, true, /*require_sealed=*/true);
     } catch (...) {
         close_all();
         throw;
@@ -309,9 +311,10 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
             ss.reply_reg.emplace(
                 cache().remote<rights::remote_write>(o.reply_into.data(), o.reply_into.size()));
     } catch (...) {
+        // Memory the device cannot pin (or a registration limit): not a size.
         ss.body_reg.reset();
         ss.reply_reg.reset();
-        return call_status::too_large;
+        return call_status::registration_failed;
     }
     message_header h;
     h.call_seq = l->next_seq++;

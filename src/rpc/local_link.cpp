@@ -1,3 +1,4 @@
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -195,9 +196,18 @@ void local_link::woke() noexcept {
 }
 
 bool local_link::peer_gone() noexcept {
-    char c = 0;
-    const ssize_t r = recv(channel_.fd(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    // 0: the peer closed its end (or its process ended); a message there is not ours to take.
+    // Nothing comes on the socket after the handshake but its end. Bytes
+    // there (descriptors with them are dropped by the kernel) are the peer
+    // breaking the protocol; left unread, they would keep the endpoint's
+    // level-triggered epoll readable for good, and it would never sleep
+    // again. Taken, and the connection ends.
+    std::array<char, 64> junk{};
+    const ssize_t r = recv(channel_.fd(), junk.data(), junk.size(), MSG_DONTWAIT);
+    if (r > 0) {
+        corrupt_ = true;
+        return true;
+    }
+    // 0: the peer closed its end (or its process ended).
     return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 

@@ -2,14 +2,17 @@
 #include <arpa/inet.h>
 #include <array>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
+#include <new>
+#include <system_error>
 
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
 #include <rdmax/rpc/server.hpp>
+
+#include "../notice.hpp"
 
 namespace rdmax::rpc {
 
@@ -106,11 +109,10 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
             inbox_.watch(local_listener_->fd());
         } catch (const error& e) {
             local_listener_.reset();
-            std::fprintf(stderr,
-                         "rdmax: rpc::server on %.*s:%u: no node-local path (%s); peers here go "
-                         "through the device\n",
-                         static_cast<int>(addr.size()), addr.data(), unsigned{listener_.port()},
-                         e.what());
+            rdmax::detail::notice(
+                fmt::format("rpc::server on {}:{}: no node-local path ({}); peers "
+                            "here go through the device",
+                            addr, listener_.port(), e.what()));
         }
     }
     links_.reserve(opts_.max_peers);
@@ -118,6 +120,8 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
 }
 
 server::~server() {
+    for (handshake& h : handshakes_)
+        inbox_.forget(h.ch.fd());
     for (std::uint32_t i = 0; i < links_.size(); ++i)
         if (links_[i].wire)
             teardown(i);
@@ -428,24 +432,22 @@ void server::housekeeping() noexcept {
         try {
             accept_pending();
         } catch (...) {
-            ++counters_.refused;
+            refuse_current("rdma_cm connection request");
         }
         while (local_listener_) {
             local::unix_channel ch;
             try {
                 ch = local_listener_->accept(std::chrono::milliseconds(0));
             } catch (...) {
+                refuse_current("node-local connection"); // out of descriptors...
                 break;
             }
             if (ch.fd() < 0)
                 break;
-            try {
-                accept_local(std::move(ch));
-            } catch (...) {
-                ++counters_.refused; // the channel closes as it goes
-            }
+            start_local(std::move(ch));
         }
     }
+    progress_handshakes(events);
     bool any_broken = false;
     const auto now = sched::coarse_clock::now();
     for (link& l : links_) {
@@ -486,15 +488,20 @@ void server::accept_pending() {
         try {
             accept_one(std::move(*req));
         } catch (...) {
-            ++counters_.refused; // the request is rejected as it goes
+            refuse_current("rdma_cm connection request"); // rejected as it goes
         }
     }
 }
 
 void server::accept_one(verbs::connection_request req) {
     const std::optional<ring_offer> offer = req.peer_payload_as<ring_offer>();
-    if (live_ >= opts_.max_peers || !offer || check_offer(*offer) != nullptr) {
-        ++counters_.refused;
+    const char* bad = !offer ? "no ring offer" : check_offer(*offer);
+    if (live_ >= opts_.max_peers || bad != nullptr) {
+        if (bad != nullptr)
+            refuse(EPROTO, fmt::format("rdma_cm connection request: {}", bad));
+        else
+            refuse(EBUSY,
+                   fmt::format("rdma_cm connection request: {} peers already (max_peers)", live_));
         req.reject();
         return;
     }
@@ -513,48 +520,143 @@ void server::accept_one(verbs::connection_request req) {
     peer_link* v = wire.get();
     const std::uint32_t index = add_link(std::move(wire), slots);
     links_[index].verbs = v;
-    by_qp_[v->qp_num()] = index;
     links_[index].establish_by = sched::coarse_clock::now() + opts_.connect_timeout;
+    try {
+        by_qp_[v->qp_num()] = index;
+    } catch (...) {
+        links_[index].wire->broken = true; // torn down at the next housekeeping
+        next_housekeeping_ = {};
+        throw;
+    }
 }
 
 std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t slots) {
-    std::uint32_t index = 0;
-    if (!free_links_.empty()) {
-        index = free_links_.back();
-        free_links_.pop_back();
-    } else {
-        index = static_cast<std::uint32_t>(links_.size());
+    // Whatever may throw comes first, undone on the way out; then the
+    // commit, which cannot fail: a link is live (and counted in live_) or
+    // not there at all.
+    std::vector<slot_state> fresh(slots);
+    if (free_links_.empty()) {
+        free_links_.reserve(links_.size() + 1);
         links_.emplace_back();
+        free_links_.push_back(static_cast<std::uint32_t>(links_.size() - 1));
     }
+    const int event_fd = wire->event_fd();
+    const int wake_fd = wire->wake_fd();
+    inbox_.watch(event_fd);
+    if (wake_fd >= 0) {
+        try {
+            inbox_.watch(wake_fd);
+        } catch (...) {
+            inbox_.forget(event_fd);
+            throw;
+        }
+    }
+    const std::uint32_t index = free_links_.back();
+    free_links_.pop_back();
     link& l = links_[index];
     l.generation = ++generations_;
-    l.slots = std::vector<slot_state>(slots);
+    l.slots = std::move(fresh);
     l.reads = 0;
     l.establish_by.reset();
     l.verbs = nullptr;
     l.wire = std::move(wire);
-    inbox_.watch(l.wire->event_fd());
-    if (l.wire->wake_fd() >= 0)
-        inbox_.watch(l.wire->wake_fd());
     ++live_;
     ++counters_.connected;
     return index;
 }
 
-void server::accept_local(local::unix_channel ch) {
+void server::refuse(int err, std::string_view why) noexcept {
+    counters_.count_refusal(err, why);
+}
+
+void server::refuse_current(std::string_view what) noexcept {
+    try {
+        throw;
+    } catch (const std::system_error& e) {
+        refuse(e.code().value(), fmt::format("{}: {}", what, e.what()));
+    } catch (const std::bad_alloc&) {
+        refuse(ENOMEM, what);
+    } catch (const std::exception& e) {
+        refuse(0, fmt::format("{}: {}", what, e.what()));
+    } catch (...) {
+        refuse(0, what);
+    }
+}
+
+void server::start_local(local::unix_channel ch) noexcept {
+    if (handshakes_.size() >= opts_.max_peers) {
+        refuse(EBUSY, fmt::format("node-local connection: {} handshakes under way already "
+                                  "(max_peers)",
+                                  handshakes_.size()));
+        return; // closed as it goes
+    }
+    const int fd = ch.fd();
+    try {
+        inbox_.watch(fd);
+    } catch (...) {
+        refuse_current("node-local connection");
+        return;
+    }
+    try {
+        handshakes_.push_back({std::move(ch), local::message_reader(sizeof(local_hello)),
+                               sched::coarse_clock::now() + opts_.connect_timeout});
+    } catch (...) {
+        inbox_.forget(fd);
+        refuse_current("node-local connection");
+    }
+}
+
+void server::progress_handshakes(bool readable) noexcept {
+    if (handshakes_.empty())
+        return;
+    const auto now = sched::coarse_clock::now();
+    for (std::size_t i = 0; i < handshakes_.size();) {
+        handshake& h = handshakes_[i];
+        // Never waits: what the socket has now, at most the hello.
+        const local::message_reader::state st =
+            readable ? h.hello.read_some(h.ch.fd()) : h.hello.current();
+        if (st == local::message_reader::state::more && now < h.deadline) {
+            ++i;
+            continue;
+        }
+        handshake done = std::move(h);
+        if (i + 1 != handshakes_.size())
+            handshakes_[i] = std::move(handshakes_.back());
+        handshakes_.pop_back();
+        inbox_.forget(done.ch.fd());
+        switch (st) {
+        case local::message_reader::state::more:
+            refuse(ETIMEDOUT, "node-local handshake: no hello before connect_timeout");
+            break;
+        case local::message_reader::state::failed:
+            refuse(done.hello.error(), "node-local handshake: the hello did not come whole");
+            break;
+        case local::message_reader::state::done:
+            try {
+                accept_local(std::move(done.ch), done.hello.message());
+            } catch (...) {
+                refuse_current("node-local handshake"); // the channel closes as it goes
+            }
+            break;
+        }
+        // `done` goes here, closing its channel and any descriptor a peer sent.
+    }
+}
+
+void server::accept_local(local::unix_channel ch, std::span<const std::byte> hello_bytes) {
     local_hello hello;
-    std::vector<int> fds;
-    const std::size_t n = ch.receive(std::as_writable_bytes(std::span(&hello, 1)), fds,
-                                     std::chrono::milliseconds(200));
-    for (int fd : fds)
-        ::close(fd); // a client sends none
+    const std::size_t n = hello_bytes.size();
+    std::memcpy(&hello, hello_bytes.data(), std::min(n, sizeof hello));
     local_welcome w;
     const bool sane = n == sizeof hello && hello.magic == protocol_magic &&
                       hello.version == protocol_version && hello.slots != 0 &&
                       hello.slots <= max_slots && hello.slot_bytes >= min_slot_bytes &&
                       hello.slot_bytes <= max_slot_bytes && hello.slot_bytes % 8 == 0;
     if (!sane || live_ >= opts_.max_peers) {
-        ++counters_.refused;
+        if (!sane)
+            refuse(EPROTO, "node-local handshake: a hello that is not an rdmax client's");
+        else
+            refuse(EBUSY, fmt::format("node-local handshake: {} peers already (max_peers)", live_));
         w.status = local_refused;
         ch.send(std::as_bytes(std::span(&w, 1)));
         return;

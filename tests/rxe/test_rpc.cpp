@@ -8,12 +8,18 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
 #include <functional>
 #include <new>
 #include <numeric>
 #include <optional>
 #include <poll.h>
+#include <string>
 #include <string_view>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <thread>
 #include <vector>
 
@@ -1012,5 +1018,391 @@ TEST_CASE("a server asleep in wait() moves a large reply held to a small budget 
             CHECK(has_pattern(r.reply.subspan(8), 3));
             CHECK(took < std::chrono::seconds(2));
         }
+    }
+}
+
+// ---- hostile peers on this node -------------------------------------------------------------
+// These take the node-local path in both runs (it is what they are about).
+
+namespace {
+
+rpc::rpc_options local_options() {
+    rpc::rpc_options o = small_options();
+    o.local = true;
+    return o;
+}
+
+/// Descriptors this process has open.
+std::size_t open_fds() {
+    std::size_t n = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+        while (readdir(d) != nullptr)
+            ++n;
+        closedir(d);
+    }
+    return n;
+}
+
+/// The CPU time (user and system) this thread has used.
+std::chrono::microseconds thread_cpu() {
+    rusage u{};
+    REQUIRE(getrusage(RUSAGE_THREAD, &u) == 0);
+    return std::chrono::seconds(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           std::chrono::microseconds(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+/// `bytes` bytes (a length prefix cut short) with `fds` beside them, by sendmsg of its own.
+void send_raw(int sock, std::size_t bytes, std::span<const int> fds) {
+    std::array<char, 4> data{};
+    iovec iov{data.data(), bytes};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    REQUIRE(sendmsg(sock, &m, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes));
+}
+
+/// A node-local client written by hand: the server's Unix name, a hello as
+/// rpc::client sends it (this process lets the server read its probe by
+/// CMA: the server is this process), then whatever the test does.
+struct raw_local_peer {
+    local::unix_channel ch;
+    std::uint64_t probe = 0x5eed5eed5eedULL;
+    rpc::local_welcome welcome;
+    std::vector<int> fds; ///< segment, wake the server, wake the client
+
+    explicit raw_local_peer(std::uint16_t port)
+        : ch(local::unix_channel::connect(rpc::local_name(test_addr(), port))) {}
+    raw_local_peer(const raw_local_peer&) = delete;
+    raw_local_peer& operator=(const raw_local_peer&) = delete;
+    ~raw_local_peer() {
+        for (int fd : fds)
+            ::close(fd);
+    }
+    /// Says hello and takes the welcome, serving `s` meanwhile.
+    void handshake(rpc::server& s) {
+        rpc::local_hello hello;
+        hello.slots = 16;
+        hello.slot_bytes = 4096;
+        hello.probe_addr = reinterpret_cast<std::uint64_t>(&probe);
+        hello.probe_value = probe;
+        ch.send(std::as_bytes(std::span(&hello, 1)));
+        pollfd p{ch.fd(), POLLIN, 0};
+        REQUIRE(serve_until(s, [&] { return ::poll(&p, 1, 0) == 1; }));
+        REQUIRE(ch.receive(std::as_writable_bytes(std::span(&welcome, 1)), fds,
+                           std::chrono::seconds(5)) == sizeof welcome);
+        REQUIRE(welcome.status == rpc::local_ok);
+        REQUIRE(fds.size() == 3);
+    }
+};
+
+} // namespace
+
+TEST_CASE("a node-local peer cannot truncate its shared segment under the server",
+          "[hostile-local][seal]") {
+    // It used to: ftruncate(0) of the memfd it was handed, and the server died
+    // of SIGBUS at its next look at the rings (every peer lost).
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, local_options());
+    handlers h;
+    h.install(s);
+    raw_local_peer bad(s.port());
+    bad.handshake(s);
+    REQUIRE(serve_until(s, [&] { return s.peers() == 1; }));
+    errno = 0;
+    // REQUIRE: on a segment that did shrink, the server must not look again.
+    REQUIRE(ftruncate(bad.fds[0], 0) == -1);
+    CHECK(errno == EPERM);
+    CHECK(ftruncate(bad.fds[0], 1 << 30) == -1); // nor grow it
+    // The server goes on: the truncating peer's connection and a good one.
+    connected_client good(pd, s, local_options());
+    std::vector<std::byte> req(3000);
+    fill_pattern(req, 11);
+    for (int i = 0; i < 20; ++i) {
+        const answer a = call_once(s, good, m_echo, req);
+        REQUIRE(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+    CHECK(s.peers() == 2);
+}
+
+TEST_CASE("node-local handshakes that fail leave none of their descriptors in the server",
+          "[hostile-local][fd-leak]") {
+    // 200 connections that send 1 byte (a length prefix cut short) and 16
+    // descriptors, then close (half) or go silent past the deadline (half).
+    // Each used to leave its 16 descriptors open in the server for good.
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = local_options();
+    o.connect_timeout = std::chrono::milliseconds(500);
+    rpc::server s(pd, test_addr(), 0, o);
+    const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(devnull >= 0);
+    std::array<int, 16> sixteen{};
+    sixteen.fill(devnull);
+    (void)s.poll();
+    const std::size_t before = open_fds();
+    std::vector<local::unix_channel> silent;
+    for (int batch = 0; batch < 10; ++batch) {
+        for (int i = 0; i < 20; ++i) {
+            local::unix_channel ch =
+                local::unix_channel::connect(rpc::local_name(test_addr(), s.port()));
+            send_raw(ch.fd(), 1, sixteen);
+            if (i % 2 == 0)
+                silent.push_back(std::move(ch));
+        }
+        // Within the listen backlog: served before the next batch connects.
+        const std::uint64_t want = 20 * (std::uint64_t(batch) + 1);
+        REQUIRE(serve_until(s, [&] { return s.counters().refused == want; }));
+        silent.clear();
+    }
+    CHECK(s.counters().refused == 200);
+    CHECK(s.peers() == 0);
+    CHECK(open_fds() == before);
+    ::close(devnull);
+}
+
+TEST_CASE("node-local connections that never say hello do not stall the server's peers",
+          "[hostile-local][silent-hello]") {
+    // Each used to hold the serving thread for 200 ms in its handshake: ten of
+    // them, two seconds without an answer for anyone.
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = local_options();
+    o.connect_timeout = std::chrono::seconds(2);
+    rpc::server s(pd, test_addr(), 0, o);
+    handlers h;
+    h.install(s);
+    std::chrono::nanoseconds worst{0};
+    int calls = 0;
+    {
+        serving_thread serve(s, std::chrono::milliseconds(20));
+        rpc::client cli(pd, o);
+        const rpc::peer_id p = cli.connect(test_addr(), s.port());
+        std::vector<std::byte> req(64, std::byte{6});
+        REQUIRE(cli.call(p, m_echo, req).status == rpc::call_status::ok);
+        std::vector<local::unix_channel> silent;
+        silent.reserve(10);
+        for (int i = 0; i < 10; ++i)
+            silent.push_back(local::unix_channel::connect(rpc::local_name(test_addr(), s.port())));
+        const auto until = clock_type::now() + std::chrono::milliseconds(800);
+        while (clock_type::now() < until) {
+            const auto t0 = clock_type::now();
+            const rpc::call_result r = cli.call(p, m_echo, req);
+            worst = std::max<std::chrono::nanoseconds>(worst, clock_type::now() - t0);
+            REQUIRE(r.status == rpc::call_status::ok);
+            ++calls;
+        }
+    }
+    INFO(calls << " calls, the slowest " << worst.count() / 1000 << " us");
+    CHECK(worst < std::chrono::milliseconds(100));
+    // The silent ones go at their deadline.
+    CHECK(serve_until(s, [&] { return s.counters().refused == 10; }));
+}
+
+TEST_CASE("a node-local peer that writes on its socket after the handshake is dropped; the "
+          "server sleeps",
+          "[hostile-local][stray-byte]") {
+    // One unread byte used to keep the server's epoll readable: wait() never
+    // slept again (a core at 100 % for as long as that peer stayed).
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, local_options());
+    handlers h;
+    h.install(s);
+    connected_client good(pd, s, local_options());
+    raw_local_peer bad(s.port());
+    bad.handshake(s);
+    REQUIRE(serve_until(s, [&] { return s.peers() == 2; }));
+    const char stray = 'x';
+    REQUIRE(::send(bad.ch.fd(), &stray, 1, MSG_NOSIGNAL) == 1);
+    const auto cpu0 = thread_cpu();
+    const auto t0 = clock_type::now();
+    while (clock_type::now() - t0 < std::chrono::milliseconds(300))
+        (void)s.wait(std::chrono::milliseconds(100));
+    const auto cpu = thread_cpu() - cpu0;
+    INFO("the server's thread used " << cpu.count() << " us of CPU in 300 ms of wait()");
+    CHECK(cpu < std::chrono::milliseconds(60));
+    CHECK(s.peers() == 1); // the writer went, the good one stays
+    std::vector<std::byte> req(100, std::byte{2});
+    const answer a = call_once(s, good, m_echo, req);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
+}
+
+// ---- the server's bookkeeping ----------------------------------------------------------------
+
+namespace rdmax::rpc {
+/// The tests' way to server::add_link (a friend of the server): a failure
+/// no peer can cause from outside, injected.
+struct server_test_access {
+    static std::uint32_t add_link(server& s, std::unique_ptr<link_wire> w, std::uint16_t slots) {
+        return s.add_link(std::move(w), slots);
+    }
+};
+} // namespace rdmax::rpc
+
+namespace {
+
+/// A connection whose descriptor epoll refuses (a memfd has no poll:
+/// EPERM): the server cannot watch it, so add_link fails after it took the
+/// wire. Ended as far as anyone asks, so that a server that kept it tears it
+/// down at its next housekeeping.
+class unwatchable_wire final : public rpc::link_wire {
+public:
+    unwatchable_wire()
+        : link_wire(4, 4096)
+        , fd_(memfd_create("unwatchable", MFD_CLOEXEC)) {
+        REQUIRE(fd_ >= 0);
+    }
+    unwatchable_wire(const unwatchable_wire&) = delete;
+    unwatchable_wire& operator=(const unwatchable_wire&) = delete;
+    ~unwatchable_wire() override { ::close(fd_); }
+
+    std::span<const std::byte> inbound(std::uint32_t, std::uint32_t) const noexcept override {
+        return {};
+    }
+    std::byte* staging(std::uint32_t) const noexcept override { return staging_.data(); }
+    status send_slot(rpc::message_kind, std::uint32_t, std::uint32_t,
+                     sched::priority) noexcept override {
+        return status::qp_failed;
+    }
+    rpc::transfer read_body(sched::priority, local_buffer<rights::local_write>,
+                            const rpc::buffer_descriptor&, std::uint64_t) noexcept override {
+        return rpc::transfer::failed;
+    }
+    rpc::transfer write_body(sched::priority, local_buffer<rights::local_write>,
+                             const rpc::buffer_descriptor&, std::uint64_t) noexcept override {
+        return rpc::transfer::failed;
+    }
+    int poll_transfers(std::span<verbs::completion>) noexcept override { return 0; }
+    bool needs_progress() const noexcept override { return false; }
+    bool has_outstanding() const noexcept override { return false; }
+    bool failed() const noexcept override { return true; }
+    bool peer_gone() noexcept override { return true; }
+    int event_fd() const noexcept override { return fd_; }
+    void close() noexcept override {}
+
+private:
+    int fd_;
+    mutable std::array<std::byte, 4096> staging_{};
+};
+
+} // namespace
+
+TEST_CASE("a connection that fails half-way into the server's table leaves the peer count right",
+          "[bookkeeping][add-link]") {
+    // It used to keep the wire without counting it; its teardown then took
+    // the live-peer count below zero (it wrapped) and every peer was refused.
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    for (int i = 0; i < 3; ++i)
+        CHECK_THROWS(rpc::server_test_access::add_link(s, std::make_unique<unwatchable_wire>(), 4));
+    CHECK(s.peers() == 0);
+    // Housekeeping, which tore down what add_link had left behind.
+    const auto until = clock_type::now() + std::chrono::milliseconds(50);
+    while (clock_type::now() < until)
+        (void)s.wait(std::chrono::milliseconds(5));
+    CHECK(s.peers() == 0);
+    CHECK(s.counters().disconnected == 0);
+    connected_client good(pd, s);
+    accept_peers(s, 1);
+    std::vector<std::byte> req(200, std::byte{8});
+    const answer a = call_once(s, good, m_echo, req);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
+}
+
+TEST_CASE("a buffer that cannot be registered is registration_failed, not too_large",
+          "[bookkeeping][registration-failed]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s);
+    // Over a slot, so it goes by the caller's buffer, across a page that is
+    // not mapped: nothing there to pin, on any kernel (PROT_NONE memory would
+    // not do: 6.1's ib_umem_get still forces read-only pins; nor the [vvar]
+    // pages, which 7.3 lets a registration pin).
+    const std::size_t page = 4096;
+    auto* base = static_cast<std::byte*>(
+        mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(base != MAP_FAILED);
+    REQUIRE(::munmap(base + page, page) == 0);
+    const std::span<const std::byte> req(base, 3 * page);
+    if (!local_path()) {
+        CHECK(c.cli.start(c.peer, m_echo, req) == rpc::call_status::registration_failed);
+    } else {
+        // No registration on this path: the server's CMA read fails, and says so.
+        CHECK(call_once(s, c, m_echo, req).status == rpc::call_status::read_failed);
+    }
+    ::munmap(base, page);
+    ::munmap(base + 2 * page, page);
+    // The connection is unharmed.
+    std::vector<std::byte> ok(1000);
+    fill_pattern(ok, 9);
+    const answer a = call_once(s, c, m_echo, ok);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == ok);
+}
+
+TEST_CASE("a refused connection leaves its reason in last_refusal", "[bookkeeping][last-refusal]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = local_options();
+    o.connect_timeout = std::chrono::milliseconds(300);
+    rpc::server s(pd, test_addr(), 0, o);
+    CHECK(s.counters().last_refusal.error == 0);
+    CHECK(s.counters().last_refusal.what().empty());
+    CHECK_THAT(fmt::format("{}", s.counters()),
+               Catch::Matchers::Contains("refused 0 (last: none)"));
+    const auto name = rpc::local_name(test_addr(), s.port());
+    {
+        // A hello that is not an rdmax client's.
+        local::unix_channel ch = local::unix_channel::connect(name);
+        const std::array<std::byte, 8> junk{};
+        ch.send(junk);
+        REQUIRE(serve_until(s, [&] { return s.counters().refused == 1; }));
+        CHECK(s.counters().last_refusal.error == EPROTO);
+        CHECK_THAT(std::string(s.counters().last_refusal.what()),
+                   Catch::Matchers::Contains("not an rdmax client"));
+    }
+    {
+        // Silent past the deadline.
+        local::unix_channel ch = local::unix_channel::connect(name);
+        REQUIRE(serve_until(s, [&] { return s.counters().refused == 2; }));
+        CHECK(s.counters().last_refusal.error == ETIMEDOUT);
+        CHECK_THAT(std::string(s.counters().last_refusal.what()),
+                   Catch::Matchers::Contains("no hello"));
+        CHECK_THAT(fmt::format("{}", s.counters()), Catch::Matchers::Contains("no hello"));
+    }
+    {
+        // Through rdma_cm: a request with no ring offer.
+        std::atomic<bool> stop{false};
+        std::thread serve([&] {
+            while (!stop.load())
+                (void)s.wait(std::chrono::milliseconds(2));
+        });
+        const std::array<std::byte, 7> junk{};
+        CHECK_THROWS(verbs::connection::connect(pd, test_addr(), s.port(), junk, {},
+                                                std::chrono::seconds(5)));
+        stop = true;
+        serve.join();
+        CHECK(s.counters().refused == 3);
+        CHECK(s.counters().last_refusal.error == EPROTO);
+        CHECK_THAT(std::string(s.counters().last_refusal.what()),
+                   Catch::Matchers::Contains("no ring offer"));
     }
 }

@@ -2,12 +2,17 @@
 // between two processes), cross-memory attach, and the mapping cache (with a
 // randomized export/revoke/republish test against a plain model).
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
@@ -35,7 +40,127 @@ std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
     return v;
 }
 
+/// Descriptors this process has open.
+std::size_t open_fds() {
+    std::size_t n = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+        while (readdir(d) != nullptr)
+            ++n;
+        closedir(d);
+    }
+    return n;
+}
+
+/// What a hostile local peer sends: `bytes` bytes (a length prefix cut
+/// short) and `fds` beside them, through sendmsg of its own.
+void send_raw(int sock, std::size_t bytes, std::span<const int> fds) {
+    std::array<char, 4> data{};
+    iovec iov{data.data(), bytes};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)] = {};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    REQUIRE(sendmsg(sock, &m, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes));
+}
+
 } // namespace
+
+TEST_CASE("a shared segment's size is sealed; attach can refuse a memfd that is not") {
+    // A peer given the descriptor cannot cut the pages under the owner's
+    // mapping (its next access would be SIGBUS), nor grow the file.
+    shared_segment a = shared_segment::create("sealed", 8192);
+    const int seals = fcntl(a.fd(), F_GET_SEALS);
+    CHECK((seals & F_SEAL_SHRINK) != 0);
+    CHECK((seals & F_SEAL_GROW) != 0);
+    CHECK((seals & F_SEAL_SEAL) != 0);
+    // As the peer would: its own descriptor of the same file.
+    const int theirs = open(fmt::format("/proc/self/fd/{}", a.fd()).c_str(), O_RDWR | O_CLOEXEC);
+    REQUIRE(theirs >= 0);
+    errno = 0;
+    CHECK(ftruncate(theirs, 0) == -1);
+    CHECK(errno == EPERM);
+    CHECK(ftruncate(theirs, 1 << 20) == -1);
+    CHECK(fcntl(theirs, F_ADD_SEALS, F_SEAL_WRITE) == -1); // the seals are sealed too
+    close(theirs);
+    a.data()[8191] = std::byte{7}; // still mapped whole
+    CHECK(shared_segment::attach(a.fd(), a.size(), false, true).data()[8191] == std::byte{7});
+    // A memfd its sender may still shrink: refused where seals are required.
+    const int loose = memfd_create("loose", MFD_CLOEXEC);
+    REQUIRE(loose >= 0);
+    REQUIRE(ftruncate(loose, 8192) == 0);
+    CHECK_NOTHROW(shared_segment::attach(loose, 8192, true));
+    CHECK_THROWS_WITH(shared_segment::attach(loose, 8192, true, true),
+                      Catch::Matchers::Contains("not sealed"));
+    close(loose);
+}
+
+TEST_CASE("a message that ends in a timeout or a reset leaves none of its descriptors open") {
+    // A local peer sends 1 byte (a length prefix cut short) and 16
+    // descriptors, then goes silent or closes: 200 times, no descriptor kept.
+    const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(devnull >= 0);
+    std::array<int, 16> sixteen{};
+    sixteen.fill(devnull);
+    std::array<std::byte, 64> msg{};
+    const std::size_t before = open_fds();
+    for (int i = 0; i < 100; ++i) {
+        auto [mine, theirs] = unix_channel::pair();
+        send_raw(theirs.fd(), 1, sixteen);
+        std::vector<int> fds;
+        CHECK_THROWS_WITH(mine.receive(msg, fds, std::chrono::milliseconds(1)),
+                          Catch::Matchers::Contains("deadline"));
+        CHECK(fds.empty());
+    }
+    for (int i = 0; i < 100; ++i) {
+        auto [mine, theirs] = unix_channel::pair();
+        send_raw(theirs.fd(), 1, sixteen);
+        theirs = unix_channel();
+        std::vector<int> fds;
+        CHECK_THROWS_WITH(mine.receive(msg, fds, std::chrono::seconds(5)),
+                          Catch::Matchers::Contains("closed"));
+        CHECK(fds.empty());
+    }
+    CHECK(open_fds() == before);
+    // The same, a piece at a time without blocking (a server's handshake).
+    {
+        auto [mine, theirs] = unix_channel::pair();
+        const std::size_t here = open_fds();
+        {
+            message_reader r(64);
+            CHECK(r.read_some(mine.fd()) == message_reader::state::more);
+            send_raw(theirs.fd(), 1, sixteen);
+            CHECK(r.read_some(mine.fd()) == message_reader::state::more);
+            CHECK(open_fds() == here + 16);
+        }
+        CHECK(open_fds() == here); // dropped unfinished: closed with it
+    }
+    {
+        auto [mine, theirs] = unix_channel::pair();
+        const std::size_t here = open_fds();
+        message_reader r(64);
+        const std::array<std::byte, 5> five{};
+        theirs.send(five, std::span(&devnull, 1));
+        CHECK(r.read_some(mine.fd()) == message_reader::state::done);
+        CHECK(r.message().size() == 5);
+        std::vector<int> got = r.take_fds();
+        REQUIRE(got.size() == 1);
+        close(got[0]);
+        // Too long for its room: failed, its descriptor closed at once.
+        message_reader small(4);
+        theirs.send(five, std::span(&devnull, 1));
+        CHECK(small.read_some(mine.fd()) == message_reader::state::failed);
+        CHECK(small.error() == EMSGSIZE);
+        CHECK(open_fds() == here);
+    }
+    close(devnull);
+}
 
 TEST_CASE("a shared segment maps again from its descriptor, the same bytes") {
     shared_segment a = shared_segment::create("test", 10000);

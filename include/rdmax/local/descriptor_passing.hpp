@@ -6,12 +6,14 @@
 // memfds; abstract names (no file in the file system) are per network
 // namespace, so reaching one means being on the same node.
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
 #include <sys/types.h>
+#include <utility>
 #include <vector>
 
 namespace rdmax::local {
@@ -21,6 +23,49 @@ struct peer_credentials {
     pid_t pid = 0;
     uid_t uid = 0;
     gid_t gid = 0;
+};
+
+/// One message of a unix_channel, read a piece at a time without blocking:
+/// for an event loop that must not wait on a peer (a server's handshakes).
+/// The descriptors that came with it belong to the reader until taken, and
+/// are closed with it: a message that never ends, or ends in an error,
+/// leaves no descriptor behind.
+class message_reader {
+public:
+    enum class state : std::uint8_t { more, done, failed };
+
+    /// A message of at most `room` bytes (and 4 KiB) is expected.
+    explicit message_reader(std::size_t room) noexcept
+        : room_(room) {}
+    message_reader(message_reader&& o) noexcept;
+    message_reader& operator=(message_reader&& o) noexcept;
+    message_reader(const message_reader&) = delete;
+    message_reader& operator=(const message_reader&) = delete;
+    ~message_reader() { close_fds(); }
+
+    /// Reads what `fd` has now (never waits, never reads past the message):
+    /// more (wait for readability and call again), done (message() and
+    /// take_fds()), failed (error() says why; the descriptors are closed).
+    [[nodiscard]] state read_some(int fd) noexcept;
+    [[nodiscard]] state current() const noexcept { return state_; }
+    /// The message's bytes, when done.
+    [[nodiscard]] std::span<const std::byte> message() const noexcept;
+    /// The descriptors that came with it; the caller owns them from now on.
+    [[nodiscard]] std::vector<int> take_fds() noexcept { return std::exchange(fds_, {}); }
+    /// errno of a failure: ECONNRESET (the peer closed), EMSGSIZE, or recvmsg's.
+    [[nodiscard]] int error() const noexcept { return error_; }
+
+private:
+    state fail(int err) noexcept;
+    void close_fds() noexcept;
+
+    std::size_t room_;
+    std::uint32_t want_ = UINT32_MAX; ///< the length prefix, once read
+    std::size_t got_ = 0;             ///< bytes of prefix and message read
+    std::array<std::byte, 4096 + 4> buf_{};
+    std::vector<int> fds_;
+    state state_ = state::more;
+    int error_ = 0;
 };
 
 /// A connected Unix stream socket (move-only).
@@ -48,8 +93,8 @@ public:
     /// Receives one message into `bytes` (returns its length) and the
     /// descriptors that came with it into `fds` (owned by the caller now),
     /// waiting up to `timeout`. Throws rdmax::error at the deadline, when
-    /// the peer closed, or when more descriptors came than asked for (they
-    /// are closed).
+    /// the peer closed, or when the message is over `bytes`; then every
+    /// descriptor that came with it is closed.
     std::size_t receive(std::span<std::byte> bytes, std::vector<int>& fds,
                         std::chrono::milliseconds timeout);
     [[nodiscard]] peer_credentials peer() const;

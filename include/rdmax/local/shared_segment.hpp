@@ -3,10 +3,12 @@
 // (an anonymous file) so that its descriptor can be passed to the peer
 // (SCM_RIGHTS) and mapped there. Move-only; unmapped and closed when it goes.
 //
-// The owner never shrinks the file: a peer that maps it keeps valid pages for
-// as long as its mapping lives, whatever the owner does with its own (so a
-// peer's access never ends in SIGBUS; revocation is a generation in a control
-// segment, see export_table.hpp).
+// Nobody can shrink the file: create() seals its size (F_SEAL_SHRINK,
+// F_SEAL_GROW, F_SEAL_SEAL), so a peer that maps it keeps valid pages for as
+// long as its mapping lives, and a peer given the descriptor cannot cut the
+// owner's pages either (no SIGBUS on either side; revocation is a generation
+// in a control segment, see export_table.hpp). attach(..., require_sealed)
+// refuses a descriptor whose size its sender could still cut.
 
 #include <cstddef>
 #include <span>
@@ -17,11 +19,14 @@ namespace rdmax::local {
 class shared_segment {
 public:
     /// A new segment of `bytes` (rounded up to pages), zero-filled, mapped
-    /// read-write. `name` shows in /proc/PID/maps. Throws rdmax::error.
+    /// read-write, its size sealed. `name` shows in /proc/PID/maps. Throws
+    /// rdmax::error.
     [[nodiscard]] static shared_segment create(std::string_view name, std::size_t bytes);
     /// Maps the segment behind `fd` (the descriptor is duplicated: the caller
-    /// keeps its own). Refuses (throws) a file shorter than `bytes`.
-    [[nodiscard]] static shared_segment attach(int fd, std::size_t bytes, bool writable);
+    /// keeps its own). Refuses (throws) a file shorter than `bytes`, and,
+    /// with `require_sealed`, one not sealed against shrinking (EPERM).
+    [[nodiscard]] static shared_segment attach(int fd, std::size_t bytes, bool writable,
+                                               bool require_sealed = false);
 
     shared_segment() = default;
     shared_segment(shared_segment&& o) noexcept;

@@ -18,13 +18,16 @@ enum class [[nodiscard]] call_status : std::uint32_t {
     reply_too_large = 4,   ///< the reply fits neither the slot nor the buffer the caller offered
     read_failed = 5,       ///< the server could not read the request's body from the caller
     // Decided by the client.
-    timed_out = 16, ///< no reply before the call's deadline
-    peer_gone = 17, ///< the connection failed or the peer disconnected
-    no_credit = 18, ///< every slot of the connection holds a call: poll, then call again
-    too_large = 19, ///< the request is over max_message, or needs a registration the device refused
-    bad_peer = 20,  ///< no such peer (never connected, or disconnected)
-    bad_reply = 21, ///< the reply broke the protocol (its header or length)
+    timed_out = 16,      ///< no reply before the call's deadline
+    peer_gone = 17,      ///< the connection failed or the peer disconnected
+    no_credit = 18,      ///< every slot of the connection holds a call: poll, then call again
+    too_large = 19,      ///< the request is over max_message, or its body does not fit the slot
+    bad_peer = 20,       ///< no such peer (never connected, or disconnected)
+    bad_reply = 21,      ///< the reply broke the protocol (its header or length)
     invalid_method = 22, ///< method id 0 is reserved
+    /// A body or reply buffer over a slot needs a registration the device (or
+    /// the registration cache) refused: memory it cannot pin, a limit reached.
+    registration_failed = 23,
 };
 
 [[nodiscard]] constexpr std::string_view to_string(call_status s) noexcept {
@@ -43,6 +46,8 @@ enum class [[nodiscard]] call_status : std::uint32_t {
     case call_status::bad_peer: return "no such peer";
     case call_status::bad_reply: return "the reply broke the protocol";
     case call_status::invalid_method: return "method id 0 is reserved";
+    case call_status::registration_failed:
+        return "a buffer of the call could not be registered for the peer";
     }
     return "unknown call status";
 }

@@ -85,7 +85,8 @@ public:
 
     /// Starts a call of `method` (1 .. 65535) with `request`. Returns ok, or
     /// why it did not start (bad_peer, peer_gone, no_credit, too_large,
-    /// invalid_method): then nothing was sent and no result will come.
+    /// registration_failed, invalid_method): then nothing was sent and no
+    /// result will come.
     call_status start(peer_id p, std::uint16_t method, std::span<const std::byte> request,
                       const call_options& o = {}) noexcept;
     /// Results of calls that ended (at most out.size(); the rest wait).

@@ -1,7 +1,11 @@
 #pragma once
 // What an RPC server or client counts; printable with fmt ("{}").
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstring>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <infiniband/verbs.h>
@@ -44,6 +48,22 @@ struct rpc_counters {
     // Connections.
     std::uint64_t connected = 0; ///< connections made (accepted or connected)
     std::uint64_t refused = 0;   ///< connection requests refused (bad offer, too many peers)
+    /// Why the last connection was refused (count_refusal): an errno (0:
+    /// none) and what happened, in a few words ("" before the first).
+    struct refusal {
+        std::int32_t error = 0;
+        std::array<char, 160> reason{}; ///< NUL-terminated; cut short when longer
+        [[nodiscard]] std::string_view what() const noexcept { return reason.data(); }
+    };
+    refusal last_refusal;
+    /// A connection refused: counted, and why kept (no allocation).
+    void count_refusal(int err, std::string_view why) noexcept {
+        ++refused;
+        last_refusal.error = err;
+        const std::size_t n = std::min(why.size(), last_refusal.reason.size() - 1);
+        std::memcpy(last_refusal.reason.data(), why.data(), n);
+        last_refusal.reason[n] = '\0';
+    }
     std::uint64_t disconnected =
         0; ///< connections gone (peer left, failed, or closed for a violation)
     /// Of those, links that failed under this side with an error completion,
@@ -97,12 +117,16 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "calls {} completed {} failed {} (timed out {}, late replies {}, no credit {}) "
             "external bodies {} replies {} bytes in {} out {} unknown method {} "
             "rejected {} (kind {} slot {} length {} malformed {} credit {} opcode {}) "
-            "stray {} connected {} refused {} disconnected {} link failures {} (last: {}) "
+            "stray {} connected {} refused {} (last: {}{}{}) disconnected {} link failures {} "
+            "(last: {}) "
             "last link event {} ({})",
             c.calls, c.completed, c.failed, c.timed_out, c.late_replies, c.no_credit,
             c.external_bodies, c.external_replies, c.bytes_in, c.bytes_out, c.unknown_method,
             c.rejected(), c.rejected_kind, c.rejected_slot, c.rejected_length, c.rejected_malformed,
             c.rejected_credit, c.rejected_opcode, c.stray_completions, c.connected, c.refused,
+            c.refused == 0 ? "none" : c.last_refusal.what(), c.last_refusal.error == 0 ? "" : ": ",
+            c.last_refusal.error == 0 ? std::string_view{}
+                                      : std::string_view{std::strerror(c.last_refusal.error)},
             c.disconnected, c.link_failures,
             c.last_link_failure == 0
                 ? "none"

@@ -27,7 +27,10 @@
 // deadlines are looked at every rpc_options::housekeeping, which costs a
 // few system calls. A connection is accepted without waiting for its
 // handshake to end: a peer that stalls there holds nobody, and is dropped
-// after rpc_options::connect_timeout.
+// after rpc_options::connect_timeout. That holds for peers on this node too:
+// their hello is read a piece at a time as it comes, in the same loop, never
+// waited for. A refused connection is counted with its reason
+// (rpc_counters::last_refusal).
 
 #include <chrono>
 #include <cstdint>
@@ -152,6 +155,8 @@ public:
 
 private:
     friend class request_context;
+    friend struct server_test_access; // tests: a failure injected where none can be caused
+
     struct slot_state {
         bool busy = false; ///< a request arrived, its answer is not yet sent
         std::uint32_t seq = 0;
@@ -174,8 +179,18 @@ private:
     void housekeeping() noexcept;
     void accept_pending();
     void accept_one(verbs::connection_request req);
-    void accept_local(local::unix_channel ch);
+    /// A node-local connection: its hello is awaited in progress_handshakes().
+    void start_local(local::unix_channel ch) noexcept;
+    /// Reads the hellos that came (`readable`: something may have), answers
+    /// those that are whole, drops those past their deadline or broken.
+    void progress_handshakes(bool readable) noexcept;
+    void accept_local(local::unix_channel ch, std::span<const std::byte> hello_bytes);
+    /// Makes the connection live; all or nothing (throws, nothing changed).
     std::uint32_t add_link(std::unique_ptr<link_wire> wire, std::uint16_t slots);
+    /// Counts a refused connection, and why.
+    void refuse(int err, std::string_view why) noexcept;
+    /// refuse() for the exception being handled.
+    void refuse_current(std::string_view what) noexcept;
     void on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept;
     void on_receive(const ibv_wc& wc) noexcept;
     void on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes) noexcept;
@@ -196,6 +211,13 @@ private:
     inbox inbox_;
     verbs::listener listener_;
     std::optional<local::unix_listener> local_listener_; ///< peers on this node
+    /// A node-local connection whose hello has not all come yet.
+    struct handshake {
+        local::unix_channel ch;
+        local::message_reader hello;
+        sched::coarse_clock::time_point deadline;
+    };
+    std::vector<handshake> handshakes_; ///< at most max_peers
     std::vector<handler> handlers_;
     std::vector<link> links_;
     std::vector<std::uint32_t> free_links_;

@@ -41,14 +41,37 @@ static unsigned int max_regions = 65536;
 module_param(max_regions, uint, 0444);
 MODULE_PARM_DESC(max_regions, "ranges one open file may watch (default 65536)");
 
-/* A test hook: the kmod suite widens two windows where a racing unmap must
- * still be handled: in MONITOR between its last look at the range and its
- * answer, and in UNMONITOR between freeing the slot and removing the notifier.
+#ifdef RDMAX_TEST_HOOKS
+/* Test hooks, built only for the kmod suite (kmod/build --test-hooks): never
+ * in a production module, where a sleep under ioctl_lock would be a way to
+ * stall the file's other threads.
+ *
+ * race_window_us widens two windows where a racing unmap must still be
+ * handled: in MONITOR between its last look at the range and its answer, and
+ * in UNMONITOR between freeing the slot and removing the notifier.
+ *
+ * race_gate holds MONITOR right after its watch is in place (before it checks
+ * the range) until the test moves race_release on (or 5 s pass), counting
+ * race_entered when it stops there: the test invalidates the range inside the
+ * window, with no timing involved.
+ *
+ * watch_visits counts the watched ranges that invalidations visited.
  */
 static unsigned int race_window_us;
 module_param(race_window_us, uint, 0644);
 MODULE_PARM_DESC(race_window_us,
 		 "test hook: microseconds to sleep in MONITOR/UNMONITOR races");
+static unsigned int race_gate, race_entered, race_release;
+module_param(race_gate, uint, 0644);
+MODULE_PARM_DESC(race_gate, "test hook: 1 holds MONITOR after its insert");
+module_param(race_entered, uint, 0444);
+MODULE_PARM_DESC(race_entered, "test hook: MONITORs held at the gate");
+module_param(race_release, uint, 0644);
+MODULE_PARM_DESC(race_release, "test hook: a new value lets the gate go");
+static unsigned long watch_visits;
+module_param(watch_visits, ulong, 0444);
+MODULE_PARM_DESC(watch_visits, "test hook: ranges visited by invalidations");
+MODULE_INFO(rdmax_test_hooks, "yes");
 
 static void race_window(void)
 {
@@ -57,6 +80,36 @@ static void race_window(void)
 	if (unlikely(us))
 		usleep_range(us, us + us / 2);
 }
+
+static void race_gate_wait(void)
+{
+	unsigned int release = READ_ONCE(race_release);
+	int ms;
+
+	if (!READ_ONCE(race_gate))
+		return;
+	WRITE_ONCE(race_entered, race_entered + 1);
+	for (ms = 0; ms < 5000 && READ_ONCE(race_release) == release; ms++)
+		msleep(1);
+}
+
+static void count_visit(void)
+{
+	WRITE_ONCE(watch_visits, watch_visits + 1);
+}
+#else
+static inline void race_window(void)
+{
+}
+
+static inline void race_gate_wait(void)
+{
+}
+
+static inline void count_visit(void)
+{
+}
+#endif
 
 /* Budgets. Any user may open the device (mode 0666, like the uverbs
  * devices), so these limits, not the file mode, bound what one user, and all
@@ -310,6 +363,7 @@ static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
 	bool wake = false;
 
 	spin_lock(&f->lock);
+	count_visit();
 	mmu_interval_set_seq(notifier, cur_seq);
 	if (!r->dead && changes_pages(range->event)) {
 		if (make_invalid_locked(f, r)) {
@@ -459,6 +513,7 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 		region_retire(f, r); /* not in the tree: nothing to wait for */
 		goto locked;
 	}
+	race_gate_wait();
 	/* The range must be mapped, and stay so while we look: a munmap that
 	 * races with MONITOR either ran before the notifier (the range is not
 	 * mapped: EFAULT) or after it (the callback saw it: EAGAIN).
@@ -688,17 +743,19 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 
 	if (foreign(f))
 		return -EBADF;
-	if (vma->vm_flags & VM_WRITE)
-		return -EPERM; /* the status area is the module's to write */
+	if (vma->vm_flags & (VM_WRITE | VM_EXEC))
+		return -EPERM; /* the status area is data, the module's to write */
 	if (vma->vm_pgoff != 0 ||
 	    vma->vm_end - vma->vm_start > PAGE_ALIGN(f->status_bytes))
 		return -EINVAL;
-	/* Nor may mprotect() make it writable later. Pages are inserted as
+	/* Nor may mprotect() make it writable or executable later. Pages are inserted as
 	 * they are touched (VM_MIXEDMAP must be set here, under mmap_lock
 	 * held for writing, for vm_insert_page() at fault time).
 	 */
-	rdmax_vm_flags_mod(vma, VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP,
-			   VM_MAYWRITE);
+	rdmax_vm_flags_mod(vma,
+			   VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP |
+				   VM_DONTCOPY | VM_IO,
+			   VM_MAYWRITE | VM_MAYEXEC);
 	vma->vm_ops = &rdmax_status_vm_ops;
 	vma->vm_private_data = f; /* the vma holds the file, so f lives */
 	return 0;
@@ -802,6 +859,10 @@ static const struct file_operations rdmax_fops = {
 	.open = rdmax_open,
 	.release = rdmax_release,
 	.unlocked_ioctl = rdmax_ioctl,
+	/* every argument is a pointer to a struct laid out alike for 32-bit
+	 * callers (only __u32 and naturally aligned __u64 fields)
+	 */
+	.compat_ioctl = compat_ptr_ioctl,
 	.read = rdmax_read,
 	.poll = rdmax_poll,
 	.mmap = rdmax_mmap,
@@ -828,6 +889,10 @@ static int __init rdmax_init(void)
 	int ret;
 
 	BUILD_BUG_ON(sizeof(struct rdmax_status) != RDMAX_STATUS_GENERATIONS);
+	/* compat_ptr_ioctl: the same layout for 32-bit callers */
+	BUILD_BUG_ON(sizeof(struct rdmax_monitor) != 40);
+	BUILD_BUG_ON(sizeof(struct rdmax_unmonitor) != 16);
+	BUILD_BUG_ON(sizeof(struct rdmax_query) != 72);
 	if (max_regions == 0 || max_regions > (1U << 24))
 		return -EINVAL;
 	region_cache =

@@ -8,17 +8,24 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <csetjmp>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <poll.h>
+#include <sched.h>
 #include <sstream>
 #include <string>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -26,6 +33,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/error.hpp>
 #include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/kmod_monitor.hpp>
 #include <rdmax/mem/registration_cache.hpp>
@@ -297,7 +305,8 @@ public:
         if (set_)
             return true;
         if (geteuid() == 0)
-            FAIL("cannot set /sys/module/rdmax/parameters/race_window_us");
+            FAIL("cannot set /sys/module/rdmax/parameters/race_window_us: the kmod suite needs "
+                 "the module with its test hooks (kmod/build --test-hooks)");
         WARN("not root: the race_window_us test hook is not set, its part is not run");
         return false;
     }
@@ -820,6 +829,71 @@ TEST_CASE("kmod: a user at its region budget gets ENOSPC; the cache serves it un
     CHECK(errno == ENOSPC);
     const rdmax::auto_monitor fallback(rdmax::monitor_kind::automatic);
     CHECK(fallback.kind() == rdmax::monitor_kind::uffd);
+}
+
+/// A module parameter's value, or -1 where the module has no such parameter.
+long param_or(const std::string& name) {
+    std::ifstream in("/sys/module/rdmax/parameters/" + name);
+    long v = -1;
+    in >> v;
+    return in ? v : -1;
+}
+
+TEST_CASE("kmod: the status area cannot be made executable") {
+    device d;
+    errno = 0;
+    CHECK(mmap(nullptr, d.bytes, PROT_READ | PROT_EXEC, MAP_SHARED, d.fd, 0) == MAP_FAILED);
+    CHECK(errno == EPERM);
+    errno = 0;
+    CHECK(mprotect(const_cast<rdmax_status*>(d.status), page, PROT_READ | PROT_EXEC) != 0);
+    CHECK(errno == EACCES);
+}
+
+/// A system call through the 32-bit entry (int $0x80) from this 64-bit
+/// process: the kernel takes it as a 32-bit caller's (in_compat_syscall()),
+/// so ioctls reach the driver's compat_ioctl. Arguments must fit 32 bits.
+long compat_syscall3(long nr, long a, long b, long c) {
+    long ret = nr;
+    asm volatile("int $0x80"
+                 : "+a"(ret)
+                 : "b"(a), "c"(b), "d"(c)
+                 : "memory", "cc", "r8", "r9", "r10", "r11");
+    return ret;
+}
+
+TEST_CASE("kmod: a 32-bit caller's ioctls work (compat_ioctl)") {
+    constexpr long ia32_ioctl = 54; // __NR_ioctl of i386
+    device d;
+    // Low memory, so that the 32-bit caller can name it.
+    void* low = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_32BIT, -1, 0);
+    REQUIRE(low != MAP_FAILED);
+    REQUIRE(reinterpret_cast<std::uintptr_t>(low) < (std::uintptr_t{1} << 32));
+    std::memset(low, 1, 2 * page);
+    auto* q = static_cast<rdmax_query*>(low);
+    *q = rdmax_query{};
+    const long r = compat_syscall3(ia32_ioctl, d.fd, static_cast<long>(RDMAX_IOC_QUERY),
+                                   static_cast<long>(reinterpret_cast<std::uintptr_t>(q)));
+    if (r == -ENOSYS)
+        FAIL("this kernel runs no 32-bit system calls (IA32 emulation is off)");
+    CHECK(r == 0); // -ENOTTY (-25) without compat_ioctl
+    CHECK(q->abi_version == RDMAX_KMOD_ABI_VERSION);
+    auto* mon = reinterpret_cast<rdmax_monitor*>(static_cast<char*>(low) + 256);
+    *mon = rdmax_monitor{};
+    mon->addr = reinterpret_cast<std::uintptr_t>(low) + page;
+    mon->len = page;
+    const long w = compat_syscall3(ia32_ioctl, d.fd, static_cast<long>(RDMAX_IOC_MONITOR),
+                                   static_cast<long>(reinterpret_cast<std::uintptr_t>(mon)));
+    CHECK(w == 0);
+    if (w == 0) {
+        const rdmax_monitor m = *mon;
+        CHECK(d.valid(m));
+        REQUIRE(munmap(static_cast<char*>(low) + page, page) == 0);
+        CHECK_FALSE(d.valid(m));
+        d.events();
+        CHECK(d.unwatch(m) == 0);
+    }
+    munmap(low, page);
 }
 
 std::optional<std::string> rdmax::test::skip_reason() {

@@ -725,6 +725,11 @@ static vm_fault_t rdmax_status_fault(struct vm_fault *vmf)
 	struct rdmax_file *f = vmf->vma->vm_private_data;
 	struct page *page = NULL;
 
+	/* Only the opener's address space sees the area (VM_DONTCOPY keeps it
+	 * out of a forked child; this holds whatever else copies a VMA).
+	 */
+	if (vmf->vma->vm_mm != f->mm)
+		return VM_FAULT_SIGBUS;
 	if (vmf->pgoff < f->status_npages)
 		/* pairs with the release store of status_page_get() */
 		page = smp_load_acquire(&f->status_pages[vmf->pgoff]);
@@ -750,7 +755,11 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 		return -EINVAL;
 	/* Nor may mprotect() make it writable or executable later. Pages are inserted as
 	 * they are touched (VM_MIXEDMAP must be set here, under mmap_lock
-	 * held for writing, for vm_insert_page() at fault time).
+	 * held for writing, for vm_insert_page() at fault time). A forked
+	 * child does not get the mapping (VM_DONTCOPY): the area shows this
+	 * address space's ranges, live, and the child has its own. VM_IO
+	 * makes madvise(MADV_DOFORK) refuse to clear that (EINVAL), and
+	 * get_user_pages() refuse the area.
 	 */
 	rdmax_vm_flags_mod(vma,
 			   VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP |

@@ -839,6 +839,90 @@ long param_or(const std::string& name) {
     return in ? v : -1;
 }
 
+sigjmp_buf segv_jump;
+void on_segv(int /*sig*/) {
+    siglongjmp(segv_jump, 1);
+}
+
+TEST_CASE("kmod: a forked child has no view of the parent's status area") {
+    device d;
+    std::byte* p = map(1);
+    const auto m = d.watch(p, page);
+    REQUIRE(d.status->abi_version == RDMAX_KMOD_ABI_VERSION); // mapped, and touched
+    // Nor can the process have the child inherit it after all.
+    CHECK(madvise(const_cast<rdmax_status*>(d.status), page, MADV_DOFORK) != 0);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(10); // a deadline
+        volatile int bad = 0;
+        unsigned char vec = 0;
+        // Not in the child's address space at all: mincore says ENOMEM...
+        if (mincore(const_cast<rdmax_status*>(d.status), page, &vec) == 0 || errno != ENOMEM)
+            bad = bad | 1;
+        // ...and a read faults.
+        struct sigaction sa {};
+        sa.sa_handler = on_segv;
+        sigaction(SIGSEGV, &sa, nullptr);
+        sigaction(SIGBUS, &sa, nullptr);
+        if (sigsetjmp(segv_jump, 1) == 0) {
+            const volatile __u64* gen = &d.gens[m.slot];
+            (void)*gen;
+            bad = bad | 2; // read the parent's live generation
+        }
+        _exit(bad);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0); // 1: mapped in the child, 2: readable there
+    CHECK(d.valid(m));               // the parent's view is as it was
+    CHECK(d.unwatch(m) == 0);
+    munmap(p, page);
+}
+
+TEST_CASE("kmod: fork: the child's cache with the kmod monitor is inert and touches no status") {
+    using cache_t = rdmax::registration_cache<rdmax::counting_registrar, rdmax::kmod_monitor>;
+    std::byte* p = map(4);
+    {
+        cache_t c{rdmax::counting_registrar{}};
+        c.get<rdmax::rights::local_write>(p, 2 * page).reset();
+        auto held = c.get<rdmax::rights::local_write>(p + 2 * page, page);
+        std::fflush(nullptr);
+        const pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            alarm(10);
+            int bad = 0;
+            try {
+                c.get<rdmax::rights::local_write>(p, page).reset();
+                bad |= 1;
+            } catch (const rdmax::error& e) {
+                bad |= e.code().value() == EPERM ? 0 : 2;
+            }
+            c.invalidate(p, page);
+            c.flush();
+            held.reset();
+            munmap(p, 4 * page); // the child's own unmap: nothing of the parent's
+            _exit(bad);          // and ~cache_t in the parent only
+        }
+        int status = 0;
+        REQUIRE(waitpid(pid, &status, 0) == pid);
+        REQUIRE(WIFEXITED(status)); // no SIGSEGV from a status page the child lacks
+        CHECK(WEXITSTATUS(status) == 0);
+        // The parent's cache still hits, and still sees its own unmaps.
+        c.get<rdmax::rights::local_write>(p, page).reset();
+        CHECK(c.registrar_ref().regs == 2);
+        held.reset();
+        REQUIRE(munmap(p, page) == 0);
+        map(1, p);
+        c.get<rdmax::rights::local_write>(p, page).reset();
+        CHECK(c.registrar_ref().regs == 3);
+    }
+    munmap(p, 4 * page);
+}
+
 TEST_CASE("kmod: the status area cannot be made executable") {
     device d;
     errno = 0;

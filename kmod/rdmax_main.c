@@ -15,6 +15,7 @@
  * come from an xarray and generations from the module's own copy; the status
  * area is only ever mapped read-only.
  */
+#include <linux/capability.h>
 #include <linux/cred.h>
 #include <linux/delay.h>
 #include <linux/fs.h>
@@ -606,9 +607,15 @@ static long rdmax_do_query(struct rdmax_file *f, void __user *arg)
 	q.invalidations = f->invalidations;
 	q.events_read = f->events_read;
 	spin_unlock(&f->lock);
-	/* the module's region budget counts every region from its MONITOR on */
-	q.module_live_regions = atomic_long_read(&total_used[RDMAX_REGIONS]);
-	q.module_files = atomic64_read(&files_open);
+	/* Module-wide figures tell when other users register RDMA buffers:
+	 * for the administrator only; other callers see zero there.
+	 */
+	if (capable(CAP_SYS_ADMIN)) {
+		/* the region budget counts every region from its MONITOR on */
+		q.module_live_regions =
+			atomic_long_read(&total_used[RDMAX_REGIONS]);
+		q.module_files = atomic64_read(&files_open);
+	}
 	return copy_to_user(arg, &q, sizeof(q)) ? -EFAULT : 0;
 }
 

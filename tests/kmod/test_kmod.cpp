@@ -839,6 +839,42 @@ long param_or(const std::string& name) {
     return in ? v : -1;
 }
 
+TEST_CASE("kmod: QUERY shows module-wide figures to root only") {
+    device d;
+    std::byte* p = map(1);
+    const auto m = d.watch(p, page);
+    const auto mine = d.query();
+    CHECK(mine.module_files >= 1);
+    CHECK(mine.module_live_regions >= 1);
+    struct seen {
+        long ok = 0;
+        unsigned long long files = 99, regions = 99, live = 99;
+    } s;
+    if (as_nobody(64, s, [](seen& out) {
+            const int fd = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC);
+            void* q =
+                mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            rdmax_monitor w{};
+            w.addr = reinterpret_cast<std::uintptr_t>(q);
+            w.len = page;
+            rdmax_query qq{};
+            if (fd < 0 || q == MAP_FAILED || ioctl(fd, RDMAX_IOC_MONITOR, &w) != 0 ||
+                ioctl(fd, RDMAX_IOC_QUERY, &qq) != 0)
+                return;
+            out.ok = 1;
+            out.files = qq.module_files;
+            out.regions = qq.module_live_regions;
+            out.live = qq.live_regions;
+        })) {
+        CHECK(s.ok == 1);
+        CHECK(s.live == 1);    // its own figures
+        CHECK(s.files == 0);   // not how many files others hold open
+        CHECK(s.regions == 0); // nor how many ranges they watch
+    }
+    CHECK(d.unwatch(m) == 0);
+    munmap(p, page);
+}
+
 sigjmp_buf segv_jump;
 void on_segv(int /*sig*/) {
     siglongjmp(segv_jump, 1);

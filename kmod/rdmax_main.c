@@ -523,8 +523,13 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	mmap_read_lock(f->mm);
 	mapped = range_mapped(f->mm, r->start, r->end);
 	mmap_read_unlock(f->mm);
+	/* An invalidation that ran between the insert and read_begin() left
+	 * the sequence alone but the generation odd: the token would be
+	 * invalid from its first check, so that is a change too.
+	 */
 	spin_lock(&f->lock);
-	changed = mmu_interval_read_retry(&r->notifier, seq);
+	changed = mmu_interval_read_retry(&r->notifier, seq) ||
+		  (r->generation & 1);
 	spin_unlock(&f->lock);
 	if (!mapped || changed) {
 		ret = mapped ? -EAGAIN : -EFAULT;

@@ -875,6 +875,46 @@ TEST_CASE("kmod: QUERY shows module-wide figures to root only") {
     munmap(p, page);
 }
 
+TEST_CASE("kmod: an unmap inside MONITOR's window gets EAGAIN, never a token already invalid") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot set the module's race_gate test hook; not run");
+        return;
+    }
+    if (param_or("race_gate") < 0)
+        FAIL("the module has no test hooks: build it with kmod/build --test-hooks");
+    device d;
+    const module_param gate("race_gate", "1");
+    for (int round = 0; round < 4; ++round) {
+        std::byte* p = map(1);
+        const long entered = param_or("race_entered");
+        helpers h;
+        std::atomic<int> dropped{-1};
+        h.start([&] {
+            // Once MONITOR waits at the gate (its watch in place, the range
+            // not yet looked at), drop the page, then let MONITOR go on.
+            if (!spin_until([&] { return param_or("race_entered") > entered; }, h.stop))
+                return;
+            dropped.store(madvise(p, page, MADV_DONTNEED), std::memory_order_release);
+            std::ofstream("/sys/module/rdmax/parameters/race_release")
+                << param_or("race_release") + 1 << std::flush;
+        });
+        rdmax_monitor m{};
+        const int e = d.monitor(p, page, m);
+        h.join();
+        REQUIRE(dropped.load() == 0); // the drop ran inside MONITOR
+        if (e == 0) {
+            CHECK(m.generation % 2 == 0);
+            CHECK(d.valid(m)); // a token MONITOR answers was valid when it answered
+            d.unwatch(m);
+        } else {
+            CHECK(e == EAGAIN);
+        }
+        d.events();
+        munmap(p, page);
+    }
+    CHECK(d.query().live_regions == 0);
+}
+
 sigjmp_buf segv_jump;
 void on_segv(int /*sig*/) {
     siglongjmp(segv_jump, 1);

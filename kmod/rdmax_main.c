@@ -117,6 +117,14 @@ static inline void count_visit(void)
  * of them, can make the kernel keep: watched regions, and status-area pages
  * (one per open file, more only as its slots are used). A refusal is ENOSPC,
  * which rdmax's user space turns into "registered per use, not cached".
+ *
+ * A user is a uid of the initial user namespace; a process in another user
+ * namespace is charged to the user who made its outermost one, as inotify's
+ * ucounts charge at that level: uids mapped from a subordinate range, or made
+ * up inside a namespace, are that user's, not budgets of their own. (The
+ * ucounts calls themselves are not exported to modules on 6.1, and on 7.x to
+ * binfmt_misc only.) Each user keeps a minimum however full the module's
+ * budget is, so that a few users cannot leave the rest none.
  */
 static unsigned int max_user_regions = 262144;
 module_param(max_user_regions, uint, 0644);
@@ -136,12 +144,23 @@ static unsigned int max_total_status_kib = 262144;
 module_param(max_total_status_kib, uint, 0644);
 MODULE_PARM_DESC(max_total_status_kib,
 		 "status-area KiB all open files may hold (default 262144)");
+static unsigned int min_user_regions = 1024;
+module_param(min_user_regions, uint, 0644);
+MODULE_PARM_DESC(min_user_regions,
+		 "ranges each user may watch even when max_total_regions "
+		 "is spent (default 1024)");
+static unsigned int min_user_status_kib = 256;
+module_param(min_user_status_kib, uint, 0644);
+MODULE_PARM_DESC(min_user_status_kib,
+		 "status-area KiB each user may hold even when "
+		 "max_total_status_kib is spent (default 256)");
 
 enum rdmax_budget { RDMAX_REGIONS, RDMAX_STATUS_PAGES, RDMAX_BUDGETS };
+enum rdmax_limit { RDMAX_USER_MAX, RDMAX_TOTAL_MAX, RDMAX_USER_MIN };
 
-/* What one user (by uid) holds, shared by that user's open files. */
+/* What one user holds, shared by that user's open files. */
 struct rdmax_user {
-	u32 uid;
+	u32 uid; /* in the initial user namespace */
 	unsigned int files; /* under users_mutex */
 	atomic_long_t used[RDMAX_BUDGETS];
 };
@@ -153,16 +172,18 @@ static atomic_long_t total_used[RDMAX_BUDGETS];
 static struct kmem_cache *region_cache;
 static atomic64_t files_open = ATOMIC64_INIT(0);
 
-static unsigned long budget_limit(enum rdmax_budget b, bool total)
+static unsigned long budget_limit(enum rdmax_budget b, enum rdmax_limit l)
 {
-	unsigned int kib_per_page = PAGE_SIZE / 1024;
+	static unsigned int *const params[RDMAX_BUDGETS][3] = {
+		[RDMAX_REGIONS] = { &max_user_regions, &max_total_regions,
+				    &min_user_regions },
+		[RDMAX_STATUS_PAGES] = { &max_user_status_kib,
+					 &max_total_status_kib,
+					 &min_user_status_kib },
+	};
+	unsigned long v = READ_ONCE(*params[b][l]);
 
-	if (b == RDMAX_REGIONS)
-		return total ? READ_ONCE(max_total_regions)
-			     : READ_ONCE(max_user_regions);
-	return (total ? READ_ONCE(max_total_status_kib)
-		      : READ_ONCE(max_user_status_kib)) /
-	       kib_per_page;
+	return b == RDMAX_REGIONS ? v : v / (PAGE_SIZE / 1024);
 }
 
 static bool take(atomic_long_t *used, unsigned long limit)
@@ -175,13 +196,22 @@ static bool take(atomic_long_t *used, unsigned long limit)
 }
 
 /* Takes one unit of b from u's budget and the module's; false if either
- * is spent.
+ * is spent. Within the user's minimum the module's budget counts the unit
+ * but does not refuse it.
  */
 static bool charge(struct rdmax_user *u, enum rdmax_budget b)
 {
-	if (!take(&u->used[b], budget_limit(b, false)))
+	long mine = atomic_long_inc_return(&u->used[b]);
+
+	if (mine > (long)budget_limit(b, RDMAX_USER_MAX)) {
+		atomic_long_dec(&u->used[b]);
 		return false;
-	if (!take(&total_used[b], budget_limit(b, true))) {
+	}
+	if (mine <= (long)budget_limit(b, RDMAX_USER_MIN)) {
+		atomic_long_inc(&total_used[b]);
+		return true;
+	}
+	if (!take(&total_used[b], budget_limit(b, RDMAX_TOTAL_MAX))) {
 		atomic_long_dec(&u->used[b]);
 		return false;
 	}
@@ -194,10 +224,25 @@ static void uncharge(struct rdmax_user *u, enum rdmax_budget b, long n)
 	atomic_long_sub(n, &total_used[b]);
 }
 
+/* Who pays for the caller: its uid, or in another user namespace the
+ * owner of the outermost one (see Budgets).
+ */
+static u32 budget_owner(void)
+{
+	const struct user_namespace *ns = current_user_ns();
+	kuid_t uid = current_uid();
+
+	while (ns != &init_user_ns) {
+		uid = ns->owner;
+		ns = ns->parent;
+	}
+	return from_kuid_munged(&init_user_ns, uid);
+}
+
 /* The opener's budget, made on its first open file. */
 static struct rdmax_user *user_get(void)
 {
-	u32 uid = from_kuid_munged(&init_user_ns, current_uid());
+	u32 uid = budget_owner();
 	struct rdmax_user *u;
 
 	mutex_lock(&users_mutex);

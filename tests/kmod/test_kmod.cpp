@@ -839,6 +839,225 @@ long param_or(const std::string& name) {
     return in ? v : -1;
 }
 
+/// Sets a module parameter for a scope where the module has it (the previous
+/// value back at the end); does nothing where it has not.
+class module_param_if_any {
+public:
+    module_param_if_any(const std::string& name, const std::string& value) {
+        if (param_or(name) >= 0)
+            set_.emplace(name, value);
+    }
+    [[nodiscard]] bool present() const { return set_.has_value(); }
+
+private:
+    std::optional<module_param> set_;
+};
+
+/// A child that runs as uid (and gid) `uid` and holds what body() made until
+/// the holder is destroyed; body writes its count into shared memory.
+class holder {
+public:
+    template <class Body>
+    holder(uid_t uid, Body body) {
+        count_ = static_cast<long*>(
+            mmap(nullptr, sizeof(long), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+        REQUIRE(count_ != MAP_FAILED);
+        *count_ = -1;
+        int ready[2], release[2];
+        REQUIRE(pipe(ready) == 0);
+        REQUIRE(pipe(release) == 0);
+        std::fflush(nullptr);
+        pid_ = fork();
+        REQUIRE(pid_ >= 0);
+        if (pid_ == 0) {
+            close(ready[0]);
+            close(release[1]);
+            alarm(60); // a deadline, should the parent never let go
+            if (setgid(uid) != 0 || setuid(uid) != 0)
+                _exit(2);
+            *count_ = body();
+            char c = 1;
+            if (::write(ready[1], &c, 1) != 1)
+                _exit(3);
+            (void)::read(release[0], &c, 1); // until the parent closes it
+            _exit(0);
+        }
+        close(ready[1]);
+        close(release[0]);
+        release_ = release[1];
+        char c = 0;
+        const ssize_t n = ::read(ready[0], &c, 1);
+        close(ready[0]);
+        REQUIRE(n == 1);
+    }
+    ~holder() {
+        close(release_);
+        int status = 0;
+        waitpid(pid_, &status, 0);
+        munmap(count_, sizeof(long));
+    }
+    holder(const holder&) = delete;
+    holder& operator=(const holder&) = delete;
+    [[nodiscard]] long count() const { return *count_; }
+
+private:
+    pid_t pid_ = -1;
+    int release_ = -1;
+    long* count_ = nullptr;
+};
+
+/// Watches pages of a fresh mapping, one range each, until the module says
+/// ENOSPC (or `most`); how many it got. The file and the mapping stay (the
+/// caller is a child that exits).
+long watch_until_refused(long most) {
+    const int fd = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    void* p = mmap(nullptr, static_cast<std::size_t>(most) * page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return -1000;
+    long n = 0;
+    for (; n < most; ++n) {
+        rdmax_monitor m{};
+        m.addr = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(n) * page;
+        m.len = page;
+        if (ioctl(fd, RDMAX_IOC_MONITOR, &m) != 0)
+            return errno == ENOSPC ? n : -errno;
+    }
+    return n;
+}
+
+/// Makes this process's root the root of a mount namespace of its own: the VM
+/// runs the suite chrooted (tests/vm/init.sh), and a chrooted process may not
+/// make a user namespace (EPERM). As root, in the namespace's copy: leave the
+/// chroot, then move the old root's mount onto the namespace's root and enter
+/// it (what switch_root does).
+bool unchroot() {
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+        return false;
+    const int old_root = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (old_root < 0 || (mkdir("/tmp/rdmax-unchroot", 0700) != 0 && errno != EEXIST) ||
+        chroot("/tmp/rdmax-unchroot") != 0)
+        return false;
+    for (int i = 0; i < 64; ++i) // the working directory is outside the root now
+        if (chdir("..") != 0)
+            return false;
+    return chroot(".") == 0 && fchdir(old_root) == 0 &&
+           mount(".", "/", nullptr, MS_MOVE, nullptr) == 0 && chroot(".") == 0 && chdir("/") == 0;
+}
+
+TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot map uids into a user namespace; not run");
+        return;
+    }
+    const module_param limit("max_user_regions", "8");
+    // nobody's own user namespace, mapping 16 uids (as newuidmap does for a
+    // user's subordinate range): its root (kuid 300000) holds 8 ranges, then
+    // its uid 1 (kuid 300001) asks for more.
+    // Debian's switch for user namespaces of unprivileged users, on for the test.
+    const char* const userns_knob = "/proc/sys/kernel/unprivileged_userns_clone";
+    std::string userns_was;
+    if (std::ifstream in(userns_knob); std::getline(in, userns_was))
+        std::ofstream(userns_knob) << "1" << std::flush;
+    struct restore {
+        const char* knob;
+        const std::string& was;
+        ~restore() {
+            if (!was.empty())
+                std::ofstream(knob) << was << std::flush;
+        }
+    } const restore_userns{userns_knob, userns_was};
+    struct result {
+        long root_count = -1, uid1_count = -1, status = -1;
+    };
+    auto* r = static_cast<result*>(
+        mmap(nullptr, sizeof(result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(r != MAP_FAILED);
+    *r = result{};
+    int unshared[2], mapped[2];
+    REQUIRE(pipe(unshared) == 0);
+    REQUIRE(pipe(mapped) == 0);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        close(unshared[0]);
+        close(mapped[1]);
+        char c = 1;
+        if (!unchroot())
+            _exit(6);
+        if (setgid(65534) != 0 || setuid(65534) != 0 || unshare(CLONE_NEWUSER) != 0)
+            _exit(2);
+        if (::write(unshared[1], &c, 1) != 1 || ::read(mapped[0], &c, 1) != 1)
+            _exit(3);
+        if (setgid(0) != 0 || setuid(0) != 0) // the namespace's root
+            _exit(4);
+        r->root_count = watch_until_refused(16);
+        std::fflush(nullptr);
+        const pid_t g = fork();
+        if (g == 0) {
+            if (setgid(1) != 0 || setuid(1) != 0)
+                _exit(5);
+            r->uid1_count = watch_until_refused(16);
+            _exit(0);
+        }
+        int st = 0;
+        waitpid(g, &st, 0);
+        r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+        _exit(0);
+    }
+    close(unshared[1]); // a child that fails early ends the read below
+    close(mapped[0]);
+    char c = 0;
+    const bool child_unshared = ::read(unshared[0], &c, 1) == 1;
+    close(unshared[0]);
+    if (!child_unshared) {
+        int st = 0;
+        waitpid(pid, &st, 0);
+        FAIL(fmt::format("the child could not make a user namespace (exit {})",
+                         WIFEXITED(st) ? WEXITSTATUS(st) : -1));
+    }
+    for (const char* which : {"uid_map", "gid_map"}) {
+        std::ofstream out(fmt::format("/proc/{}/{}", pid, which));
+        out << "0 300000 16\n" << std::flush;
+        CHECK(out); // and on: the child then fails to become root, and exits
+    }
+    REQUIRE(::write(mapped[1], &c, 1) == 1);
+    close(mapped[1]);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    fmt::print("user namespace of nobody, budget 8: its root watched {}, its uid 1 {} more\n",
+               r->root_count, r->uid1_count);
+    CHECK(r->status == 0);
+    CHECK(r->root_count == 8);
+    CHECK(r->uid1_count == 0); // the owner's budget is spent: not a new one per uid
+    munmap(r, sizeof(result));
+}
+
+TEST_CASE("kmod: users who fill the module's budget leave every other user its minimum") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot run as other users; not run");
+        return;
+    }
+    const module_param user("max_user_regions", "32");
+    const module_param total("max_total_regions", "40");
+    const module_param_if_any floor("min_user_regions", "8");
+    const holder a(65534, [] { return watch_until_refused(64); });
+    const holder b(65533, [] { return watch_until_refused(64); });
+    const holder c(65532, [] { return watch_until_refused(64); });
+    fmt::print("module budget 40, user budget 32, minimum 8: users watched {}, {}, {}\n", a.count(),
+               b.count(), c.count());
+    CHECK(a.count() == 32);
+    CHECK(b.count() == 8); // the module's budget is spent...
+    CHECK(c.count() == 8); // ...and a third user still has its minimum
+}
+
 TEST_CASE("kmod: QUERY shows module-wide figures to root only") {
     device d;
     std::byte* p = map(1);

@@ -4,12 +4,21 @@
  * for RDMA was unmapped or had its pages replaced, so that a registration
  * cache never hands out a registration over pages the process no longer maps.
  *
- * One mmu_interval_notifier per watched range. Its invalidate callback may run
- * where sleeping is forbidden, so it takes one spinlock and allocates nothing:
- * it makes the range's generation odd in the status area (read-only to user
- * space), bumps the global counter, queues at most one event per range and
- * wakes readers, all before the unmap returns. Unlike a deferred worker, this
- * means that when munmap() returns, user space already sees the change.
+ * One MMU notifier per address space, shared by every file opened in it, and
+ * an interval tree of the ranges they watch that are still valid. Its
+ * invalidate callback may run where sleeping is forbidden, so it takes two
+ * spinlocks and allocates nothing: for each watched range the invalidation
+ * overlaps, it makes the range's generation odd in the status area (read-only
+ * to user space), bumps the counter, queues the range's one event, wakes
+ * readers and takes the range out of the tree, all before the unmap returns.
+ * Unlike a deferred worker, this means that when munmap() returns, user space
+ * already sees the change. Each watch is visited once in its life, and an
+ * invalidation that leaves the pages in place (write protection for writeback
+ * or fork, mprotect) visits none: however many watches overlap, what they cost
+ * the kernel's own work (writeback, reclaim, other users' truncates) is one
+ * callback per invalidation of the address space, not one per watch (with an
+ * interval notifier per watch, N overlapping watches were N callbacks per
+ * page).
  *
  * What user space can write holds nothing the module relies on: slot numbers
  * come from an xarray and generations from the module's own copy; the status
@@ -19,6 +28,7 @@
 #include <linux/cred.h>
 #include <linux/delay.h>
 #include <linux/fs.h>
+#include <linux/interval_tree.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/mmu_notifier.h>
@@ -49,7 +59,7 @@ MODULE_PARM_DESC(max_regions, "ranges one open file may watch (default 65536)");
  *
  * race_window_us widens two windows where a racing unmap must still be
  * handled: in MONITOR between its last look at the range and its answer, and
- * in UNMONITOR between freeing the slot and removing the notifier.
+ * in UNMONITOR between freeing the slot and freeing the region.
  *
  * race_gate holds MONITOR right after its watch is in place (before it checks
  * the range) until the test moves race_release on (or 5 s pass), counting
@@ -274,15 +284,28 @@ static void user_put(struct rdmax_user *u)
 
 struct rdmax_file;
 
+/* The watched ranges of one address space, of all its files. */
+struct rdmax_mm {
+	struct mmu_notifier notifier; /* mmu_notifier_get()'s, one per mm */
+	spinlock_t lock; /* the tree, active; taken before any file's lock */
+	struct rb_root_cached tree; /* ranges still valid */
+	/* Invalidations that change pages in progress, and MONITORs waiting
+	 * for them to end.
+	 */
+	unsigned long active;
+	wait_queue_head_t idle;
+};
+
 struct rdmax_region {
-	struct mmu_interval_notifier notifier;
+	/* [start, end - 1], in the address space's tree while in_tree */
+	struct interval_tree_node node;
+	bool in_tree; /* under the rdmax_mm's lock */
 	struct rdmax_file *file;
 	u64 start, end, cookie;
 	u64 generation; /* the module's copy; odd once invalidated */
 	u32 slot;
-	/* Retired: its slot is (or may soon be) another region's, so its
-	 * callback, which may run until the notifier is removed, touches
-	 * nothing. Under file->lock.
+	/* Retired: its slot is (or may soon be) another region's. Out of
+	 * the tree, so no callback touches it. Under file->lock.
 	 */
 	bool dead;
 	/* The queued event (at most one per region), under file->lock. */
@@ -295,6 +318,7 @@ struct rdmax_region {
 struct rdmax_file {
 	/* mmgrab()bed: the structure, not the address space */
 	struct mm_struct *mm;
+	struct rdmax_mm *watch; /* mm's, shared with its other files */
 	struct mutex ioctl_lock; /* MONITOR / UNMONITOR */
 	spinlock_t lock; /* generations, the event queue, invalidate seqs */
 	struct xarray regions; /* slot -> region */
@@ -399,28 +423,30 @@ static bool make_invalid_locked(struct rdmax_file *f, struct rdmax_region *r)
 	return true;
 }
 
-static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
-			     const struct mmu_notifier_range *range,
-			     unsigned long cur_seq)
+/* Tells r of an invalidation of [start, end): its generation goes odd and its
+ * one event is queued; and takes it out of the tree, since it stays invalid
+ * for good. Under m->lock.
+ */
+static void region_hit_locked(struct rdmax_mm *m, struct rdmax_region *r,
+			      u64 start, u64 end, u32 kind)
 {
-	struct rdmax_region *r =
-		container_of(notifier, struct rdmax_region, notifier);
 	struct rdmax_file *f = r->file;
 	bool wake = false;
 
-	spin_lock(&f->lock);
 	count_visit();
-	mmu_interval_set_seq(notifier, cur_seq);
-	if (!r->dead && changes_pages(range->event)) {
+	interval_tree_remove(&r->node, &m->tree);
+	r->in_tree = false;
+	spin_lock(&f->lock);
+	if (!r->dead) {
 		if (make_invalid_locked(f, r)) {
 			f->invalidations++;
 			WRITE_ONCE(f->status->invalidations, f->invalidations);
 		}
 		if (!r->queued) {
 			r->queued = true;
-			r->kind = event_kind(range->event);
-			r->hit_start = max_t(u64, range->start, r->start);
-			r->hit_end = min_t(u64, range->end, r->end);
+			r->kind = kind;
+			r->hit_start = max_t(u64, start, r->start);
+			r->hit_end = min_t(u64, end, r->end);
 			list_add_tail(&r->event_link, &f->events);
 			WRITE_ONCE(f->status->pending_events,
 				   f->status->pending_events + 1);
@@ -430,11 +456,87 @@ static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
 	spin_unlock(&f->lock);
 	if (wake)
 		wake_up_interruptible(&f->wait);
-	return true;
 }
 
-static const struct mmu_interval_notifier_ops rdmax_notifier_ops = {
-	.invalidate = rdmax_invalidate,
+/* Every still-valid range overlapping [start, end). Under m->lock. */
+static void hit_overlapping_locked(struct rdmax_mm *m, u64 start, u64 end,
+				   u32 kind)
+{
+	struct interval_tree_node *n, *next;
+
+	for (n = interval_tree_iter_first(&m->tree, start, end - 1); n;
+	     n = next) {
+		next = interval_tree_iter_next(n, start, end - 1);
+		region_hit_locked(m, container_of(n, struct rdmax_region, node),
+				  start, end, kind);
+	}
+}
+
+static int rdmax_mm_start(struct mmu_notifier *mn,
+			  const struct mmu_notifier_range *range)
+{
+	struct rdmax_mm *m = container_of(mn, struct rdmax_mm, notifier);
+
+	if (!changes_pages(range->event))
+		return 0;
+	spin_lock(&m->lock);
+	m->active++;
+	hit_overlapping_locked(m, range->start, range->end,
+			       event_kind(range->event));
+	spin_unlock(&m->lock);
+	return 0;
+}
+
+static void rdmax_mm_end(struct mmu_notifier *mn,
+			 const struct mmu_notifier_range *range)
+{
+	struct rdmax_mm *m = container_of(mn, struct rdmax_mm, notifier);
+	bool idle;
+
+	if (!changes_pages(range->event))
+		return;
+	spin_lock(&m->lock);
+	if (m->active) /* paired with start, but never below zero */
+		m->active--;
+	idle = !m->active;
+	spin_unlock(&m->lock);
+	if (idle)
+		wake_up_all(&m->idle);
+}
+
+/* The address space is going away (exit): every range hears it. */
+static void rdmax_mm_release(struct mmu_notifier *mn, struct mm_struct *mm)
+{
+	struct rdmax_mm *m = container_of(mn, struct rdmax_mm, notifier);
+
+	spin_lock(&m->lock);
+	hit_overlapping_locked(m, 0, ULONG_MAX, RDMAX_EVENT_RELEASE);
+	spin_unlock(&m->lock);
+}
+
+static struct mmu_notifier *rdmax_mm_alloc(struct mm_struct *mm)
+{
+	struct rdmax_mm *m = kzalloc(sizeof(*m), GFP_KERNEL_ACCOUNT);
+
+	if (!m)
+		return ERR_PTR(-ENOMEM);
+	spin_lock_init(&m->lock);
+	m->tree = RB_ROOT_CACHED;
+	init_waitqueue_head(&m->idle);
+	return &m->notifier;
+}
+
+static void rdmax_mm_free(struct mmu_notifier *mn)
+{
+	kfree(container_of(mn, struct rdmax_mm, notifier));
+}
+
+static const struct mmu_notifier_ops rdmax_mm_ops = {
+	.release = rdmax_mm_release,
+	.invalidate_range_start = rdmax_mm_start,
+	.invalidate_range_end = rdmax_mm_end,
+	.alloc_notifier = rdmax_mm_alloc,
+	.free_notifier = rdmax_mm_free,
 };
 
 /* Whether VMAs cover every byte of [start, end). Under mmap_read_lock. */
@@ -463,31 +565,34 @@ static void dequeue_locked(struct rdmax_file *f, struct rdmax_region *r)
 	}
 }
 
-/* Takes r out of f->regions, under f->ioctl_lock. Its slot is free from here
- * on, but r stays in the notifier tree until region_free() (longer if an
- * invalidation is running), so first it is made dead: its token reads invalid,
- * its queued event goes, and its callback no longer writes the status slot,
- * which would make the next owner's generation odd (a spurious invalidation)
- * and move the slot's generation back, to be handed out a second time.
+/* Takes r out of f->regions and its address space's tree, under
+ * f->ioctl_lock. Its slot is free from here on, so first it is made dead: its
+ * token reads invalid and its queued event goes; and out of the tree, no
+ * callback writes the slot again, which would make the next owner's
+ * generation odd (a spurious invalidation) and move the slot's generation
+ * back, to be handed out a second time.
  */
 static void region_retire(struct rdmax_file *f, struct rdmax_region *r)
 {
+	struct rdmax_mm *m = f->watch;
+
+	spin_lock(&m->lock);
+	if (r->in_tree) {
+		interval_tree_remove(&r->node, &m->tree);
+		r->in_tree = false;
+	}
 	spin_lock(&f->lock);
 	r->dead = true;
 	make_invalid_locked(f, r);
 	dequeue_locked(f, r);
 	spin_unlock(&f->lock);
+	spin_unlock(&m->lock);
 	xa_erase(&f->regions, r->slot);
 }
 
-/* Stops watching r and frees it; r is no longer in f->regions. May sleep. */
+/* Frees r, retired (or never watched). */
 static void region_free(struct rdmax_file *f, struct rdmax_region *r)
 {
-	/* Waits for a running invalidate of r to finish. */
-	mmu_interval_notifier_remove(&r->notifier);
-	spin_lock(&f->lock);
-	dequeue_locked(f, r);
-	spin_unlock(&f->lock);
 	kmem_cache_free(region_cache, r);
 	uncharge(f->user, RDMAX_REGIONS, 1);
 }
@@ -496,10 +601,9 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 {
 	struct rdmax_monitor req;
 	struct rdmax_region *r;
-	unsigned long seq;
 	u64 generation;
 	u32 slot;
-	bool mapped, changed;
+	bool mapped, changed, busy;
 	int ret;
 
 	if (copy_from_user(&req, arg, sizeof(req)))
@@ -553,28 +657,35 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	smp_store_release(generation_of(f, slot), generation);
 	spin_unlock(&f->lock);
 
-	ret = mmu_interval_notifier_insert(&r->notifier, f->mm, r->start,
-					   req.len, &rdmax_notifier_ops);
-	if (ret) {
-		region_retire(f, r); /* not in the tree: nothing to wait for */
-		goto locked;
-	}
+	/* Watched from here on: any invalidation that starts now hits it. */
+	r->node.start = r->start;
+	r->node.last = r->end - 1;
+	spin_lock(&f->watch->lock);
+	interval_tree_insert(&r->node, &f->watch->tree);
+	r->in_tree = true;
+	busy = f->watch->active != 0;
+	spin_unlock(&f->watch->lock);
 	race_gate_wait();
-	/* The range must be mapped, and stay so while we look: a munmap that
-	 * races with MONITOR either ran before the notifier (the range is not
-	 * mapped: EFAULT) or after it (the callback saw it: EAGAIN).
+	/* One that started before may still be replacing pages it did not
+	 * tell r about: wait until none is in progress (as
+	 * mmu_interval_read_begin() does), a bounded time.
 	 */
-	seq = mmu_interval_read_begin(&r->notifier);
+	if (busy && !wait_event_timeout(f->watch->idle,
+					!READ_ONCE(f->watch->active), HZ / 10)) {
+		ret = -EAGAIN;
+		goto undo;
+	}
+	/* The range must be mapped, and stay so while we look: a munmap that
+	 * races with MONITOR either ran before the insert (the range is not
+	 * mapped: EFAULT) or after it (r was hit: EAGAIN). An invalidation
+	 * that left the range mapped (MADV_DONTNEED) made r invalid too: a
+	 * token MONITOR answers is never invalid from its first check.
+	 */
 	mmap_read_lock(f->mm);
 	mapped = range_mapped(f->mm, r->start, r->end);
 	mmap_read_unlock(f->mm);
-	/* An invalidation that ran between the insert and read_begin() left
-	 * the sequence alone but the generation odd: the token would be
-	 * invalid from its first check, so that is a change too.
-	 */
 	spin_lock(&f->lock);
-	changed = mmu_interval_read_retry(&r->notifier, seq) ||
-		  (r->generation & 1);
+	changed = r->generation & 1;
 	spin_unlock(&f->lock);
 	if (!mapped || changed) {
 		ret = mapped ? -EAGAIN : -EFAULT;
@@ -862,6 +973,7 @@ static int status_alloc(struct rdmax_file *f)
 
 static int rdmax_open(struct inode *inode, struct file *file)
 {
+	struct mmu_notifier *watch;
 	struct rdmax_file *f;
 	int ret;
 
@@ -875,11 +987,20 @@ static int rdmax_open(struct inode *inode, struct file *file)
 		kfree(f);
 		return -ENOMEM;
 	}
+	/* The address space's notifier and tree: made by its first file */
+	watch = mmu_notifier_get(&rdmax_mm_ops, current->mm);
+	if (IS_ERR(watch)) {
+		user_put(f->user);
+		kfree(f);
+		return PTR_ERR(watch);
+	}
+	f->watch = container_of(watch, struct rdmax_mm, notifier);
 	f->status_bytes = PAGE_ALIGN(RDMAX_STATUS_GENERATIONS +
 				     (size_t)max_regions * sizeof(__u64));
 	ret = status_alloc(f);
 	if (ret) {
 		status_free(f);
+		mmu_notifier_put(watch);
 		user_put(f->user);
 		kfree(f);
 		return ret;
@@ -899,7 +1020,7 @@ static int rdmax_open(struct inode *inode, struct file *file)
 }
 
 /* On close, and at process exit (after the address space is gone: the
- * notifiers saw RELEASE; mmgrab kept the structure they hang on).
+ * notifier saw RELEASE; mmgrab kept the structure it hangs on).
  */
 static int rdmax_release(struct inode *inode, struct file *file)
 {
@@ -908,10 +1029,14 @@ static int rdmax_release(struct inode *inode, struct file *file)
 	unsigned long slot;
 
 	xa_for_each(&f->regions, slot, r) {
-		xa_erase(&f->regions, slot);
+		region_retire(f, r);
 		region_free(f, r);
 	}
 	xa_destroy(&f->regions);
+	/* the address space's last file frees its tree, after a grace period
+	 * (rdmax_exit waits for those)
+	 */
+	mmu_notifier_put(&f->watch->notifier);
 	mmdrop(f->mm);
 	status_free(f);
 	user_put(f->user);
@@ -975,6 +1100,10 @@ static int __init rdmax_init(void)
 static void __exit rdmax_exit(void)
 {
 	misc_deregister(&rdmax_misc);
+	/* the trees of address spaces whose last file closed are freed by
+	 * rdmax_mm_free() after a grace period: before this module goes
+	 */
+	mmu_notifier_synchronize();
 	kmem_cache_destroy(region_cache);
 	xa_destroy(&users); /* empty: every file has closed */
 }

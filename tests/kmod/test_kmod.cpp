@@ -839,6 +839,62 @@ long param_or(const std::string& name) {
     return in ? v : -1;
 }
 
+/// The module's test-build counter of watched ranges that invalidations
+/// visited (kmod/build --test-hooks); FAILs as root when absent.
+long watch_visits() {
+    const long v = param_or("watch_visits");
+    if (v < 0)
+        FAIL("the module has no test hooks: build it with kmod/build --test-hooks");
+    return v;
+}
+
+TEST_CASE("kmod: overlapping watches cost one visit per invalidation, not one per watch") {
+    if (geteuid() != 0) {
+        WARN("not root: the module's test counters are not read; not run");
+        return;
+    }
+    // 1024 watches of one page, over 4 files of this process: what one user's
+    // 262 144 watches of a dirty shared file did to writeback, smaller.
+    std::vector<std::unique_ptr<device>> files;
+    for (int i = 0; i < 4; ++i)
+        files.push_back(std::make_unique<device>());
+    std::byte* p = map(1);
+    std::vector<std::pair<const device*, rdmax_monitor>> all;
+    for (int i = 0; i < 1024; ++i) {
+        const device& d = *files[static_cast<std::size_t>(i % 4)];
+        all.emplace_back(&d, d.watch(p, page));
+    }
+    // Write protection leaves the pages where they were (writeback's
+    // page_mkclean, fork, mprotect): no watch needs to hear of it.
+    const long v0 = watch_visits();
+    for (int i = 0; i < 8; ++i) {
+        REQUIRE(mprotect(p, page, PROT_READ) == 0);
+        REQUIRE(mprotect(p, page, PROT_READ | PROT_WRITE) == 0);
+    }
+    const long protect_visits = watch_visits() - v0;
+    // The first drop of the page tells each watch once; a second, nobody.
+    REQUIRE(madvise(p, page, MADV_DONTNEED) == 0);
+    const long first_drop = watch_visits() - v0 - protect_visits;
+    REQUIRE(madvise(p, page, MADV_DONTNEED) == 0);
+    const long second_drop = watch_visits() - v0 - protect_visits - first_drop;
+    fmt::print("1024 watches of one page: 16 mprotects visited {} watches, a MADV_DONTNEED {}, "
+               "a second one {}\n",
+               protect_visits, first_drop, second_drop);
+    CHECK(protect_visits <= 16);
+    CHECK(first_drop <= 1024);
+    CHECK(second_drop <= 1);
+    std::size_t invalid = 0, events = 0;
+    for (const auto& [d, m] : all)
+        invalid += !d->valid(m);
+    for (const auto& d : files)
+        events += d->events().size();
+    CHECK(invalid == all.size()); // each still hears it, once
+    CHECK(events == all.size());
+    for (const auto& [d, m] : all)
+        CHECK(d->unwatch(m) == 0);
+    munmap(p, page);
+}
+
 /// Sets a module parameter for a scope where the module has it (the previous
 /// value back at the end); does nothing where it has not.
 class module_param_if_any {

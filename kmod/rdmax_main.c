@@ -170,7 +170,7 @@ enum rdmax_limit { RDMAX_USER_MAX, RDMAX_TOTAL_MAX, RDMAX_USER_MIN };
 
 /* What one user holds, shared by that user's open files. */
 struct rdmax_user {
-	u32 uid; /* in the initial user namespace */
+	u32 uid;	    /* in the initial user namespace */
 	unsigned int files; /* under users_mutex */
 	atomic_long_t used[RDMAX_BUDGETS];
 };
@@ -185,11 +185,11 @@ static atomic64_t files_open = ATOMIC64_INIT(0);
 static unsigned long budget_limit(enum rdmax_budget b, enum rdmax_limit l)
 {
 	static unsigned int *const params[RDMAX_BUDGETS][3] = {
-		[RDMAX_REGIONS] = { &max_user_regions, &max_total_regions,
-				    &min_user_regions },
-		[RDMAX_STATUS_PAGES] = { &max_user_status_kib,
-					 &max_total_status_kib,
-					 &min_user_status_kib },
+		[RDMAX_REGIONS] = {&max_user_regions, &max_total_regions,
+				   &min_user_regions},
+		[RDMAX_STATUS_PAGES] = {&max_user_status_kib,
+					&max_total_status_kib,
+					&min_user_status_kib},
 	};
 	unsigned long v = READ_ONCE(*params[b][l]);
 
@@ -318,7 +318,7 @@ struct rdmax_region {
 struct rdmax_file {
 	/* mmgrab()bed: the structure, not the address space */
 	struct mm_struct *mm;
-	struct rdmax_mm *watch; /* mm's, shared with its other files */
+	struct rdmax_mm *watch;	 /* mm's, shared with its other files */
 	struct mutex ioctl_lock; /* MONITOR / UNMONITOR */
 	spinlock_t lock; /* generations, the event queue, invalidate seqs */
 	struct xarray regions; /* slot -> region */
@@ -670,8 +670,9 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	 * tell r about: wait until none is in progress (as
 	 * mmu_interval_read_begin() does), a bounded time.
 	 */
-	if (busy && !wait_event_timeout(f->watch->idle,
-					!READ_ONCE(f->watch->active), HZ / 10)) {
+	if (busy &&
+	    !wait_event_timeout(f->watch->idle, !READ_ONCE(f->watch->active),
+				HZ / 10)) {
 		ret = -EAGAIN;
 		goto undo;
 	}
@@ -917,15 +918,15 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 	if (foreign(f))
 		return -EBADF;
 	if (vma->vm_flags & (VM_WRITE | VM_EXEC))
-		return -EPERM; /* the status area is data, the module's to write */
+		return -EPERM; /* data, the module's to write */
 	if (vma->vm_pgoff != 0 ||
 	    vma->vm_end - vma->vm_start > PAGE_ALIGN(f->status_bytes))
 		return -EINVAL;
-	/* Nor may mprotect() make it writable or executable later. Pages are inserted as
-	 * they are touched (VM_MIXEDMAP must be set here, under mmap_lock
-	 * held for writing, for vm_insert_page() at fault time). A forked
-	 * child does not get the mapping (VM_DONTCOPY): the area shows this
-	 * address space's ranges, live, and the child has its own. VM_IO
+	/* Nor may mprotect() make it writable or executable later. Pages are
+	 * inserted as they are touched (VM_MIXEDMAP must be set here, under
+	 * mmap_lock held for writing, for vm_insert_page() at fault time). A
+	 * forked child does not get the mapping (VM_DONTCOPY): the area shows
+	 * this address space's ranges, live, and the child has its own. VM_IO
 	 * makes madvise(MADV_DOFORK) refuse to clear that (EINVAL), and
 	 * get_user_pages() refuse the area.
 	 */

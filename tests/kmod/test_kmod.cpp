@@ -856,10 +856,12 @@ TEST_CASE("kmod: overlapping watches cost one visit per invalidation, not one pe
     // 1024 watches of one page, over 4 files of this process: what one user's
     // 262 144 watches of a dirty shared file did to writeback, smaller.
     std::vector<std::unique_ptr<device>> files;
+    files.reserve(4);
     for (int i = 0; i < 4; ++i)
         files.push_back(std::make_unique<device>());
     std::byte* p = map(1);
     std::vector<std::pair<const device*, rdmax_monitor>> all;
+    all.reserve(1024);
     for (int i = 0; i < 1024; ++i) {
         const device& d = *files[static_cast<std::size_t>(i % 4)];
         all.emplace_back(&d, d.watch(p, page));

@@ -4,20 +4,31 @@
  * for RDMA was unmapped or had its pages replaced, so that a registration
  * cache never hands out a registration over pages the process no longer maps.
  *
- * One mmu_interval_notifier per watched range. Its invalidate callback may run
- * where sleeping is forbidden, so it takes one spinlock and allocates nothing:
- * it makes the range's generation odd in the status area (read-only to user
- * space), bumps the global counter, queues at most one event per range and
- * wakes readers, all before the unmap returns. Unlike a deferred worker, this
- * means that when munmap() returns, user space already sees the change.
+ * One MMU notifier per address space, shared by every file opened in it, and
+ * an interval tree of the ranges they watch that are still valid. Its
+ * invalidate callback may run where sleeping is forbidden, so it takes two
+ * spinlocks and allocates nothing: for each watched range the invalidation
+ * overlaps, it makes the range's generation odd in the status area (read-only
+ * to user space), bumps the counter, queues the range's one event, wakes
+ * readers and takes the range out of the tree, all before the unmap returns.
+ * Unlike a deferred worker, this means that when munmap() returns, user space
+ * already sees the change. Each watch is visited once in its life, and an
+ * invalidation that leaves the pages in place (write protection for writeback
+ * or fork, mprotect) visits none: however many watches overlap, what they cost
+ * the kernel's own work (writeback, reclaim, other users' truncates) is one
+ * callback per invalidation of the address space, not one per watch (with an
+ * interval notifier per watch, N overlapping watches were N callbacks per
+ * page).
  *
  * What user space can write holds nothing the module relies on: slot numbers
  * come from an xarray and generations from the module's own copy; the status
  * area is only ever mapped read-only.
  */
+#include <linux/capability.h>
 #include <linux/cred.h>
 #include <linux/delay.h>
 #include <linux/fs.h>
+#include <linux/interval_tree.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/mmu_notifier.h>
@@ -41,14 +52,37 @@ static unsigned int max_regions = 65536;
 module_param(max_regions, uint, 0444);
 MODULE_PARM_DESC(max_regions, "ranges one open file may watch (default 65536)");
 
-/* A test hook: the kmod suite widens two windows where a racing unmap must
- * still be handled: in MONITOR between its last look at the range and its
- * answer, and in UNMONITOR between freeing the slot and removing the notifier.
+#ifdef RDMAX_TEST_HOOKS
+/* Test hooks, built only for the kmod suite (kmod/build --test-hooks): never
+ * in a production module, where a sleep under ioctl_lock would be a way to
+ * stall the file's other threads.
+ *
+ * race_window_us widens two windows where a racing unmap must still be
+ * handled: in MONITOR between its last look at the range and its answer, and
+ * in UNMONITOR between freeing the slot and freeing the region.
+ *
+ * race_gate holds MONITOR right after its watch is in place (before it checks
+ * the range) until the test moves race_release on (or 5 s pass), counting
+ * race_entered when it stops there: the test invalidates the range inside the
+ * window, with no timing involved.
+ *
+ * watch_visits counts the watched ranges that invalidations visited.
  */
 static unsigned int race_window_us;
 module_param(race_window_us, uint, 0644);
 MODULE_PARM_DESC(race_window_us,
 		 "test hook: microseconds to sleep in MONITOR/UNMONITOR races");
+static unsigned int race_gate, race_entered, race_release;
+module_param(race_gate, uint, 0644);
+MODULE_PARM_DESC(race_gate, "test hook: 1 holds MONITOR after its insert");
+module_param(race_entered, uint, 0444);
+MODULE_PARM_DESC(race_entered, "test hook: MONITORs held at the gate");
+module_param(race_release, uint, 0644);
+MODULE_PARM_DESC(race_release, "test hook: a new value lets the gate go");
+static unsigned long watch_visits;
+module_param(watch_visits, ulong, 0444);
+MODULE_PARM_DESC(watch_visits, "test hook: ranges visited by invalidations");
+MODULE_INFO(rdmax_test_hooks, "yes");
 
 static void race_window(void)
 {
@@ -58,11 +92,49 @@ static void race_window(void)
 		usleep_range(us, us + us / 2);
 }
 
+static void race_gate_wait(void)
+{
+	unsigned int release = READ_ONCE(race_release);
+	int ms;
+
+	if (!READ_ONCE(race_gate))
+		return;
+	WRITE_ONCE(race_entered, race_entered + 1);
+	for (ms = 0; ms < 5000 && READ_ONCE(race_release) == release; ms++)
+		msleep(1);
+}
+
+static void count_visit(void)
+{
+	WRITE_ONCE(watch_visits, watch_visits + 1);
+}
+#else
+static inline void race_window(void)
+{
+}
+
+static inline void race_gate_wait(void)
+{
+}
+
+static inline void count_visit(void)
+{
+}
+#endif
+
 /* Budgets. Any user may open the device (mode 0666, like the uverbs
  * devices), so these limits, not the file mode, bound what one user, and all
  * of them, can make the kernel keep: watched regions, and status-area pages
  * (one per open file, more only as its slots are used). A refusal is ENOSPC,
  * which rdmax's user space turns into "registered per use, not cached".
+ *
+ * A user is a uid of the initial user namespace; a process in another user
+ * namespace is charged to the user who made its outermost one, as inotify's
+ * ucounts charge at that level: uids mapped from a subordinate range, or made
+ * up inside a namespace, are that user's, not budgets of their own. (The
+ * ucounts calls themselves are not exported to modules on 6.1, and on 7.x to
+ * binfmt_misc only.) Each user keeps a minimum however full the module's
+ * budget is, so that a few users cannot leave the rest none.
  */
 static unsigned int max_user_regions = 262144;
 module_param(max_user_regions, uint, 0644);
@@ -82,12 +154,23 @@ static unsigned int max_total_status_kib = 262144;
 module_param(max_total_status_kib, uint, 0644);
 MODULE_PARM_DESC(max_total_status_kib,
 		 "status-area KiB all open files may hold (default 262144)");
+static unsigned int min_user_regions = 1024;
+module_param(min_user_regions, uint, 0644);
+MODULE_PARM_DESC(min_user_regions,
+		 "ranges each user may watch even when max_total_regions "
+		 "is spent (default 1024)");
+static unsigned int min_user_status_kib = 256;
+module_param(min_user_status_kib, uint, 0644);
+MODULE_PARM_DESC(min_user_status_kib,
+		 "status-area KiB each user may hold even when "
+		 "max_total_status_kib is spent (default 256)");
 
 enum rdmax_budget { RDMAX_REGIONS, RDMAX_STATUS_PAGES, RDMAX_BUDGETS };
+enum rdmax_limit { RDMAX_USER_MAX, RDMAX_TOTAL_MAX, RDMAX_USER_MIN };
 
-/* What one user (by uid) holds, shared by that user's open files. */
+/* What one user holds, shared by that user's open files. */
 struct rdmax_user {
-	u32 uid;
+	u32 uid;	    /* in the initial user namespace */
 	unsigned int files; /* under users_mutex */
 	atomic_long_t used[RDMAX_BUDGETS];
 };
@@ -99,16 +182,18 @@ static atomic_long_t total_used[RDMAX_BUDGETS];
 static struct kmem_cache *region_cache;
 static atomic64_t files_open = ATOMIC64_INIT(0);
 
-static unsigned long budget_limit(enum rdmax_budget b, bool total)
+static unsigned long budget_limit(enum rdmax_budget b, enum rdmax_limit l)
 {
-	unsigned int kib_per_page = PAGE_SIZE / 1024;
+	static unsigned int *const params[RDMAX_BUDGETS][3] = {
+		[RDMAX_REGIONS] = {&max_user_regions, &max_total_regions,
+				   &min_user_regions},
+		[RDMAX_STATUS_PAGES] = {&max_user_status_kib,
+					&max_total_status_kib,
+					&min_user_status_kib},
+	};
+	unsigned long v = READ_ONCE(*params[b][l]);
 
-	if (b == RDMAX_REGIONS)
-		return total ? READ_ONCE(max_total_regions)
-			     : READ_ONCE(max_user_regions);
-	return (total ? READ_ONCE(max_total_status_kib)
-		      : READ_ONCE(max_user_status_kib)) /
-	       kib_per_page;
+	return b == RDMAX_REGIONS ? v : v / (PAGE_SIZE / 1024);
 }
 
 static bool take(atomic_long_t *used, unsigned long limit)
@@ -121,13 +206,22 @@ static bool take(atomic_long_t *used, unsigned long limit)
 }
 
 /* Takes one unit of b from u's budget and the module's; false if either
- * is spent.
+ * is spent. Within the user's minimum the module's budget counts the unit
+ * but does not refuse it.
  */
 static bool charge(struct rdmax_user *u, enum rdmax_budget b)
 {
-	if (!take(&u->used[b], budget_limit(b, false)))
+	long mine = atomic_long_inc_return(&u->used[b]);
+
+	if (mine > (long)budget_limit(b, RDMAX_USER_MAX)) {
+		atomic_long_dec(&u->used[b]);
 		return false;
-	if (!take(&total_used[b], budget_limit(b, true))) {
+	}
+	if (mine <= (long)budget_limit(b, RDMAX_USER_MIN)) {
+		atomic_long_inc(&total_used[b]);
+		return true;
+	}
+	if (!take(&total_used[b], budget_limit(b, RDMAX_TOTAL_MAX))) {
 		atomic_long_dec(&u->used[b]);
 		return false;
 	}
@@ -140,10 +234,25 @@ static void uncharge(struct rdmax_user *u, enum rdmax_budget b, long n)
 	atomic_long_sub(n, &total_used[b]);
 }
 
+/* Who pays for the caller: its uid, or in another user namespace the
+ * owner of the outermost one (see Budgets).
+ */
+static u32 budget_owner(void)
+{
+	const struct user_namespace *ns = current_user_ns();
+	kuid_t uid = current_uid();
+
+	while (ns != &init_user_ns) {
+		uid = ns->owner;
+		ns = ns->parent;
+	}
+	return from_kuid_munged(&init_user_ns, uid);
+}
+
 /* The opener's budget, made on its first open file. */
 static struct rdmax_user *user_get(void)
 {
-	u32 uid = from_kuid_munged(&init_user_ns, current_uid());
+	u32 uid = budget_owner();
 	struct rdmax_user *u;
 
 	mutex_lock(&users_mutex);
@@ -175,15 +284,28 @@ static void user_put(struct rdmax_user *u)
 
 struct rdmax_file;
 
+/* The watched ranges of one address space, of all its files. */
+struct rdmax_mm {
+	struct mmu_notifier notifier; /* mmu_notifier_get()'s, one per mm */
+	spinlock_t lock; /* the tree, active; taken before any file's lock */
+	struct rb_root_cached tree; /* ranges still valid */
+	/* Invalidations that change pages in progress, and MONITORs waiting
+	 * for them to end.
+	 */
+	unsigned long active;
+	wait_queue_head_t idle;
+};
+
 struct rdmax_region {
-	struct mmu_interval_notifier notifier;
+	/* [start, end - 1], in the address space's tree while in_tree */
+	struct interval_tree_node node;
+	bool in_tree; /* under the rdmax_mm's lock */
 	struct rdmax_file *file;
 	u64 start, end, cookie;
 	u64 generation; /* the module's copy; odd once invalidated */
 	u32 slot;
-	/* Retired: its slot is (or may soon be) another region's, so its
-	 * callback, which may run until the notifier is removed, touches
-	 * nothing. Under file->lock.
+	/* Retired: its slot is (or may soon be) another region's. Out of
+	 * the tree, so no callback touches it. Under file->lock.
 	 */
 	bool dead;
 	/* The queued event (at most one per region), under file->lock. */
@@ -196,6 +318,7 @@ struct rdmax_region {
 struct rdmax_file {
 	/* mmgrab()bed: the structure, not the address space */
 	struct mm_struct *mm;
+	struct rdmax_mm *watch;	 /* mm's, shared with its other files */
 	struct mutex ioctl_lock; /* MONITOR / UNMONITOR */
 	spinlock_t lock; /* generations, the event queue, invalidate seqs */
 	struct xarray regions; /* slot -> region */
@@ -300,27 +423,30 @@ static bool make_invalid_locked(struct rdmax_file *f, struct rdmax_region *r)
 	return true;
 }
 
-static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
-			     const struct mmu_notifier_range *range,
-			     unsigned long cur_seq)
+/* Tells r of an invalidation of [start, end): its generation goes odd and its
+ * one event is queued; and takes it out of the tree, since it stays invalid
+ * for good. Under m->lock.
+ */
+static void region_hit_locked(struct rdmax_mm *m, struct rdmax_region *r,
+			      u64 start, u64 end, u32 kind)
 {
-	struct rdmax_region *r =
-		container_of(notifier, struct rdmax_region, notifier);
 	struct rdmax_file *f = r->file;
 	bool wake = false;
 
+	count_visit();
+	interval_tree_remove(&r->node, &m->tree);
+	r->in_tree = false;
 	spin_lock(&f->lock);
-	mmu_interval_set_seq(notifier, cur_seq);
-	if (!r->dead && changes_pages(range->event)) {
+	if (!r->dead) {
 		if (make_invalid_locked(f, r)) {
 			f->invalidations++;
 			WRITE_ONCE(f->status->invalidations, f->invalidations);
 		}
 		if (!r->queued) {
 			r->queued = true;
-			r->kind = event_kind(range->event);
-			r->hit_start = max_t(u64, range->start, r->start);
-			r->hit_end = min_t(u64, range->end, r->end);
+			r->kind = kind;
+			r->hit_start = max_t(u64, start, r->start);
+			r->hit_end = min_t(u64, end, r->end);
 			list_add_tail(&r->event_link, &f->events);
 			WRITE_ONCE(f->status->pending_events,
 				   f->status->pending_events + 1);
@@ -330,11 +456,87 @@ static bool rdmax_invalidate(struct mmu_interval_notifier *notifier,
 	spin_unlock(&f->lock);
 	if (wake)
 		wake_up_interruptible(&f->wait);
-	return true;
 }
 
-static const struct mmu_interval_notifier_ops rdmax_notifier_ops = {
-	.invalidate = rdmax_invalidate,
+/* Every still-valid range overlapping [start, end). Under m->lock. */
+static void hit_overlapping_locked(struct rdmax_mm *m, u64 start, u64 end,
+				   u32 kind)
+{
+	struct interval_tree_node *n, *next;
+
+	for (n = interval_tree_iter_first(&m->tree, start, end - 1); n;
+	     n = next) {
+		next = interval_tree_iter_next(n, start, end - 1);
+		region_hit_locked(m, container_of(n, struct rdmax_region, node),
+				  start, end, kind);
+	}
+}
+
+static int rdmax_mm_start(struct mmu_notifier *mn,
+			  const struct mmu_notifier_range *range)
+{
+	struct rdmax_mm *m = container_of(mn, struct rdmax_mm, notifier);
+
+	if (!changes_pages(range->event))
+		return 0;
+	spin_lock(&m->lock);
+	m->active++;
+	hit_overlapping_locked(m, range->start, range->end,
+			       event_kind(range->event));
+	spin_unlock(&m->lock);
+	return 0;
+}
+
+static void rdmax_mm_end(struct mmu_notifier *mn,
+			 const struct mmu_notifier_range *range)
+{
+	struct rdmax_mm *m = container_of(mn, struct rdmax_mm, notifier);
+	bool idle;
+
+	if (!changes_pages(range->event))
+		return;
+	spin_lock(&m->lock);
+	if (m->active) /* paired with start, but never below zero */
+		m->active--;
+	idle = !m->active;
+	spin_unlock(&m->lock);
+	if (idle)
+		wake_up_all(&m->idle);
+}
+
+/* The address space is going away (exit): every range hears it. */
+static void rdmax_mm_release(struct mmu_notifier *mn, struct mm_struct *mm)
+{
+	struct rdmax_mm *m = container_of(mn, struct rdmax_mm, notifier);
+
+	spin_lock(&m->lock);
+	hit_overlapping_locked(m, 0, ULONG_MAX, RDMAX_EVENT_RELEASE);
+	spin_unlock(&m->lock);
+}
+
+static struct mmu_notifier *rdmax_mm_alloc(struct mm_struct *mm)
+{
+	struct rdmax_mm *m = kzalloc(sizeof(*m), GFP_KERNEL_ACCOUNT);
+
+	if (!m)
+		return ERR_PTR(-ENOMEM);
+	spin_lock_init(&m->lock);
+	m->tree = RB_ROOT_CACHED;
+	init_waitqueue_head(&m->idle);
+	return &m->notifier;
+}
+
+static void rdmax_mm_free(struct mmu_notifier *mn)
+{
+	kfree(container_of(mn, struct rdmax_mm, notifier));
+}
+
+static const struct mmu_notifier_ops rdmax_mm_ops = {
+	.release = rdmax_mm_release,
+	.invalidate_range_start = rdmax_mm_start,
+	.invalidate_range_end = rdmax_mm_end,
+	.alloc_notifier = rdmax_mm_alloc,
+	.free_notifier = rdmax_mm_free,
 };
 
 /* Whether VMAs cover every byte of [start, end). Under mmap_read_lock. */
@@ -363,31 +565,34 @@ static void dequeue_locked(struct rdmax_file *f, struct rdmax_region *r)
 	}
 }
 
-/* Takes r out of f->regions, under f->ioctl_lock. Its slot is free from here
- * on, but r stays in the notifier tree until region_free() (longer if an
- * invalidation is running), so first it is made dead: its token reads invalid,
- * its queued event goes, and its callback no longer writes the status slot,
- * which would make the next owner's generation odd (a spurious invalidation)
- * and move the slot's generation back, to be handed out a second time.
+/* Takes r out of f->regions and its address space's tree, under
+ * f->ioctl_lock. Its slot is free from here on, so first it is made dead: its
+ * token reads invalid and its queued event goes; and out of the tree, no
+ * callback writes the slot again, which would make the next owner's
+ * generation odd (a spurious invalidation) and move the slot's generation
+ * back, to be handed out a second time.
  */
 static void region_retire(struct rdmax_file *f, struct rdmax_region *r)
 {
+	struct rdmax_mm *m = f->watch;
+
+	spin_lock(&m->lock);
+	if (r->in_tree) {
+		interval_tree_remove(&r->node, &m->tree);
+		r->in_tree = false;
+	}
 	spin_lock(&f->lock);
 	r->dead = true;
 	make_invalid_locked(f, r);
 	dequeue_locked(f, r);
 	spin_unlock(&f->lock);
+	spin_unlock(&m->lock);
 	xa_erase(&f->regions, r->slot);
 }
 
-/* Stops watching r and frees it; r is no longer in f->regions. May sleep. */
+/* Frees r, retired (or never watched). */
 static void region_free(struct rdmax_file *f, struct rdmax_region *r)
 {
-	/* Waits for a running invalidate of r to finish. */
-	mmu_interval_notifier_remove(&r->notifier);
-	spin_lock(&f->lock);
-	dequeue_locked(f, r);
-	spin_unlock(&f->lock);
 	kmem_cache_free(region_cache, r);
 	uncharge(f->user, RDMAX_REGIONS, 1);
 }
@@ -396,10 +601,9 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 {
 	struct rdmax_monitor req;
 	struct rdmax_region *r;
-	unsigned long seq;
 	u64 generation;
 	u32 slot;
-	bool mapped, changed;
+	bool mapped, changed, busy;
 	int ret;
 
 	if (copy_from_user(&req, arg, sizeof(req)))
@@ -453,22 +657,36 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	smp_store_release(generation_of(f, slot), generation);
 	spin_unlock(&f->lock);
 
-	ret = mmu_interval_notifier_insert(&r->notifier, f->mm, r->start,
-					   req.len, &rdmax_notifier_ops);
-	if (ret) {
-		region_retire(f, r); /* not in the tree: nothing to wait for */
-		goto locked;
+	/* Watched from here on: any invalidation that starts now hits it. */
+	r->node.start = r->start;
+	r->node.last = r->end - 1;
+	spin_lock(&f->watch->lock);
+	interval_tree_insert(&r->node, &f->watch->tree);
+	r->in_tree = true;
+	busy = f->watch->active != 0;
+	spin_unlock(&f->watch->lock);
+	race_gate_wait();
+	/* One that started before may still be replacing pages it did not
+	 * tell r about: wait until none is in progress (as
+	 * mmu_interval_read_begin() does), a bounded time.
+	 */
+	if (busy &&
+	    !wait_event_timeout(f->watch->idle, !READ_ONCE(f->watch->active),
+				HZ / 10)) {
+		ret = -EAGAIN;
+		goto undo;
 	}
 	/* The range must be mapped, and stay so while we look: a munmap that
-	 * races with MONITOR either ran before the notifier (the range is not
-	 * mapped: EFAULT) or after it (the callback saw it: EAGAIN).
+	 * races with MONITOR either ran before the insert (the range is not
+	 * mapped: EFAULT) or after it (r was hit: EAGAIN). An invalidation
+	 * that left the range mapped (MADV_DONTNEED) made r invalid too: a
+	 * token MONITOR answers is never invalid from its first check.
 	 */
-	seq = mmu_interval_read_begin(&r->notifier);
 	mmap_read_lock(f->mm);
 	mapped = range_mapped(f->mm, r->start, r->end);
 	mmap_read_unlock(f->mm);
 	spin_lock(&f->lock);
-	changed = mmu_interval_read_retry(&r->notifier, seq);
+	changed = r->generation & 1;
 	spin_unlock(&f->lock);
 	if (!mapped || changed) {
 		ret = mapped ? -EAGAIN : -EFAULT;
@@ -551,9 +769,15 @@ static long rdmax_do_query(struct rdmax_file *f, void __user *arg)
 	q.invalidations = f->invalidations;
 	q.events_read = f->events_read;
 	spin_unlock(&f->lock);
-	/* the module's region budget counts every region from its MONITOR on */
-	q.module_live_regions = atomic_long_read(&total_used[RDMAX_REGIONS]);
-	q.module_files = atomic64_read(&files_open);
+	/* Module-wide figures tell when other users register RDMA buffers:
+	 * for the administrator only; other callers see zero there.
+	 */
+	if (capable(CAP_SYS_ADMIN)) {
+		/* the region budget counts every region from its MONITOR on */
+		q.module_live_regions =
+			atomic_long_read(&total_used[RDMAX_REGIONS]);
+		q.module_files = atomic64_read(&files_open);
+	}
 	return copy_to_user(arg, &q, sizeof(q)) ? -EFAULT : 0;
 }
 
@@ -670,6 +894,11 @@ static vm_fault_t rdmax_status_fault(struct vm_fault *vmf)
 	struct rdmax_file *f = vmf->vma->vm_private_data;
 	struct page *page = NULL;
 
+	/* Only the opener's address space sees the area (VM_DONTCOPY keeps it
+	 * out of a forked child; this holds whatever else copies a VMA).
+	 */
+	if (vmf->vma->vm_mm != f->mm)
+		return VM_FAULT_SIGBUS;
 	if (vmf->pgoff < f->status_npages)
 		/* pairs with the release store of status_page_get() */
 		page = smp_load_acquire(&f->status_pages[vmf->pgoff]);
@@ -688,17 +917,23 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 
 	if (foreign(f))
 		return -EBADF;
-	if (vma->vm_flags & VM_WRITE)
-		return -EPERM; /* the status area is the module's to write */
+	if (vma->vm_flags & (VM_WRITE | VM_EXEC))
+		return -EPERM; /* data, the module's to write */
 	if (vma->vm_pgoff != 0 ||
 	    vma->vm_end - vma->vm_start > PAGE_ALIGN(f->status_bytes))
 		return -EINVAL;
-	/* Nor may mprotect() make it writable later. Pages are inserted as
-	 * they are touched (VM_MIXEDMAP must be set here, under mmap_lock
-	 * held for writing, for vm_insert_page() at fault time).
+	/* Nor may mprotect() make it writable or executable later. Pages are
+	 * inserted as they are touched (VM_MIXEDMAP must be set here, under
+	 * mmap_lock held for writing, for vm_insert_page() at fault time). A
+	 * forked child does not get the mapping (VM_DONTCOPY): the area shows
+	 * this address space's ranges, live, and the child has its own. VM_IO
+	 * makes madvise(MADV_DOFORK) refuse to clear that (EINVAL), and
+	 * get_user_pages() refuse the area.
 	 */
-	rdmax_vm_flags_mod(vma, VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP,
-			   VM_MAYWRITE);
+	rdmax_vm_flags_mod(vma,
+			   VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP |
+				   VM_DONTCOPY | VM_IO,
+			   VM_MAYWRITE | VM_MAYEXEC);
 	vma->vm_ops = &rdmax_status_vm_ops;
 	vma->vm_private_data = f; /* the vma holds the file, so f lives */
 	return 0;
@@ -739,6 +974,7 @@ static int status_alloc(struct rdmax_file *f)
 
 static int rdmax_open(struct inode *inode, struct file *file)
 {
+	struct mmu_notifier *watch;
 	struct rdmax_file *f;
 	int ret;
 
@@ -752,11 +988,20 @@ static int rdmax_open(struct inode *inode, struct file *file)
 		kfree(f);
 		return -ENOMEM;
 	}
+	/* The address space's notifier and tree: made by its first file */
+	watch = mmu_notifier_get(&rdmax_mm_ops, current->mm);
+	if (IS_ERR(watch)) {
+		user_put(f->user);
+		kfree(f);
+		return PTR_ERR(watch);
+	}
+	f->watch = container_of(watch, struct rdmax_mm, notifier);
 	f->status_bytes = PAGE_ALIGN(RDMAX_STATUS_GENERATIONS +
 				     (size_t)max_regions * sizeof(__u64));
 	ret = status_alloc(f);
 	if (ret) {
 		status_free(f);
+		mmu_notifier_put(watch);
 		user_put(f->user);
 		kfree(f);
 		return ret;
@@ -776,7 +1021,7 @@ static int rdmax_open(struct inode *inode, struct file *file)
 }
 
 /* On close, and at process exit (after the address space is gone: the
- * notifiers saw RELEASE; mmgrab kept the structure they hang on).
+ * notifier saw RELEASE; mmgrab kept the structure it hangs on).
  */
 static int rdmax_release(struct inode *inode, struct file *file)
 {
@@ -785,10 +1030,14 @@ static int rdmax_release(struct inode *inode, struct file *file)
 	unsigned long slot;
 
 	xa_for_each(&f->regions, slot, r) {
-		xa_erase(&f->regions, slot);
+		region_retire(f, r);
 		region_free(f, r);
 	}
 	xa_destroy(&f->regions);
+	/* the address space's last file frees its tree, after a grace period
+	 * (rdmax_exit waits for those)
+	 */
+	mmu_notifier_put(&f->watch->notifier);
 	mmdrop(f->mm);
 	status_free(f);
 	user_put(f->user);
@@ -802,6 +1051,10 @@ static const struct file_operations rdmax_fops = {
 	.open = rdmax_open,
 	.release = rdmax_release,
 	.unlocked_ioctl = rdmax_ioctl,
+	/* every argument is a pointer to a struct laid out alike for 32-bit
+	 * callers (only __u32 and naturally aligned __u64 fields)
+	 */
+	.compat_ioctl = compat_ptr_ioctl,
 	.read = rdmax_read,
 	.poll = rdmax_poll,
 	.mmap = rdmax_mmap,
@@ -828,6 +1081,10 @@ static int __init rdmax_init(void)
 	int ret;
 
 	BUILD_BUG_ON(sizeof(struct rdmax_status) != RDMAX_STATUS_GENERATIONS);
+	/* compat_ptr_ioctl: the same layout for 32-bit callers */
+	BUILD_BUG_ON(sizeof(struct rdmax_monitor) != 40);
+	BUILD_BUG_ON(sizeof(struct rdmax_unmonitor) != 16);
+	BUILD_BUG_ON(sizeof(struct rdmax_query) != 72);
 	if (max_regions == 0 || max_regions > (1U << 24))
 		return -EINVAL;
 	region_cache =
@@ -844,6 +1101,10 @@ static int __init rdmax_init(void)
 static void __exit rdmax_exit(void)
 {
 	misc_deregister(&rdmax_misc);
+	/* the trees of address spaces whose last file closed are freed by
+	 * rdmax_mm_free() after a grace period: before this module goes
+	 */
+	mmu_notifier_synchronize();
 	kmem_cache_destroy(region_cache);
 	xa_destroy(&users); /* empty: every file has closed */
 }

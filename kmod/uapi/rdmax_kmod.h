@@ -49,6 +49,7 @@ struct rdmax_query {
 	__u64 unmonitors;
 	__u64 invalidations; /* ranges made invalid */
 	__u64 events_read;
+	/* Module-wide, for CAP_SYS_ADMIN only (zero for other callers): */
 	__u64 module_live_regions; /* every file of every process: a leak shows
 				      here */
 	__u64 module_files;	   /* files open now */

@@ -8,17 +8,24 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <csetjmp>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <poll.h>
+#include <sched.h>
 #include <sstream>
 #include <string>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -26,6 +33,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/error.hpp>
 #include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/kmod_monitor.hpp>
 #include <rdmax/mem/registration_cache.hpp>
@@ -297,7 +305,8 @@ public:
         if (set_)
             return true;
         if (geteuid() == 0)
-            FAIL("cannot set /sys/module/rdmax/parameters/race_window_us");
+            FAIL("cannot set /sys/module/rdmax/parameters/race_window_us: the kmod suite needs "
+                 "the module with its test hooks (kmod/build --test-hooks)");
         WARN("not root: the race_window_us test hook is not set, its part is not run");
         return false;
     }
@@ -820,6 +829,508 @@ TEST_CASE("kmod: a user at its region budget gets ENOSPC; the cache serves it un
     CHECK(errno == ENOSPC);
     const rdmax::auto_monitor fallback(rdmax::monitor_kind::automatic);
     CHECK(fallback.kind() == rdmax::monitor_kind::uffd);
+}
+
+/// A module parameter's value, or -1 where the module has no such parameter.
+long param_or(const std::string& name) {
+    std::ifstream in("/sys/module/rdmax/parameters/" + name);
+    long v = -1;
+    in >> v;
+    return in ? v : -1;
+}
+
+/// The module's test-build counter of watched ranges that invalidations
+/// visited (kmod/build --test-hooks); FAILs as root when absent.
+long watch_visits() {
+    const long v = param_or("watch_visits");
+    if (v < 0)
+        FAIL("the module has no test hooks: build it with kmod/build --test-hooks");
+    return v;
+}
+
+TEST_CASE("kmod: overlapping watches cost one visit per invalidation, not one per watch") {
+    if (geteuid() != 0) {
+        WARN("not root: the module's test counters are not read; not run");
+        return;
+    }
+    // 1024 watches of one page, over 4 files of this process: what one user's
+    // 262 144 watches of a dirty shared file did to writeback, smaller.
+    std::vector<std::unique_ptr<device>> files;
+    files.reserve(4);
+    for (int i = 0; i < 4; ++i)
+        files.push_back(std::make_unique<device>());
+    std::byte* p = map(1);
+    std::vector<std::pair<const device*, rdmax_monitor>> all;
+    all.reserve(1024);
+    for (int i = 0; i < 1024; ++i) {
+        const device& d = *files[static_cast<std::size_t>(i % 4)];
+        all.emplace_back(&d, d.watch(p, page));
+    }
+    // Write protection leaves the pages where they were (writeback's
+    // page_mkclean, fork, mprotect): no watch needs to hear of it.
+    const long v0 = watch_visits();
+    for (int i = 0; i < 8; ++i) {
+        REQUIRE(mprotect(p, page, PROT_READ) == 0);
+        REQUIRE(mprotect(p, page, PROT_READ | PROT_WRITE) == 0);
+    }
+    const long protect_visits = watch_visits() - v0;
+    // The first drop of the page tells each watch once; a second, nobody.
+    REQUIRE(madvise(p, page, MADV_DONTNEED) == 0);
+    const long first_drop = watch_visits() - v0 - protect_visits;
+    REQUIRE(madvise(p, page, MADV_DONTNEED) == 0);
+    const long second_drop = watch_visits() - v0 - protect_visits - first_drop;
+    fmt::print("1024 watches of one page: 16 mprotects visited {} watches, a MADV_DONTNEED {}, "
+               "a second one {}\n",
+               protect_visits, first_drop, second_drop);
+    CHECK(protect_visits <= 16);
+    CHECK(first_drop <= 1024);
+    CHECK(second_drop <= 1);
+    std::size_t invalid = 0, events = 0;
+    for (const auto& [d, m] : all)
+        invalid += !d->valid(m);
+    for (const auto& d : files)
+        events += d->events().size();
+    CHECK(invalid == all.size()); // each still hears it, once
+    CHECK(events == all.size());
+    for (const auto& [d, m] : all)
+        CHECK(d->unwatch(m) == 0);
+    munmap(p, page);
+}
+
+/// Sets a module parameter for a scope where the module has it (the previous
+/// value back at the end); does nothing where it has not.
+class module_param_if_any {
+public:
+    module_param_if_any(const std::string& name, const std::string& value) {
+        if (param_or(name) >= 0)
+            set_.emplace(name, value);
+    }
+    [[nodiscard]] bool present() const { return set_.has_value(); }
+
+private:
+    std::optional<module_param> set_;
+};
+
+/// A child that runs as uid (and gid) `uid` and holds what body() made until
+/// the holder is destroyed; body writes its count into shared memory.
+class holder {
+public:
+    template <class Body>
+    holder(uid_t uid, Body body) {
+        count_ = static_cast<long*>(
+            mmap(nullptr, sizeof(long), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+        REQUIRE(count_ != MAP_FAILED);
+        *count_ = -1;
+        int ready[2], release[2];
+        REQUIRE(pipe(ready) == 0);
+        REQUIRE(pipe(release) == 0);
+        std::fflush(nullptr);
+        pid_ = fork();
+        REQUIRE(pid_ >= 0);
+        if (pid_ == 0) {
+            close(ready[0]);
+            close(release[1]);
+            alarm(60); // a deadline, should the parent never let go
+            if (setgid(uid) != 0 || setuid(uid) != 0)
+                _exit(2);
+            *count_ = body();
+            char c = 1;
+            if (::write(ready[1], &c, 1) != 1)
+                _exit(3);
+            (void)::read(release[0], &c, 1); // until the parent closes it
+            _exit(0);
+        }
+        close(ready[1]);
+        close(release[0]);
+        release_ = release[1];
+        char c = 0;
+        const ssize_t n = ::read(ready[0], &c, 1);
+        close(ready[0]);
+        REQUIRE(n == 1);
+    }
+    ~holder() {
+        close(release_);
+        int status = 0;
+        waitpid(pid_, &status, 0);
+        munmap(count_, sizeof(long));
+    }
+    holder(const holder&) = delete;
+    holder& operator=(const holder&) = delete;
+    [[nodiscard]] long count() const { return *count_; }
+
+private:
+    pid_t pid_ = -1;
+    int release_ = -1;
+    long* count_ = nullptr;
+};
+
+/// Watches pages of a fresh mapping, one range each, until the module says
+/// ENOSPC (or `most`); how many it got. The file and the mapping stay (the
+/// caller is a child that exits).
+long watch_until_refused(long most) {
+    const int fd = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    void* p = mmap(nullptr, static_cast<std::size_t>(most) * page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return -1000;
+    long n = 0;
+    for (; n < most; ++n) {
+        rdmax_monitor m{};
+        m.addr = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(n) * page;
+        m.len = page;
+        if (ioctl(fd, RDMAX_IOC_MONITOR, &m) != 0)
+            return errno == ENOSPC ? n : -errno;
+    }
+    return n;
+}
+
+/// Makes this process's root the root of a mount namespace of its own: the VM
+/// runs the suite chrooted (tests/vm/init.sh), and a chrooted process may not
+/// make a user namespace (EPERM). As root, in the namespace's copy: leave the
+/// chroot, then move the old root's mount onto the namespace's root and enter
+/// it (what switch_root does).
+bool unchroot() {
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+        return false;
+    const int old_root = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (old_root < 0 || (mkdir("/tmp/rdmax-unchroot", 0700) != 0 && errno != EEXIST) ||
+        chroot("/tmp/rdmax-unchroot") != 0)
+        return false;
+    for (int i = 0; i < 64; ++i) // the working directory is outside the root now
+        if (chdir("..") != 0)
+            return false;
+    return chroot(".") == 0 && fchdir(old_root) == 0 &&
+           mount(".", "/", nullptr, MS_MOVE, nullptr) == 0 && chroot(".") == 0 && chdir("/") == 0;
+}
+
+TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot map uids into a user namespace; not run");
+        return;
+    }
+    const module_param limit("max_user_regions", "8");
+    // nobody's own user namespace, mapping 16 uids (as newuidmap does for a
+    // user's subordinate range): its root (kuid 300000) holds 8 ranges, then
+    // its uid 1 (kuid 300001) asks for more.
+    // Debian's switch for user namespaces of unprivileged users, on for the test.
+    const char* const userns_knob = "/proc/sys/kernel/unprivileged_userns_clone";
+    std::string userns_was;
+    if (std::ifstream in(userns_knob); std::getline(in, userns_was))
+        std::ofstream(userns_knob) << "1" << std::flush;
+    struct restore {
+        const char* knob;
+        const std::string& was;
+        ~restore() {
+            if (!was.empty())
+                std::ofstream(knob) << was << std::flush;
+        }
+    } const restore_userns{userns_knob, userns_was};
+    struct result {
+        long root_count = -1, uid1_count = -1, status = -1;
+    };
+    auto* r = static_cast<result*>(
+        mmap(nullptr, sizeof(result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(r != MAP_FAILED);
+    *r = result{};
+    int unshared[2], mapped[2];
+    REQUIRE(pipe(unshared) == 0);
+    REQUIRE(pipe(mapped) == 0);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        close(unshared[0]);
+        close(mapped[1]);
+        char c = 1;
+        if (!unchroot())
+            _exit(6);
+        if (setgid(65534) != 0 || setuid(65534) != 0 || unshare(CLONE_NEWUSER) != 0)
+            _exit(2);
+        if (::write(unshared[1], &c, 1) != 1 || ::read(mapped[0], &c, 1) != 1)
+            _exit(3);
+        if (setgid(0) != 0 || setuid(0) != 0) // the namespace's root
+            _exit(4);
+        r->root_count = watch_until_refused(16);
+        std::fflush(nullptr);
+        const pid_t g = fork();
+        if (g == 0) {
+            if (setgid(1) != 0 || setuid(1) != 0)
+                _exit(5);
+            r->uid1_count = watch_until_refused(16);
+            _exit(0);
+        }
+        int st = 0;
+        waitpid(g, &st, 0);
+        r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+        _exit(0);
+    }
+    close(unshared[1]); // a child that fails early ends the read below
+    close(mapped[0]);
+    char c = 0;
+    const bool child_unshared = ::read(unshared[0], &c, 1) == 1;
+    close(unshared[0]);
+    if (!child_unshared) {
+        int st = 0;
+        waitpid(pid, &st, 0);
+        FAIL(fmt::format("the child could not make a user namespace (exit {})",
+                         WIFEXITED(st) ? WEXITSTATUS(st) : -1));
+    }
+    for (const char* which : {"uid_map", "gid_map"}) {
+        std::ofstream out(fmt::format("/proc/{}/{}", pid, which));
+        out << "0 300000 16\n" << std::flush;
+        CHECK(out); // and on: the child then fails to become root, and exits
+    }
+    REQUIRE(::write(mapped[1], &c, 1) == 1);
+    close(mapped[1]);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    fmt::print("user namespace of nobody, budget 8: its root watched {}, its uid 1 {} more\n",
+               r->root_count, r->uid1_count);
+    CHECK(r->status == 0);
+    CHECK(r->root_count == 8);
+    CHECK(r->uid1_count == 0); // the owner's budget is spent: not a new one per uid
+    munmap(r, sizeof(result));
+}
+
+TEST_CASE("kmod: users who fill the module's budget leave every other user its minimum") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot run as other users; not run");
+        return;
+    }
+    const module_param user("max_user_regions", "32");
+    const module_param total("max_total_regions", "40");
+    const module_param_if_any floor("min_user_regions", "8");
+    const holder a(65534, [] { return watch_until_refused(64); });
+    const holder b(65533, [] { return watch_until_refused(64); });
+    const holder c(65532, [] { return watch_until_refused(64); });
+    fmt::print("module budget 40, user budget 32, minimum 8: users watched {}, {}, {}\n", a.count(),
+               b.count(), c.count());
+    CHECK(a.count() == 32);
+    CHECK(b.count() == 8); // the module's budget is spent...
+    CHECK(c.count() == 8); // ...and a third user still has its minimum
+}
+
+TEST_CASE("kmod: QUERY shows module-wide figures to root only") {
+    device d;
+    std::byte* p = map(1);
+    const auto m = d.watch(p, page);
+    const auto mine = d.query();
+    CHECK(mine.module_files >= 1);
+    CHECK(mine.module_live_regions >= 1);
+    struct seen {
+        long ok = 0;
+        unsigned long long files = 99, regions = 99, live = 99;
+    } s;
+    if (as_nobody(64, s, [](seen& out) {
+            const int fd = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC);
+            void* q =
+                mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            rdmax_monitor w{};
+            w.addr = reinterpret_cast<std::uintptr_t>(q);
+            w.len = page;
+            rdmax_query qq{};
+            if (fd < 0 || q == MAP_FAILED || ioctl(fd, RDMAX_IOC_MONITOR, &w) != 0 ||
+                ioctl(fd, RDMAX_IOC_QUERY, &qq) != 0)
+                return;
+            out.ok = 1;
+            out.files = qq.module_files;
+            out.regions = qq.module_live_regions;
+            out.live = qq.live_regions;
+        })) {
+        CHECK(s.ok == 1);
+        CHECK(s.live == 1);    // its own figures
+        CHECK(s.files == 0);   // not how many files others hold open
+        CHECK(s.regions == 0); // nor how many ranges they watch
+    }
+    CHECK(d.unwatch(m) == 0);
+    munmap(p, page);
+}
+
+TEST_CASE("kmod: an unmap inside MONITOR's window gets EAGAIN, never a token already invalid") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot set the module's race_gate test hook; not run");
+        return;
+    }
+    if (param_or("race_gate") < 0)
+        FAIL("the module has no test hooks: build it with kmod/build --test-hooks");
+    device d;
+    const module_param gate("race_gate", "1");
+    for (int round = 0; round < 4; ++round) {
+        std::byte* p = map(1);
+        const long entered = param_or("race_entered");
+        helpers h;
+        std::atomic<int> dropped{-1};
+        h.start([&] {
+            // Once MONITOR waits at the gate (its watch in place, the range
+            // not yet looked at), drop the page, then let MONITOR go on.
+            if (!spin_until([&] { return param_or("race_entered") > entered; }, h.stop))
+                return;
+            dropped.store(madvise(p, page, MADV_DONTNEED), std::memory_order_release);
+            std::ofstream("/sys/module/rdmax/parameters/race_release")
+                << param_or("race_release") + 1 << std::flush;
+        });
+        rdmax_monitor m{};
+        const int e = d.monitor(p, page, m);
+        h.join();
+        REQUIRE(dropped.load() == 0); // the drop ran inside MONITOR
+        if (e == 0) {
+            CHECK(m.generation % 2 == 0);
+            CHECK(d.valid(m)); // a token MONITOR answers was valid when it answered
+            d.unwatch(m);
+        } else {
+            CHECK(e == EAGAIN);
+        }
+        d.events();
+        munmap(p, page);
+    }
+    CHECK(d.query().live_regions == 0);
+}
+
+sigjmp_buf segv_jump;
+void on_segv(int /*sig*/) {
+    siglongjmp(segv_jump, 1);
+}
+
+TEST_CASE("kmod: a forked child has no view of the parent's status area") {
+    device d;
+    std::byte* p = map(1);
+    const auto m = d.watch(p, page);
+    REQUIRE(d.status->abi_version == RDMAX_KMOD_ABI_VERSION); // mapped, and touched
+    // Nor can the process have the child inherit it after all.
+    CHECK(madvise(const_cast<rdmax_status*>(d.status), page, MADV_DOFORK) != 0);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(10); // a deadline
+        volatile int bad = 0;
+        unsigned char vec = 0;
+        // Not in the child's address space at all: mincore says ENOMEM...
+        if (mincore(const_cast<rdmax_status*>(d.status), page, &vec) == 0 || errno != ENOMEM)
+            bad = bad | 1;
+        // ...and a read faults.
+        struct sigaction sa {};
+        sa.sa_handler = on_segv;
+        sigaction(SIGSEGV, &sa, nullptr);
+        sigaction(SIGBUS, &sa, nullptr);
+        if (sigsetjmp(segv_jump, 1) == 0) {
+            const volatile __u64* gen = &d.gens[m.slot];
+            (void)*gen;
+            bad = bad | 2; // read the parent's live generation
+        }
+        _exit(bad);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0); // 1: mapped in the child, 2: readable there
+    CHECK(d.valid(m));               // the parent's view is as it was
+    CHECK(d.unwatch(m) == 0);
+    munmap(p, page);
+}
+
+TEST_CASE("kmod: fork: the child's cache with the kmod monitor is inert and touches no status") {
+    using cache_t = rdmax::registration_cache<rdmax::counting_registrar, rdmax::kmod_monitor>;
+    std::byte* p = map(4);
+    {
+        cache_t c{rdmax::counting_registrar{}};
+        c.get<rdmax::rights::local_write>(p, 2 * page).reset();
+        auto held = c.get<rdmax::rights::local_write>(p + 2 * page, page);
+        std::fflush(nullptr);
+        const pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            alarm(10);
+            int bad = 0;
+            try {
+                c.get<rdmax::rights::local_write>(p, page).reset();
+                bad |= 1;
+            } catch (const rdmax::error& e) {
+                bad |= e.code().value() == EPERM ? 0 : 2;
+            }
+            c.invalidate(p, page);
+            c.flush();
+            held.reset();
+            munmap(p, 4 * page); // the child's own unmap: nothing of the parent's
+            _exit(bad);          // and ~cache_t in the parent only
+        }
+        int status = 0;
+        REQUIRE(waitpid(pid, &status, 0) == pid);
+        REQUIRE(WIFEXITED(status)); // no SIGSEGV from a status page the child lacks
+        CHECK(WEXITSTATUS(status) == 0);
+        // The parent's cache still hits, and still sees its own unmaps.
+        c.get<rdmax::rights::local_write>(p, page).reset();
+        CHECK(c.registrar_ref().regs == 2);
+        held.reset();
+        REQUIRE(munmap(p, page) == 0);
+        map(1, p);
+        c.get<rdmax::rights::local_write>(p, page).reset();
+        CHECK(c.registrar_ref().regs == 3);
+    }
+    munmap(p, 4 * page);
+}
+
+TEST_CASE("kmod: the status area cannot be made executable") {
+    device d;
+    errno = 0;
+    CHECK(mmap(nullptr, d.bytes, PROT_READ | PROT_EXEC, MAP_SHARED, d.fd, 0) == MAP_FAILED);
+    CHECK(errno == EPERM);
+    errno = 0;
+    CHECK(mprotect(const_cast<rdmax_status*>(d.status), page, PROT_READ | PROT_EXEC) != 0);
+    CHECK(errno == EACCES);
+}
+
+/// A system call through the 32-bit entry (int $0x80) from this 64-bit
+/// process: the kernel takes it as a 32-bit caller's (in_compat_syscall()),
+/// so ioctls reach the driver's compat_ioctl. Arguments must fit 32 bits.
+long compat_syscall3(long nr, long a, long b, long c) {
+    long ret = nr;
+    asm volatile("int $0x80"
+                 : "+a"(ret)
+                 : "b"(a), "c"(b), "d"(c)
+                 : "memory", "cc", "r8", "r9", "r10", "r11");
+    return ret;
+}
+
+TEST_CASE("kmod: a 32-bit caller's ioctls work (compat_ioctl)") {
+    constexpr long ia32_ioctl = 54; // __NR_ioctl of i386
+    device d;
+    // Low memory, so that the 32-bit caller can name it.
+    void* low = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_32BIT, -1, 0);
+    REQUIRE(low != MAP_FAILED);
+    REQUIRE(reinterpret_cast<std::uintptr_t>(low) < (std::uintptr_t{1} << 32));
+    std::memset(low, 1, 2 * page);
+    auto* q = static_cast<rdmax_query*>(low);
+    *q = rdmax_query{};
+    const long r = compat_syscall3(ia32_ioctl, d.fd, static_cast<long>(RDMAX_IOC_QUERY),
+                                   static_cast<long>(reinterpret_cast<std::uintptr_t>(q)));
+    if (r == -ENOSYS)
+        FAIL("this kernel runs no 32-bit system calls (IA32 emulation is off)");
+    CHECK(r == 0); // -ENOTTY (-25) without compat_ioctl
+    CHECK(q->abi_version == RDMAX_KMOD_ABI_VERSION);
+    auto* mon = reinterpret_cast<rdmax_monitor*>(static_cast<char*>(low) + 256);
+    *mon = rdmax_monitor{};
+    mon->addr = reinterpret_cast<std::uintptr_t>(low) + page;
+    mon->len = page;
+    const long w = compat_syscall3(ia32_ioctl, d.fd, static_cast<long>(RDMAX_IOC_MONITOR),
+                                   static_cast<long>(reinterpret_cast<std::uintptr_t>(mon)));
+    CHECK(w == 0);
+    if (w == 0) {
+        const rdmax_monitor m = *mon;
+        CHECK(d.valid(m));
+        REQUIRE(munmap(static_cast<char*>(low) + page, page) == 0);
+        CHECK_FALSE(d.valid(m));
+        d.events();
+        CHECK(d.unwatch(m) == 0);
+    }
+    munmap(low, page);
 }
 
 std::optional<std::string> rdmax::test::skip_reason() {

@@ -231,6 +231,22 @@ TEST_CASE("bad requests are refused") {
     CHECK(h.remote<lw>(a.at(0), page).length == page);
 }
 
+TEST_CASE("handle: an address past the end, before the start or a length that overflows is "
+          "refused") {
+    arena a(8);
+    cache_t c{counting_registrar{}};
+    auto h = c.get<lw>(a.at(2), page); // one page: [2, 3)
+    // Past the end: end - a wrapped and let these through (issue 23, item 5).
+    CHECK_THROWS_AS(h.local<lw>(a.at(5), 16), rdmax::error);
+    CHECK_THROWS_AS(h.remote<lw>(a.at(5), 16), rdmax::error);
+    CHECK_THROWS_AS(h.local<lw>(a.at(3, 1), 0), rdmax::error);
+    CHECK_THROWS_AS(h.local<lw>(a.at(1, page - 8), 16), rdmax::error); // before the start
+    CHECK_THROWS_AS(h.local<lw>(a.at(2, 8), SIZE_MAX), rdmax::error);  // a + len wraps
+    CHECK_THROWS_AS(h.local<lw>(a.at(2, 8), page), rdmax::error);      // one byte too many
+    CHECK(h.local<lw>(a.at(2, page - 16), 16).length == 16);           // the last bytes
+    CHECK(h.local<lw>(a.at(3), 0).length == 0);                        // empty, at the end
+}
+
 TEST_CASE("metadata per cached registration is at most 192 bytes") {
     STATIC_REQUIRE(cache_t::entry_bytes <= 192);
     CHECK(cache_t::entry_bytes <= 128);

@@ -2,12 +2,18 @@
 // rights, eviction, invalidation, failure handling, and a randomized run
 // checked against a plain model.
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <new>
 #include <optional>
 #include <random>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <thread>
 #include <unistd.h>
@@ -16,6 +22,36 @@
 #include <rdmax/mem/registration_cache.hpp>
 
 #include "../support/catch.hpp"
+
+// Replaced for the whole test binary, to fail a page-table node's allocation
+// on demand (see fail_big_alloc below).
+namespace {
+extern thread_local bool fail_big_alloc;
+extern thread_local void (*fail_hook)(void*);
+extern thread_local void* fail_hook_ctx;
+} // namespace
+
+void* operator new(std::size_t n) {
+    if (n >= 4096 && fail_big_alloc) {
+        fail_big_alloc = false;
+        if (fail_hook != nullptr)
+            fail_hook(fail_hook_ctx);
+        throw std::bad_alloc();
+    }
+    if (void* p = std::malloc(n == 0 ? 1 : n))
+        return p;
+    throw std::bad_alloc();
+}
+// The pair of the malloc above (GCC cannot tell that they are replaced together).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+    std::free(p);
+}
+#pragma GCC diagnostic pop
 
 using namespace rdmax;
 using cache_t = registration_cache<counting_registrar>;
@@ -47,6 +83,59 @@ rcache_options limits(std::size_t count, std::size_t bytes = SIZE_MAX) {
     o.max_bytes = bytes;
     return o;
 }
+
+/// Allocation failure on demand (the page table allocates its nodes with
+/// new): when armed on a thread, that thread's next allocation of a page-table
+/// node's size runs `fail_hook` and throws std::bad_alloc.
+thread_local bool fail_big_alloc = false;
+thread_local void (*fail_hook)(void*) = nullptr;
+thread_local void* fail_hook_ctx = nullptr;
+
+/// A monitor that watches nothing and counts watches and unwatches.
+struct counting_monitor {
+    struct token {};
+    std::shared_ptr<std::atomic<std::size_t>> watches =
+        std::make_shared<std::atomic<std::size_t>>(0);
+    std::shared_ptr<std::atomic<std::size_t>> unwatches =
+        std::make_shared<std::atomic<std::size_t>>(0);
+    token watch(std::uintptr_t, std::size_t) noexcept {
+        ++*watches;
+        return {};
+    }
+    void unwatch(token) noexcept { ++*unwatches; }
+    [[nodiscard]] bool valid(token) const noexcept { return true; }
+    void drain(void (*)(void*, std::uintptr_t, std::uintptr_t), void*) noexcept {}
+    [[nodiscard]] bool pending() const noexcept { return false; }
+};
+
+/// Steps two threads through an interleaving, each wait bounded.
+struct stepper {
+    std::mutex m;
+    std::condition_variable cv;
+    int step = 0;
+    void go(int s) {
+        {
+            std::lock_guard l(m);
+            step = s;
+        }
+        cv.notify_all();
+    }
+    /// False at the deadline.
+    bool wait_for(int s) {
+        std::unique_lock l(m);
+        return cv.wait_for(l, std::chrono::seconds(10), [&] { return step >= s; });
+    }
+};
+
+/// The counting registrar, with the cache's test seam between marking an
+/// abandoned entry dead and dropping the miss's reference.
+struct seam_registrar : counting_registrar {
+    std::function<void()> on_abandoned;
+    void test_abandoned_marked_dead() {
+        if (on_abandoned)
+            on_abandoned();
+    }
+};
 
 } // namespace
 
@@ -245,6 +334,78 @@ TEST_CASE("handle: an address past the end, before the start or a length that ov
     CHECK_THROWS_AS(h.local<lw>(a.at(2, 8), page), rdmax::error);      // one byte too many
     CHECK(h.local<lw>(a.at(2, page - 16), 16).length == 16);           // the last bytes
     CHECK(h.local<lw>(a.at(3), 0).length == 0);                        // empty, at the end
+}
+
+TEST_CASE("a page-table insertion that fails while a hit holds the entry leaks nothing") {
+    // miss() publishes the new entry's first pages, then the next page-table
+    // node cannot be allocated. A lock-free hit took a reference on the
+    // published part meanwhile, and lets it go between the miss marking the
+    // entry dead and dropping its own reference (issue 23, item 3): the
+    // registration must still be deregistered and its watch ended, once.
+    using seam_cache = registration_cache<seam_registrar, counting_monitor>;
+    constexpr std::size_t two_mib = std::size_t{2} << 20;
+    // Address space only: neither registrar nor monitor touches it.
+    const std::size_t span = 4 * two_mib;
+    void* raw = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    REQUIRE(raw != MAP_FAILED);
+    auto boundary = (reinterpret_cast<std::uintptr_t>(raw) + two_mib) & ~(two_mib - 1);
+    if (boundary % (std::size_t{1} << 30) == 0) // cross a leaf, not a higher level
+        boundary += two_mib;
+    auto* b = reinterpret_cast<std::byte*>(boundary);
+
+    counting_monitor mon;
+    seam_cache c{seam_registrar{}, mon};
+    // An entry in the leaf below the boundary: the nodes down to that leaf
+    // exist, so the new entry's page below the boundary is visible at once.
+    auto keeper = c.get<lw>(b - 4 * page, page);
+    REQUIRE(c.registrar_ref().live == 1);
+
+    stepper st;
+    std::optional<seam_cache::handle> held;
+    bool hit_ok = false;
+    std::thread holder([&] {
+        if (!st.wait_for(1))
+            return;
+        held.emplace(c.get<lw>(b - page, 16)); // a lock-free hit on the partial entry
+        hit_ok = held->start() == boundary - page && held->end() == boundary + page;
+        st.go(2);
+        if (!st.wait_for(3))
+            return;
+        held.reset(); // between "dead" and the miss's own release
+        st.go(4);
+    });
+    struct ctx_t {
+        stepper* st;
+        bool reached = false;
+    } ctx{&st};
+    c.registrar_ref().on_abandoned = [&] {
+        st.go(3);
+        CHECK(st.wait_for(4));
+    };
+    fail_hook = [](void* p) {
+        auto* x = static_cast<ctx_t*>(p);
+        x->reached = true;
+        x->st->go(1);
+        x->st->wait_for(2); // the hit holds a reference now
+    };
+    fail_hook_ctx = &ctx;
+    fail_big_alloc = true;
+    CHECK_THROWS_AS(c.get<lw>(b - page, 2 * page), std::bad_alloc);
+    fail_big_alloc = false;
+    fail_hook = nullptr;
+    st.go(4); // lets the holder go whatever happened
+    holder.join();
+    REQUIRE(ctx.reached);
+    CHECK(hit_ok);
+    // Registered twice (keeper, the abandoned union); only the keeper lives.
+    CHECK(c.registrar_ref().regs == 2);
+    CHECK(c.registrar_ref().live == 1);
+    CHECK(*mon.watches - *mon.unwatches == 1);
+    keeper.reset();
+    c.flush();
+    CHECK(c.registrar_ref().live == 0);
+    CHECK(*mon.watches == *mon.unwatches);
+    munmap(raw, span);
 }
 
 TEST_CASE("metadata per cached registration is at most 192 bytes") {

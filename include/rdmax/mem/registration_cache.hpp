@@ -404,13 +404,7 @@ private:
             try {
                 pages_.insert(fresh->start, fresh->end, fresh);
             } catch (...) {
-                // Pages inserted before the failure may have let a hit take
-                // a reference: the last reference destroys it.
-                const std::uint64_t prev = fresh->state.fetch_or(dead, std::memory_order_acq_rel);
-                if (refs(prev) == 1)
-                    destroy(fresh);
-                else
-                    fresh->state.fetch_sub(one_ref, std::memory_order_acq_rel);
+                abandon_locked(fresh);
                 throw;
             }
         }
@@ -422,6 +416,24 @@ private:
         bytes_.fetch_add(fresh->end - fresh->start, std::memory_order_relaxed);
         enforce_limits();
         return handle(this, fresh);
+    }
+
+    /// Gives up an entry whose page-table insertion failed: pages inserted
+    /// before the failure may have let a lock-free hit take a reference. It
+    /// is marked dead (no hit takes one after that), then the miss's own
+    /// reference goes as release() lets one go: whichever release takes the
+    /// count to zero, as seen in its own previous value, destroys it. (Judging
+    /// by the count seen when marking it dead lost the entry when the hit's
+    /// release came between the two: issue 23, item 3.) Under mutex_.
+    void abandon_locked(entry* e) noexcept {
+        e->state.fetch_or(dead, std::memory_order_acq_rel);
+        // Test seam: a registrar may watch this moment (a unit test races a
+        // holder's release here); compiled away for every other registrar.
+        if constexpr (requires { reg_.test_abandoned_marked_dead(); })
+            reg_.test_abandoned_marked_dead();
+        const std::uint64_t prev = e->state.fetch_sub(one_ref, std::memory_order_acq_rel);
+        if ((prev & low_mask) == (dead | one_ref))
+            destroy(e); // the holder's release, if any, saw it still referenced
     }
 
     /// A registration for this request only, outside the tree; its handle's

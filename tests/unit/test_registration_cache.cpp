@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <random>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
 #include <vector>
@@ -134,6 +136,17 @@ struct seam_registrar : counting_registrar {
     void test_abandoned_marked_dead() {
         if (on_abandoned)
             on_abandoned();
+    }
+};
+
+/// The counting registrar, with a hook that runs inside reg() (under the
+/// cache's mutex, as ibv_reg_mr does in a miss).
+struct hooked_registrar : counting_registrar {
+    std::function<void()> inside_reg;
+    [[nodiscard]] handle reg(void* addr, std::size_t len, rights granted) {
+        if (inside_reg)
+            inside_reg();
+        return counting_registrar::reg(addr, len, granted);
     }
 };
 
@@ -406,6 +419,80 @@ TEST_CASE("a page-table insertion that fails while a hit holds the entry leaks n
     CHECK(c.registrar_ref().live == 0);
     CHECK(*mon.watches == *mon.unwatches);
     munmap(raw, span);
+}
+
+TEST_CASE("fork: a child whose parent held the cache's mutex at fork does not hang") {
+    // A parent thread is inside a miss's registration (holding the mutex)
+    // when another forks. The child releases a handle of a dead entry (the
+    // last reference), a session's, flushes, invalidates, asks for counters
+    // and destroys the cache; each used to lock first and wait forever
+    // (issue 23, item 4). The child reports by exit code, under an alarm.
+    using hooked_cache = registration_cache<hooked_registrar>;
+    arena a(16);
+    auto c = std::make_unique<hooked_cache>(hooked_registrar{});
+    std::optional<hooked_cache::handle> dead_held(c->get<lw>(a.at(0), page));
+    c->invalidate(a.at(0), page); // held and out of the cache: release destroys it
+    auto session = std::make_unique<hooked_cache::session>(*c);
+    {
+        auto h = session->get<lw>(a.at(4), page); // the session's slot keeps a reference
+    }
+    c->invalidate(a.at(4), page);
+
+    stepper st;
+    c->registrar_ref().inside_reg = [&] {
+        st.go(1);
+        st.wait_for(2);
+    };
+    std::thread miss([&] {
+        try {
+            auto h = c->get<lw>(a.at(8), page);
+        } catch (...) {
+        }
+    });
+    REQUIRE(st.wait_for(1)); // the miss holds the mutex, inside reg()
+
+    const pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5); // a hang ends as SIGALRM
+        int bad = 0;
+        dead_held.reset();
+        session.reset();
+        c->flush();
+        c->invalidate(a.at(0), 16 * page);
+        (void)c->counters();
+        try {
+            (void)c->get<lw>(a.at(12), page);
+            bad |= 1;
+        } catch (const rdmax::error& e) {
+            if (e.code().value() != EPERM)
+                bad |= 2;
+        }
+        c.reset();
+        _exit(bad);
+    }
+    REQUIRE(pid > 0);
+    int status = 0;
+    pid_t done = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while ((done = waitpid(pid, &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5)); // polling a child, bounded
+    if (done == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    st.go(2);
+    miss.join();
+    INFO("child status " << status);
+    CHECK(done == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    // The parent is untouched: its registrations are deregistered here only.
+    CHECK(c->registrar_ref().live == 3);
+    dead_held.reset();
+    session.reset();
+    c->flush();
+    CHECK(c->registrar_ref().live == 0);
 }
 
 TEST_CASE("metadata per cached registration is at most 192 bytes") {

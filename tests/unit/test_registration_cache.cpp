@@ -57,6 +57,13 @@ void operator delete(void* p) noexcept {
 void operator delete(void* p, std::size_t) noexcept {
     std::free(p);
 }
+// The nothrow pair too (Catch2 uses it), so that a sanitizer's own never meets ours.
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+    return std::malloc(n == 0 ? 1 : n);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
 #pragma GCC diagnostic pop
 
 using namespace rdmax;

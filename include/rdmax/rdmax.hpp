@@ -24,6 +24,7 @@
 #include <rdmax/mem/registered_arena.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/registration_cache.hpp>
+#include <rdmax/mem/registration_error.hpp>
 #include <rdmax/mem/remote_handle.hpp>
 #include <rdmax/mem/rights.hpp>
 #include <rdmax/mem/spin_lock.hpp>

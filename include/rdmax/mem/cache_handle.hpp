@@ -83,8 +83,9 @@ private:
     template <rights A>
     void check(const void* addr, std::size_t len, const char* what) const {
         const auto a = reinterpret_cast<std::uintptr_t>(addr);
-        if (e_ == nullptr || a < e_->start || len > e_->end - a || !has(e_->granted, A) ||
-            len > UINT32_MAX)
+        // a > end first: end - a would wrap and accept anything past the end.
+        if (e_ == nullptr || a < e_->start || a > e_->end || len > e_->end - a ||
+            !has(e_->granted, A) || len > UINT32_MAX)
             throw_error("registration_cache::handle", ERANGE,
                         fmt::format("{}({}, {}) is not inside the registration", what, addr, len));
     }

@@ -6,7 +6,9 @@
 // userfaultfd still refers to the parent's address space. So in a child every
 // registration cache inherited from the parent becomes inert: get() throws,
 // and releasing handles, invalidate(), flush() and the destructor forget
-// registrations without deregistering them or touching any monitor. A child
+// registrations without deregistering them or touching any monitor, and none
+// of them waits for the cache's mutex (a parent thread may have held it at
+// fork, and then it stays locked in the child for good). A child
 // that needs RDMA opens its own device context and builds its own cache.
 //
 // rdmax does not MADV_DONTFORK registered memory: that splits mappings until

@@ -13,6 +13,7 @@
 
 #include <rdmax/error.hpp>
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/registration_error.hpp>
 #include <rdmax/mem/rights.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 
@@ -78,7 +79,7 @@ private:
             throw_error("ibv_reg_mr", EINVAL, length == 0 ? "zero length" : "null address");
         ibv_mr* mr = ibv_reg_mr(pd.get(), addr, length, to_ibv(Rights));
         if (mr == nullptr)
-            throw_error("ibv_reg_mr", errno, fmt::format("{} bytes at {}", length, addr));
+            throw_registration_error("ibv_reg_mr", errno, addr, length, Rights);
         return mr;
     }
     void reset() noexcept {

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <utility>
 
-#include <fmt/format.h>
 #include <infiniband/verbs.h>
 
 #include <rdmax/error.hpp>
+#include <rdmax/mem/registration_error.hpp>
 #include <rdmax/mem/rights.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 
@@ -47,7 +47,7 @@ public:
     [[nodiscard]] handle reg(void* addr, std::size_t len, rights granted) {
         ibv_mr* mr = ibv_reg_mr(pd_->get(), addr, len, to_ibv(granted) | extra_);
         if (mr == nullptr)
-            throw_error("ibv_reg_mr", errno, fmt::format("{} bytes at {}", len, addr));
+            throw_registration_error("ibv_reg_mr", errno, addr, len, granted);
         return mr;
     }
     void dereg(handle mr) noexcept { ibv_dereg_mr(mr); }

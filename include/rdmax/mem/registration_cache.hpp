@@ -104,7 +104,14 @@ public:
 
     /// Every handle must be gone before the cache is.
     ~registration_cache() {
-        std::unique_lock lock(mutex_);
+        // In a forked child the mutex may have been held by a parent thread
+        // at fork (inside ibv_reg_mr in a miss, say), and stays locked there
+        // for good: never wait for it.
+        std::unique_lock lock(mutex_, std::defer_lock);
+        if (forked())
+            (void)lock.try_lock();
+        else
+            lock.lock();
         while (!ring_.empty())
             remove_locked(ring_.front());
         while (!free_.empty()) {
@@ -125,7 +132,7 @@ public:
                         len == 0 ? "zero length" : "the range wraps around");
         const std::uintptr_t start = a & ~(page_ - 1);
         const std::uintptr_t end = (a + len + page_ - 1) & ~(page_ - 1);
-        if (fork_generation() != fork_generation_) [[unlikely]]
+        if (forked()) [[unlikely]]
             throw_error("registration_cache::get", EPERM,
                         "this cache belongs to the parent process (fork): its registrations live "
                         "in the parent's device context; open a context and a cache in the child");
@@ -171,14 +178,16 @@ public:
         const auto a = reinterpret_cast<std::uintptr_t>(addr);
         if (a + len < a)
             throw_error("registration_cache::invalidate", EINVAL, "the range wraps around");
-        if (len == 0)
-            return;
+        if (len == 0 || forked())
+            return; // a child's cache is inert: the registrations are the parent's
         std::unique_lock lock(mutex_);
         invalidate_locked(a & ~(page_ - 1), a + len);
     }
 
     /// Deregisters every idle registration.
     void flush() {
+        if (forked())
+            return; // a child's cache is inert, and its mutex may never come free
         std::unique_lock lock(mutex_);
         mon_.drain(&on_invalidated, this);
         for (auto it = ring_.begin(); it != ring_.end();) {
@@ -191,11 +200,15 @@ public:
     [[nodiscard]] rcache_counters counters() const noexcept {
         rcache_counters c;
         {
-            // Hits live in the entries until they leave; sum them up.
-            std::unique_lock lock(mutex_);
+            // Hits live in the entries until they leave; sum them up (not in
+            // a forked child whose mutex a parent thread held at fork).
+            std::unique_lock lock(mutex_, std::defer_lock);
+            if (!forked())
+                lock.lock();
             c.hits = hits_.load(std::memory_order_relaxed);
-            for (const entry& e : ring_)
-                c.hits += e.state.load(std::memory_order_relaxed) >> hit_shift;
+            if (lock.owns_lock() || lock.try_lock())
+                for (const entry& e : ring_)
+                    c.hits += e.state.load(std::memory_order_relaxed) >> hit_shift;
         }
         c.misses = misses_.load(std::memory_order_relaxed);
         c.lookups = c.hits + c.misses; // one atomic less on the hit path
@@ -404,13 +417,7 @@ private:
             try {
                 pages_.insert(fresh->start, fresh->end, fresh);
             } catch (...) {
-                // Pages inserted before the failure may have let a hit take
-                // a reference: the last reference destroys it.
-                const std::uint64_t prev = fresh->state.fetch_or(dead, std::memory_order_acq_rel);
-                if (refs(prev) == 1)
-                    destroy(fresh);
-                else
-                    fresh->state.fetch_sub(one_ref, std::memory_order_acq_rel);
+                abandon_locked(fresh);
                 throw;
             }
         }
@@ -422,6 +429,24 @@ private:
         bytes_.fetch_add(fresh->end - fresh->start, std::memory_order_relaxed);
         enforce_limits();
         return handle(this, fresh);
+    }
+
+    /// Gives up an entry whose page-table insertion failed: pages inserted
+    /// before the failure may have let a lock-free hit take a reference. It
+    /// is marked dead (no hit takes one after that), then the miss's own
+    /// reference goes as release() lets one go: whichever release takes the
+    /// count to zero, as seen in its own previous value, destroys it. (Judging
+    /// by the count seen when marking it dead lost the entry when the hit's
+    /// release came between the two: issue 23, item 3.) Under mutex_.
+    void abandon_locked(entry* e) noexcept {
+        e->state.fetch_or(dead, std::memory_order_acq_rel);
+        // Test seam: a registrar may watch this moment (a unit test races a
+        // holder's release here); compiled away for every other registrar.
+        if constexpr (requires { reg_.test_abandoned_marked_dead(); })
+            reg_.test_abandoned_marked_dead();
+        const std::uint64_t prev = e->state.fetch_sub(one_ref, std::memory_order_acq_rel);
+        if ((prev & low_mask) == (dead | one_ref))
+            destroy(e); // the holder's release, if any, saw it still referenced
     }
 
     /// A registration for this request only, outside the tree; its handle's
@@ -549,7 +574,7 @@ private:
     void destroy(entry* e) noexcept {
         // In a forked child the registration is the parent's: deregistering
         // it through the shared verbs file would destroy it there.
-        if (fork_generation() == fork_generation_) [[likely]] {
+        if (!forked()) [[likely]] {
             reg_.dereg(e->reg);
             mon_.unwatch(e->watch);
         }
@@ -579,17 +604,28 @@ private:
         const std::uint64_t prev = e->state.fetch_sub(one_ref, std::memory_order_acq_rel);
         if ((prev & low_mask) == (dead | one_ref)) {
             // The last reference to an entry that left the tree. The
-            // registrar is used under the lock only.
-            std::unique_lock lock(mutex_);
-            destroy(e);
+            // registrar is used under the lock only. In a forked child
+            // nothing is deregistered, and the mutex may be held for good by
+            // a parent thread that is not there: then the entry is left.
+            std::unique_lock lock(mutex_, std::defer_lock);
+            if (!forked())
+                lock.lock();
+            if (lock.owns_lock() || lock.try_lock())
+                destroy(e);
         }
     }
+
+    /// Whether this is a forked child of the process that built the cache
+    /// (fork_policy.hpp): checked before the mutex is, every time.
+    [[nodiscard]] bool forked() const noexcept { return fork_generation() != fork_generation_; }
 
     static void on_invalidated(void* self, std::uintptr_t start, std::uintptr_t end) {
         static_cast<registration_cache*>(self)->invalidate_locked(start, end);
     }
 
     void drain_monitor() {
+        if (forked())
+            return; // get() throws next; the monitor's news are the parent's
         std::unique_lock lock(mutex_);
         mon_.drain(&on_invalidated, this);
     }

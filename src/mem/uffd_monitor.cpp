@@ -28,6 +28,13 @@ namespace rdmax {
 
 namespace {
 class uffd_service;
+
+// The subscription's state word: bit 0 while its queue is not empty; the
+// drains in progress above it. The reader's word: bit 0 while it is between
+// poll and queueing.
+constexpr std::uint32_t queued_bit = 1;
+constexpr std::uint32_t one_drain = 2;
+constexpr std::uint32_t reading_bit = 1;
 } // namespace
 
 struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
@@ -35,7 +42,7 @@ struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
     std::uint32_t fork_generation = rdmax::fork_generation();
     std::mutex mutex; ///< never held around anything that can unmap memory
     pending_invalidations<64> queue;
-    std::atomic<bool> nonempty{false};
+    std::atomic<std::uint32_t> state{0};
     std::atomic<std::uint64_t> events{0};
 
     /// False in a forked child: the service is the parent's.
@@ -97,7 +104,7 @@ public:
         return s;
     }
 
-    [[nodiscard]] const std::atomic<bool>& reading() const noexcept { return reading_; }
+    [[nodiscard]] const std::atomic<std::uint32_t>& reading() const noexcept { return reading_; }
 
     void subscribe(uffd_monitor::subscription& sub) {
         std::lock_guard lock(subs_mutex_);
@@ -108,19 +115,19 @@ public:
         subs_.erase(subs_.iterator_to(sub));
     }
 
-    /// Registers [start, end) and counts it watched once more. Registering
-    /// again a range already registered is harmless, and catches a new
-    /// mapping placed where an old watched one was.
-    bool watch(std::uintptr_t start, std::uintptr_t end) {
+    /// Registers [start, end) and counts it watched once more; {0, 0} for
+    /// memory it cannot watch. Registering again a range already registered is
+    /// harmless, and catches a new mapping placed where an old watched one was.
+    std::pair<std::uintptr_t, std::uintptr_t> watch(std::uintptr_t start, std::uintptr_t end) {
         uffdio_register reg{};
         reg.range.start = start;
         reg.range.len = end - start;
         reg.mode = UFFDIO_REGISTER_MODE_WP; // never armed: no fault waits on us
         if (ioctl(fd_, UFFDIO_REGISTER, &reg) != 0)
-            return false; // EINVAL: not anonymous/shmem/hugetlbfs; ENOMEM: a hole
+            return {}; // EINVAL: not anonymous/shmem/hugetlbfs; ENOMEM: a hole
         std::lock_guard lock(pieces_mutex_);
         add(start, end, +1);
-        return true;
+        return {start, end};
     }
 
     /// Counts [start, end) watched once less; unregisters the pages that no
@@ -130,10 +137,10 @@ public:
         add(start, end, -1);
     }
 
-    /// Waits, bounded, until the reader thread is not between reading an event
-    /// and queueing it.
+    /// Waits until the reader thread is not between reading an event and
+    /// queueing it.
     void settle() const noexcept {
-        while (reading_.load(std::memory_order_acquire))
+        while ((reading_.load(std::memory_order_acquire) & reading_bit) != 0)
             std::this_thread::yield();
     }
 
@@ -152,11 +159,14 @@ private:
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
-        const int rc = pthread_create(&thread_, nullptr, &uffd_service::run, this);
+        const int rc =
+            stop_fd_ < 0 ? errno : pthread_create(&thread_, nullptr, &uffd_service::run, this);
         pthread_sigmask(SIG_SETMASK, &old, nullptr);
         if (stop_fd_ < 0 || rc != 0) {
-            why = fmt::format("userfaultfd reader thread: {}", std::strerror(rc != 0 ? rc : errno));
+            why = fmt::format("userfaultfd reader thread: {}", std::strerror(rc));
             close(fd_);
+            if (stop_fd_ >= 0)
+                close(stop_fd_);
             return false;
         }
         pthread_detach(thread_);
@@ -180,8 +190,9 @@ private:
                 return;
             // Set before read(): the munmap that produced the event returns
             // once read() took it, and from then on pending() must say so
-            // until the range is in every queue.
-            reading_.store(true, std::memory_order_seq_cst);
+            // until the range is in every queue (deliver() sets the queue's
+            // bit before this one is cleared).
+            reading_.fetch_or(reading_bit, std::memory_order_seq_cst);
             uffd_msg msgs[32];
             for (;;) {
                 const ssize_t n = read(fd_, msgs, sizeof msgs);
@@ -190,7 +201,7 @@ private:
                 for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(uffd_msg); ++i)
                     deliver(msgs[i]);
             }
-            reading_.store(false, std::memory_order_release);
+            reading_.fetch_and(~reading_bit, std::memory_order_release);
         }
     }
 
@@ -213,7 +224,7 @@ private:
             std::lock_guard q(sub.mutex);
             sub.queue.add(start, end);
             sub.events.fetch_add(1, std::memory_order_relaxed);
-            sub.nonempty.store(true, std::memory_order_release);
+            sub.state.fetch_or(queued_bit, std::memory_order_release);
         }
     }
 
@@ -260,14 +271,14 @@ private:
     int stop_fd_ = -1;
     pthread_t thread_{};
     std::uint32_t fork_generation_ = fork_generation();
-    std::atomic<bool> reading_{false};
+    std::atomic<std::uint32_t> reading_{0};
     std::mutex subs_mutex_;
     boost::intrusive::list<uffd_monitor::subscription> subs_;
     std::mutex pieces_mutex_;
     std::map<std::uintptr_t, piece> pieces_;
 };
 
-std::atomic<bool> never{false};
+const std::atomic<std::uint32_t> never{0};
 
 } // namespace
 
@@ -290,19 +301,19 @@ uffd_monitor::uffd_monitor()
     if (sub_->service == nullptr)
         throw_error("uffd_monitor", ENOTSUP, why);
     sub_->service->subscribe(*sub_);
-    queued_flag_ = &sub_->nonempty;
+    state_flag_ = &sub_->state;
     reading_flag_ = &sub_->service->reading();
 }
 
 uffd_monitor::uffd_monitor(uffd_monitor&& o) noexcept
     : sub_(std::move(o.sub_))
-    , queued_flag_(std::exchange(o.queued_flag_, &never))
+    , state_flag_(std::exchange(o.state_flag_, &never))
     , reading_flag_(std::exchange(o.reading_flag_, &never)) {}
 
 uffd_monitor& uffd_monitor::operator=(uffd_monitor&& o) noexcept {
     if (this != &o) {
         std::swap(sub_, o.sub_);
-        std::swap(queued_flag_, o.queued_flag_);
+        std::swap(state_flag_, o.state_flag_);
         std::swap(reading_flag_, o.reading_flag_);
     }
     return *this;
@@ -321,9 +332,10 @@ uffd_monitor::token uffd_monitor::watch(std::uintptr_t start, std::size_t len) {
     if (!sub_->ours())
         throw_error("uffd_monitor::watch", EPERM, "the monitor belongs to the parent process");
     const std::uintptr_t end = start + len;
-    if (len == 0 || end < start || !sub_->service->watch(start, end))
+    if (len == 0 || end < start)
         return {};
-    return {start, end};
+    const auto [lo, hi] = sub_->service->watch(start, end);
+    return {lo, hi};
 }
 
 void uffd_monitor::unwatch(token t) noexcept {
@@ -334,16 +346,22 @@ void uffd_monitor::unwatch(token t) noexcept {
 void uffd_monitor::drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept {
     if (!sub_ || !sub_->ours())
         return;
-    sub_->service->settle();
+    uffd_service& service = *sub_->service;
+    service.settle();
     pending_invalidations<64> taken;
     {
+        // The queue's bit becomes a drain in progress in one step, and the
+        // drain ends only after the sink returned: pending() stays true until
+        // the cache has dropped the ranges.
         std::lock_guard lock(sub_->mutex);
         taken = sub_->queue;
         sub_->queue.clear();
-        sub_->nonempty.store(false, std::memory_order_release);
+        const std::uint32_t queued = sub_->state.load(std::memory_order_relaxed) & queued_bit;
+        sub_->state.fetch_add(one_drain - queued, std::memory_order_acq_rel);
     }
     for (std::size_t i = 0; i < taken.size(); ++i)
         sink(ctx, taken[i].start, taken[i].end);
+    sub_->state.fetch_sub(one_drain, std::memory_order_release);
 }
 
 std::uint64_t uffd_monitor::events() const noexcept {

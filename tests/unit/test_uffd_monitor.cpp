@@ -3,13 +3,22 @@
 // memory it cannot watch is never cached, the pending queue stays bounded in
 // a munmap loop, and a forked child's cache is inert. SKIP (77) where
 // userfaultfd is unavailable.
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <poll.h>
+#include <string>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
+#include <vector>
 
 #include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/pending_invalidations.hpp>
@@ -231,6 +240,118 @@ TEST_CASE("auto_monitor: resolves names, and none turns caching off") {
     off.get<lw>(m.at(0), page).reset();
     CHECK(off.registrar_ref().regs == 2);
     CHECK(off.registrar_ref().live == 0);
+}
+
+// ---- pending(): never false between a munmap's return and the cache having
+// ---- dropped the range (issue 23, item 1).
+
+namespace {
+
+/// One event's life after the munmap that caused it returned, as the two words
+/// pending() loads: the reader took it (reading), queued it, left; a drain
+/// took it; the sink returned (only then may pending() say false).
+struct world {
+    static constexpr std::uint32_t stages[][2] = {
+        {1, 0}, // read, not yet queued
+        {1, 1}, // queued, the reader still between poll and queueing
+        {0, 1}, // the reader done
+        {0, 2}, // a drain took it: the sink runs
+        {0, 0}, // the sink returned
+    };
+    static constexpr int done = 4;
+    int stage = 0;
+    int loads = 0;
+    int advance_after_first = 0; ///< stages the other threads move on between the loads
+};
+
+/// A word whose load() moves the world on after the first load, as the reader
+/// and a drain on other threads can.
+struct word {
+    world* w;
+    int which; ///< 0: the reader's, 1: the monitor's state
+    std::uint32_t load(std::memory_order) const noexcept {
+        const std::uint32_t v = world::stages[w->stage][which];
+        if (++w->loads == 1)
+            w->stage = std::min(world::done, w->stage + w->advance_after_first);
+        return v;
+    }
+};
+
+} // namespace
+
+TEST_CASE("uffd: pending() is true from munmap's return until the sink returned, in every "
+          "interleaving of its loads") {
+    for (int start = 0; start < world::done; ++start) {
+        for (int moved = 0; start + moved <= world::done; ++moved) {
+            world w{start, 0, moved};
+            const bool pending = detail::uffd_pending(word{&w, 0}, word{&w, 1});
+            INFO("stage " << start << ", " << moved << " stages on between the loads");
+            // False only once the sink has returned, before the second load.
+            CHECK((pending || start + moved == world::done));
+        }
+    }
+}
+
+TEST_CASE("uffd: pending() stays true while drain's sink runs, false after") {
+    mapping m(4);
+    uffd_monitor mon;
+    const auto t = mon.watch(reinterpret_cast<std::uintptr_t>(m.at(0)), 2 * page);
+    REQUIRE(mon.valid(t));
+    REQUIRE(munmap(m.at(0), page) == 0);
+    CHECK(mon.pending()); // from the moment munmap returned
+    struct seen {
+        uffd_monitor* mon;
+        int calls = 0;
+        int pending_inside = 0;
+    } s{&mon};
+    mon.drain(
+        [](void* ctx, std::uintptr_t, std::uintptr_t) {
+            auto* got = static_cast<seen*>(ctx);
+            ++got->calls;
+            got->pending_inside += got->mon->pending() ? 1 : 0;
+        },
+        &s);
+    CHECK(s.calls == 1);
+    CHECK(s.pending_inside == 1); // the entry is still in the page table there
+    CHECK_FALSE(mon.pending());
+    mon.unwatch(t);
+}
+
+TEST_CASE("uffd: a get from another thread while a drain's sink runs never hits the unmapped "
+          "range") {
+    // The sink pauses (in the cache, the entries are not yet erased); a thread
+    // whose get() is ordered after the munmap must see pending() and wait for
+    // the cache's lock, so it never hits the old registration.
+    mapping m(4);
+    uffd_monitor mon;
+    const auto t = mon.watch(reinterpret_cast<std::uintptr_t>(m.at(0)), page);
+    REQUIRE(mon.valid(t));
+    REQUIRE(munmap(m.at(0), page) == 0);
+    std::atomic<int> phase{0};
+    std::atomic<bool> seen_pending{false};
+    std::thread other([&] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (phase.load() != 1 && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::yield();
+        seen_pending = mon.pending(); // inside the sink, from another thread
+        phase = 2;
+    });
+    struct ctx_t {
+        std::atomic<int>* phase;
+    } ctx{&phase};
+    mon.drain(
+        [](void* c, std::uintptr_t, std::uintptr_t) {
+            auto* p = static_cast<ctx_t*>(c)->phase;
+            *p = 1;
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+            while (p->load() != 2 && std::chrono::steady_clock::now() < deadline)
+                std::this_thread::yield();
+        },
+        &ctx);
+    other.join();
+    CHECK(phase.load() == 2);
+    CHECK(seen_pending.load());
+    mon.unwatch(t);
 }
 
 std::optional<std::string> rdmax::test::skip_reason() {

@@ -29,6 +29,24 @@
 
 namespace rdmax {
 
+namespace detail {
+
+/// What pending() computes, from the two words it loads, in the order that
+/// makes it true from the moment a munmap of watched memory returns until the
+/// cache has dropped the range (the sink has returned). `reading` is the
+/// reader's word (bit 0: between poll and queueing), `state` the
+/// monitor's (bit 0: its queue is not empty; above it: drains in progress).
+/// An event moves from `reading` to the queue bit to a drain and out, so the
+/// words are loaded in that order: a load that finds a stage over finds the
+/// next one begun. A template so that a test can interleave the loads.
+template <class Word>
+[[nodiscard]] inline bool uffd_pending(const Word& reading, const Word& state) noexcept {
+    if (reading.load(std::memory_order_acquire) != 0)
+        return true;
+    return state.load(std::memory_order_acquire) != 0;
+}
+} // namespace detail
+
 class uffd_monitor {
 public:
     struct token {
@@ -54,10 +72,10 @@ public:
     [[nodiscard]] bool valid(token t) const noexcept { return t.end != 0; }
     /// Reports the ranges unmapped since the last call as sink(ctx, start, end).
     void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept;
-    /// True when an event is queued or being read (two loads, no call).
+    /// True when an event is being read, queued, or being drained (until the
+    /// sink returned). Two loads, no call.
     [[nodiscard]] bool pending() const noexcept {
-        return queued_flag_->load(std::memory_order_acquire) ||
-               reading_flag_->load(std::memory_order_acquire);
+        return detail::uffd_pending(*reading_flag_, *state_flag_);
     }
 
     /// Events this monitor received, and merges its bounded queue was forced into.
@@ -70,8 +88,8 @@ public:
 
 private:
     std::unique_ptr<subscription> sub_;
-    const std::atomic<bool>* queued_flag_;  ///< this monitor's queue is not empty
-    const std::atomic<bool>* reading_flag_; ///< the reader thread is between poll and queue
+    const std::atomic<std::uint32_t>* state_flag_;   ///< queued bit, drains in progress
+    const std::atomic<std::uint32_t>* reading_flag_; ///< reading bit, dead bit
 };
 
 } // namespace rdmax

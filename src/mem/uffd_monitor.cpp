@@ -49,6 +49,11 @@ struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
     [[nodiscard]] bool ours() const noexcept { return fork_generation == rdmax::fork_generation(); }
 };
 
+detail::uffd_hooks& detail::uffd_test_hooks() noexcept {
+    static uffd_hooks hooks;
+    return hooks;
+}
+
 namespace {
 
 #ifndef UFFD_USER_MODE_ONLY
@@ -118,14 +123,19 @@ public:
     /// Registers [start, end) and counts it watched once more; {0, 0} for
     /// memory it cannot watch. Registering again a range already registered is
     /// harmless, and catches a new mapping placed where an old watched one was.
+    /// The ioctl and the count are one step under pieces_mutex_, so that an
+    /// unwatch that drops the count to zero (and unregisters) cannot fall
+    /// between them.
     std::pair<std::uintptr_t, std::uintptr_t> watch(std::uintptr_t start, std::uintptr_t end) {
+        std::lock_guard lock(pieces_mutex_);
         uffdio_register reg{};
         reg.range.start = start;
         reg.range.len = end - start;
         reg.mode = UFFDIO_REGISTER_MODE_WP; // never armed: no fault waits on us
         if (ioctl(fd_, UFFDIO_REGISTER, &reg) != 0)
             return {}; // EINVAL: not anonymous/shmem/hugetlbfs; ENOMEM: a hole
-        std::lock_guard lock(pieces_mutex_);
+        if (auto* hook = detail::uffd_test_hooks().after_register)
+            hook();
         add(start, end, +1);
         return {start, end};
     }

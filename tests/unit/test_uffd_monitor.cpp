@@ -354,6 +354,47 @@ TEST_CASE("uffd: a get from another thread while a drain's sink runs never hits 
     mon.unwatch(t);
 }
 
+// ---- UFFDIO_REGISTER and the watch count are one step (issue 23, item 2).
+
+namespace {
+std::atomic<int> unwatch_phase{0}; // 1: unwatch now; 2: it returned
+void let_unwatch_run() {
+    unwatch_phase = 1;
+    // With the count taken under the lock, the unwatch cannot run now: give
+    // it a bounded chance, which it takes only when the step is split.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (unwatch_phase.load() != 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+}
+} // namespace
+
+TEST_CASE("uffd: two monitors on the one userfaultfd: X's unwatch between Y's register and its "
+          "count leaves Y watched") {
+    mapping m(4);
+    const auto a = reinterpret_cast<std::uintptr_t>(m.at(0));
+    uffd_monitor x, y;
+    const auto tx = x.watch(a, 2 * page);
+    REQUIRE(x.valid(tx));
+    unwatch_phase = 0;
+    std::thread evict([&] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (unwatch_phase.load() != 1 && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::yield();
+        x.unwatch(tx); // X evicts: its count drops
+        unwatch_phase = 2;
+    });
+    detail::uffd_test_hooks().after_register = &let_unwatch_run;
+    const auto ty = y.watch(a, 2 * page); // Y misses on the same range
+    detail::uffd_test_hooks().after_register = nullptr;
+    evict.join();
+    REQUIRE(y.valid(ty));
+    const auto before = y.events();
+    REQUIRE(munmap(m.at(0), page) == 0); // must still reach Y
+    CHECK(y.events() == before + 1);
+    CHECK(y.pending());
+    y.unwatch(ty);
+}
+
 std::optional<std::string> rdmax::test::skip_reason() {
     if (uffd_monitor::available())
         return std::nullopt;

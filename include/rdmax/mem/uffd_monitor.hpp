@@ -45,6 +45,15 @@ template <class Word>
         return true;
     return state.load(std::memory_order_acquire) != 0;
 }
+
+/// Test seams of the userfaultfd reader (tests/unit/test_uffd_monitor.cpp);
+/// null in production. Set them before the process's first uffd_monitor.
+struct uffd_hooks {
+    /// Runs in watch() between UFFDIO_REGISTER and counting the range watched.
+    void (*after_register)() = nullptr;
+};
+[[nodiscard]] uffd_hooks& uffd_test_hooks() noexcept;
+
 } // namespace detail
 
 class uffd_monitor {

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <map>
@@ -24,6 +25,8 @@
 #include <rdmax/mem/pending_invalidations.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 
+#include "../notice.hpp"
+
 namespace rdmax {
 
 namespace {
@@ -31,10 +34,11 @@ class uffd_service;
 
 // The subscription's state word: bit 0 while its queue is not empty; the
 // drains in progress above it. The reader's word: bit 0 while it is between
-// poll and queueing.
+// poll and queueing, bit 1 once it died.
 constexpr std::uint32_t queued_bit = 1;
 constexpr std::uint32_t one_drain = 2;
 constexpr std::uint32_t reading_bit = 1;
+constexpr std::uint32_t dead_bit = 2;
 } // namespace
 
 struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
@@ -55,6 +59,8 @@ detail::uffd_hooks& detail::uffd_test_hooks() noexcept {
 }
 
 namespace {
+
+using detail::notice_once;
 
 #ifndef UFFD_USER_MODE_ONLY
 #define UFFD_USER_MODE_ONLY 1
@@ -110,6 +116,13 @@ public:
     }
 
     [[nodiscard]] const std::atomic<std::uint32_t>& reading() const noexcept { return reading_; }
+    [[nodiscard]] bool dead() const noexcept {
+        return (reading_.load(std::memory_order_acquire) & dead_bit) != 0;
+    }
+    [[nodiscard]] std::string failure() const {
+        std::lock_guard lock(failure_mutex_);
+        return failure_;
+    }
 
     void subscribe(uffd_monitor::subscription& sub) {
         std::lock_guard lock(subs_mutex_);
@@ -127,7 +140,11 @@ public:
     /// unwatch that drops the count to zero (and unregisters) cannot fall
     /// between them.
     std::pair<std::uintptr_t, std::uintptr_t> watch(std::uintptr_t start, std::uintptr_t end) {
+        if (dead())
+            return {};
         std::lock_guard lock(pieces_mutex_);
+        if (dead())
+            return {}; // fd_ is not the userfaultfd any more
         uffdio_register reg{};
         reg.range.start = start;
         reg.range.len = end - start;
@@ -188,14 +205,33 @@ private:
         return nullptr;
     }
 
+    static int poll_fds(pollfd* fds, nfds_t n) noexcept {
+        if (auto* hook = detail::uffd_test_hooks().poll)
+            return hook(fds, n, -1);
+        return ::poll(fds, n, -1);
+    }
+
     void loop() noexcept {
         pollfd fds[2] = {{fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+        // poll() fails with ENOMEM or EAGAIN when the kernel is short of
+        // memory for a moment: try again, a little later, for a while.
+        constexpr int transient_tries = 1000;
+        int failures = 0;
         for (;;) {
-            if (poll(fds, 2, -1) < 0) {
-                if (errno == EINTR)
+            if (poll_fds(fds, 2) < 0) {
+                const int e = errno;
+                if (e == EINTR)
                     continue;
+                if ((e == ENOMEM || e == EAGAIN) && ++failures < transient_tries) {
+                    retries_.fetch_add(1, std::memory_order_relaxed);
+                    const timespec ms{0, 1000 * 1000};
+                    nanosleep(&ms, nullptr);
+                    continue;
+                }
+                die(fmt::format("poll: {}", std::strerror(e)));
                 return;
             }
+            failures = 0;
             if ((fds[1].revents & POLLIN) != 0)
                 return;
             // Set before read(): the munmap that produced the event returns
@@ -206,12 +242,43 @@ private:
             uffd_msg msgs[32];
             for (;;) {
                 const ssize_t n = read(fd_, msgs, sizeof msgs);
+                if (n < 0 && errno == EINTR)
+                    continue;
+                if (n < 0 && errno != EAGAIN) {
+                    die(fmt::format("read: {}", std::strerror(errno)));
+                    return;
+                }
                 if (n <= 0)
                     break;
                 for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(uffd_msg); ++i)
                     deliver(msgs[i]);
             }
             reading_.fetch_and(~reading_bit, std::memory_order_release);
+        }
+    }
+
+    /// The reader cannot go on: say so once, mark every monitor's pending()
+    /// true for good (their drain() then reports everything), and release the
+    /// userfaultfd so that no munmap waits for an event nobody reads (the
+    /// kernel wakes them when the file is released). fd_ becomes a copy of
+    /// the eventfd in one step, so a racing ioctl on fd_ fails harmlessly
+    /// instead of reaching whatever file a closed number would be reused for.
+    void die(const std::string& why) noexcept {
+        try {
+            std::lock_guard lock(failure_mutex_);
+            failure_ = why;
+        } catch (...) {
+        }
+        reading_.store(dead_bit, std::memory_order_seq_cst);
+        static std::once_flag said;
+        try {
+            notice_once(said, fmt::format("the userfaultfd reader failed ({}): registration "
+                                          "caches on userfaultfd drop what they hold and "
+                                          "register per use from now on",
+                                          why));
+        } catch (...) {
+        }
+        while (dup3(stop_fd_, fd_, O_CLOEXEC) < 0 && errno == EBUSY) {
         }
     }
 
@@ -282,6 +349,9 @@ private:
     pthread_t thread_{};
     std::uint32_t fork_generation_ = fork_generation();
     std::atomic<std::uint32_t> reading_{0};
+    std::atomic<std::uint64_t> retries_{0};
+    mutable std::mutex failure_mutex_;
+    std::string failure_;
     std::mutex subs_mutex_;
     boost::intrusive::list<uffd_monitor::subscription> subs_;
     std::mutex pieces_mutex_;
@@ -371,7 +441,13 @@ void uffd_monitor::drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), vo
     }
     for (std::size_t i = 0; i < taken.size(); ++i)
         sink(ctx, taken[i].start, taken[i].end);
+    if (service.dead()) // nothing is watched any more
+        sink(ctx, 0, UINTPTR_MAX);
     sub_->state.fetch_sub(one_drain, std::memory_order_release);
+}
+
+std::string uffd_monitor::failed() const {
+    return sub_ && sub_->ours() ? sub_->service->failure() : std::string{};
 }
 
 std::uint64_t uffd_monitor::events() const noexcept {

@@ -17,7 +17,12 @@
 // munmap() of watched memory blocks until the reader thread has read the
 // event, so that thread never takes a lock that a thread calling munmap could
 // hold: it takes only the monitors' queue locks, which are never held around
-// anything that can unmap memory.
+// anything that can unmap memory. If the reader fails for good (poll fails
+// with something other than EINTR, ENOMEM or EAGAIN), the monitor dies
+// loudly: one line on stderr, the userfaultfd is released (so no munmap waits
+// for it), failed() says why, pending() stays true and drain() reports the
+// whole address space, so every cache on it drops what it holds and registers
+// per use from then on.
 //
 // After fork(), the child's copy of the shared userfaultfd still refers to
 // the parent's address space: the child never touches it (see fork_policy.hpp).
@@ -26,6 +31,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+
+struct pollfd;
 
 namespace rdmax {
 
@@ -34,7 +42,7 @@ namespace detail {
 /// What pending() computes, from the two words it loads, in the order that
 /// makes it true from the moment a munmap of watched memory returns until the
 /// cache has dropped the range (the sink has returned). `reading` is the
-/// reader's word (bit 0: between poll and queueing), `state` the
+/// reader's word (bit 0: between poll and queueing; bit 1: dead), `state` the
 /// monitor's (bit 0: its queue is not empty; above it: drains in progress).
 /// An event moves from `reading` to the queue bit to a drain and out, so the
 /// words are loaded in that order: a load that finds a stage over finds the
@@ -49,6 +57,8 @@ template <class Word>
 /// Test seams of the userfaultfd reader (tests/unit/test_uffd_monitor.cpp);
 /// null in production. Set them before the process's first uffd_monitor.
 struct uffd_hooks {
+    /// Replaces poll() in the reader thread.
+    int (*poll)(pollfd* fds, unsigned long n, int timeout) = nullptr;
     /// Runs in watch() between UFFDIO_REGISTER and counting the range watched.
     void (*after_register)() = nullptr;
 };
@@ -79,13 +89,16 @@ public:
     [[nodiscard]] token watch(std::uintptr_t start, std::size_t len);
     void unwatch(token t) noexcept;
     [[nodiscard]] bool valid(token t) const noexcept { return t.end != 0; }
-    /// Reports the ranges unmapped since the last call as sink(ctx, start, end).
+    /// Reports the ranges unmapped since the last call as sink(ctx, start, end)
+    /// (the whole address space once the monitor died).
     void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept;
     /// True when an event is being read, queued, or being drained (until the
-    /// sink returned). Two loads, no call.
+    /// sink returned), and for good once the monitor died. Two loads, no call.
     [[nodiscard]] bool pending() const noexcept {
         return detail::uffd_pending(*reading_flag_, *state_flag_);
     }
+    /// Why the monitor died, or empty while it works.
+    [[nodiscard]] std::string failed() const;
 
     /// Events this monitor received, and merges its bounded queue was forced into.
     [[nodiscard]] std::uint64_t events() const noexcept;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <poll.h>
 #include <pthread.h>
+#include <string_view>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -92,6 +93,204 @@ int open_uffd(std::string& why) noexcept {
     return fd;
 }
 
+// ---- Which mappings a range lies in, and whether userfaultfd sees all of
+// ---- what can happen to them.
+
+/// One mapping (VMA) as /proc/self/maps or PROCMAP_QUERY describes it.
+struct vma_info {
+    std::uintptr_t start = 0;
+    std::uintptr_t end = 0;
+    bool shared = false;
+    unsigned long inode = 0;
+    std::string_view name;
+};
+
+/// Whether every way this mapping can lose its pages reaches userfaultfd:
+/// private anonymous memory (no file behind it that another mapping, another
+/// process or ftruncate could change), and private anonymous hugetlb.
+bool sees_everything(const vma_info& v) noexcept {
+    if (v.shared)
+        return false;
+    return v.inode == 0 || v.name.starts_with("/anon_hugepage");
+}
+
+/// The mappings [start, end) lies in: [lo, hi), their union, when they cover
+/// it without a hole and userfaultfd sees everything that can happen to each.
+struct vma_span {
+    std::uintptr_t lo = 0;
+    std::uintptr_t hi = 0;
+    bool cacheable = false;
+};
+
+/// Folds one mapping into a span being built over [start, end); false when
+/// the walk is over (past end, a hole, or memory it cannot cache).
+bool fold(vma_span& s, std::uintptr_t& at, std::uintptr_t end, const vma_info& v) noexcept {
+    if (v.end <= at)
+        return true; // before the range
+    if (v.start > at || !sees_everything(v)) {
+        s.cacheable = false; // a hole, or memory it cannot see
+        return false;
+    }
+    if (s.hi == 0)
+        s.lo = v.start;
+    s.hi = v.end;
+    at = v.end;
+    if (at >= end) {
+        s.cacheable = true;
+        return false;
+    }
+    return true;
+}
+
+// PROCMAP_QUERY (Linux 6.11): one mapping by address, no text to format.
+struct procmap_query_arg {
+    std::uint64_t size;
+    std::uint64_t query_flags;
+    std::uint64_t query_addr;
+    std::uint64_t vma_start;
+    std::uint64_t vma_end;
+    std::uint64_t vma_flags;
+    std::uint64_t vma_page_size;
+    std::uint64_t vma_offset;
+    std::uint64_t inode;
+    std::uint32_t dev_major;
+    std::uint32_t dev_minor;
+    std::uint32_t vma_name_size;
+    std::uint32_t build_id_size;
+    std::uint64_t vma_name_addr;
+    std::uint64_t build_id_addr;
+};
+constexpr unsigned long procmap_query = _IOWR('f', 17, procmap_query_arg);
+constexpr std::uint64_t procmap_vma_shared = 0x08;
+
+/// By PROCMAP_QUERY; false (and errno) when the kernel lacks it.
+bool span_by_query(int maps_fd, std::uintptr_t start, std::uintptr_t end, vma_span& s) noexcept {
+    std::uintptr_t at = start;
+    for (;;) {
+        char name[256];
+        procmap_query_arg q{};
+        q.size = sizeof q;
+        q.query_addr = at;
+        q.vma_name_size = sizeof name;
+        q.vma_name_addr = reinterpret_cast<std::uintptr_t>(name);
+        if (ioctl(maps_fd, procmap_query, &q) != 0) {
+            if (errno != ENOENT && errno != ENAMETOOLONG)
+                return false;
+            s.cacheable = false; // a hole, or a long name: a file
+            return true;
+        }
+        const vma_info v{
+            static_cast<std::uintptr_t>(q.vma_start), static_cast<std::uintptr_t>(q.vma_end),
+            (q.vma_flags & procmap_vma_shared) != 0, static_cast<unsigned long>(q.inode),
+            q.vma_name_size != 0 ? std::string_view(name, q.vma_name_size - 1)
+                                 : std::string_view{}};
+        if (!fold(s, at, end, v))
+            return true;
+    }
+}
+
+/// Parses one line of /proc/self/maps: "lo-hi perm offset dev inode name".
+bool parse_maps_line(std::string_view line, vma_info& v) noexcept {
+    std::size_t i = 0;
+    const auto hex = [&](std::uintptr_t& out) {
+        out = 0;
+        const std::size_t from = i;
+        for (; i < line.size(); ++i) {
+            const char c = line[i];
+            const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (d < 0)
+                break;
+            out = out * 16 + static_cast<std::uintptr_t>(d);
+        }
+        return i > from;
+    };
+    const auto skip = [&](char c) {
+        if (i >= line.size() || line[i] != c)
+            return false;
+        ++i;
+        return true;
+    };
+    const auto field = [&] { // skips one space-separated field and the spaces after it
+        while (i < line.size() && line[i] != ' ')
+            ++i;
+        while (i < line.size() && line[i] == ' ')
+            ++i;
+    };
+    if (!hex(v.start) || !skip('-') || !hex(v.end) || !skip(' ') || i + 4 > line.size())
+        return false;
+    v.shared = line[i + 3] == 's';
+    field(); // perms
+    field(); // offset
+    field(); // device
+    v.inode = 0;
+    for (; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i)
+        v.inode = v.inode * 10 + static_cast<unsigned long>(line[i] - '0');
+    while (i < line.size() && line[i] == ' ')
+        ++i;
+    v.name = line.substr(i);
+    return true;
+}
+
+/// By reading /proc/self/maps up to the end of the range. No allocation.
+bool span_by_text(std::uintptr_t start, std::uintptr_t end, vma_span& s) noexcept {
+    const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char buf[8192];
+    std::size_t have = 0;
+    std::uintptr_t at = start;
+    bool going = true, ok = true;
+    while (going) {
+        const ssize_t n = read(fd, buf + have, sizeof buf - have);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            ok = n == 0;
+            if (ok && have != 0) { // a last line without its newline
+                vma_info v;
+                if (parse_maps_line({buf, have}, v))
+                    fold(s, at, end, v);
+            }
+            break;
+        }
+        have += static_cast<std::size_t>(n);
+        std::size_t from = 0;
+        for (std::size_t i = 0; i < have && going; ++i) {
+            if (buf[i] != '\n')
+                continue;
+            vma_info v;
+            if (parse_maps_line({buf + from, i - from}, v))
+                going = fold(s, at, end, v);
+            from = i + 1;
+        }
+        if (from == 0 && have == sizeof buf) { // a line longer than the buffer
+            ok = false;
+            break;
+        }
+        std::memmove(buf, buf + from, have - from);
+        have -= from;
+    }
+    close(fd);
+    return ok;
+}
+
+/// The span of [start, end); not cacheable when it cannot be told.
+vma_span span_of(int maps_fd, std::uintptr_t start, std::uintptr_t end) noexcept {
+    static std::atomic<bool> no_query{false};
+    vma_span s;
+    if (maps_fd >= 0 && !no_query.load(std::memory_order_relaxed) &&
+        !detail::uffd_test_hooks().no_procmap_query) {
+        if (span_by_query(maps_fd, start, end, s))
+            return s;
+        if (errno == ENOTTY || errno == EINVAL)
+            no_query.store(true, std::memory_order_relaxed);
+        s = {};
+    }
+    if (!span_by_text(start, end, s))
+        s = {};
+    return s;
+}
+
 /// The one userfaultfd of a process. Never destroyed: its reader thread may
 /// be needed until the very end (a munmap in a static destructor waits for it).
 class uffd_service {
@@ -134,13 +333,15 @@ public:
     }
 
     /// Registers [start, end) and counts it watched once more; {0, 0} for
-    /// memory it cannot watch. Registering again a range already registered is
-    /// harmless, and catches a new mapping placed where an old watched one was.
-    /// The ioctl and the count are one step under pieces_mutex_, so that an
-    /// unwatch that drops the count to zero (and unregisters) cannot fall
-    /// between them.
+    /// memory it cannot watch (or see all that can happen to). Registering again a range already
+    /// registered is harmless, and catches a new mapping placed where an old watched one was. The
+    /// ioctl and the count are one step under pieces_mutex_, so that an unwatch that drops the
+    /// count to zero (and unregisters) cannot fall between them.
     std::pair<std::uintptr_t, std::uintptr_t> watch(std::uintptr_t start, std::uintptr_t end) {
         if (dead())
+            return {};
+        const vma_span s = span_of(maps_fd_, start, end);
+        if (!s.cacheable)
             return {};
         std::lock_guard lock(pieces_mutex_);
         if (dead())
@@ -154,6 +355,12 @@ public:
         if (auto* hook = detail::uffd_test_hooks().after_register)
             hook();
         add(start, end, +1);
+        // The mappings may have been replaced between the look and the
+        // registration: what is registered now is what counts.
+        if (!span_of(maps_fd_, start, end).cacheable) {
+            add(start, end, -1);
+            return {};
+        }
         return {start, end};
     }
 
@@ -182,6 +389,7 @@ private:
         if (fd_ < 0)
             return false;
         stop_fd_ = eventfd(0, EFD_CLOEXEC);
+        maps_fd_ = open("/proc/self/maps", O_RDONLY | O_CLOEXEC); // -1: text each time
         // Signals go to the application's threads, never to the reader.
         sigset_t all, old;
         sigfillset(&all);
@@ -194,6 +402,8 @@ private:
             close(fd_);
             if (stop_fd_ >= 0)
                 close(stop_fd_);
+            if (maps_fd_ >= 0)
+                close(maps_fd_);
             return false;
         }
         pthread_detach(thread_);
@@ -346,6 +556,7 @@ private:
 
     int fd_ = -1;
     int stop_fd_ = -1;
+    int maps_fd_ = -1;
     pthread_t thread_{};
     std::uint32_t fork_generation_ = fork_generation();
     std::atomic<std::uint32_t> reading_{0};

@@ -536,6 +536,89 @@ TEST_CASE(
                    std::chrono::seconds(20)) == 0);
 }
 
+// ---- Memory whose pages can go through a file is never cached (issue 23, item 7).
+
+namespace {
+
+void* map_memfd(std::size_t len, int flags) {
+    const int fd = memfd_create("rdmax-uffd-test", MFD_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, static_cast<off_t>(len)) == 0);
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, flags, fd, 0);
+    close(fd);
+    REQUIRE(p != MAP_FAILED);
+    return p;
+}
+
+void check_served_per_use(const char* what, void* p) {
+    INFO(what);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(p, page).reset();
+    c.get<lw>(p, page).reset();
+    CHECK(c.registrar_ref().regs == 2);
+    CHECK(c.counters().uncached == 2);
+    CHECK(c.counters().registered_count == 0);
+    CHECK(c.registrar_ref().live == 0);
+}
+
+} // namespace
+
+TEST_CASE("uffd: memfd, shmem and shared anonymous memory are registered per use; private "
+          "anonymous memory is cached") {
+    for (const bool text : {false, true}) {
+        INFO((text ? "/proc/self/maps as text" : "PROCMAP_QUERY where the kernel has it"));
+        detail::uffd_test_hooks().no_procmap_query = text;
+        void* shared = map_memfd(4 * page, MAP_SHARED);
+        void* priv = map_memfd(4 * page, MAP_PRIVATE);
+        void* shared_anon =
+            mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        REQUIRE(shared_anon != MAP_FAILED);
+        check_served_per_use("memfd MAP_SHARED", shared);
+        check_served_per_use("memfd MAP_PRIVATE", priv);
+        check_served_per_use("MAP_SHARED | MAP_ANONYMOUS", shared_anon);
+        {
+            mapping m(4);
+            cache_t c{counting_registrar{}};
+            c.get<lw>(m.at(1), 2 * page).reset();
+            CHECK(cached(c, m.at(1), page));
+            CHECK(c.counters().uncached == 0);
+            CHECK(c.counters().registered_count == 1);
+        }
+        munmap(shared, 4 * page);
+        munmap(priv, 4 * page);
+        munmap(shared_anon, 4 * page);
+    }
+    detail::uffd_test_hooks().no_procmap_query = false;
+}
+
+TEST_CASE("uffd: a range across two private anonymous mappings is cached; one with a hole or a "
+          "memfd part is not") {
+    mapping m(6);
+    // Two VMAs: different protections on [0, 3) and [3, 6).
+    REQUIRE(mprotect(m.at(3), 3 * page, PROT_READ) == 0);
+    {
+        cache_t c{counting_registrar{}};
+        c.get<rights::local_read>(m.at(2), 2 * page).reset();
+        CHECK(c.counters().registered_count == 1);
+        CHECK(c.counters().uncached == 0);
+    }
+    REQUIRE(munmap(m.at(3), page) == 0); // a hole in the middle
+    {
+        cache_t c{counting_registrar{}};
+        c.get<rights::local_read>(m.at(2), 3 * page).reset();
+        CHECK(c.counters().registered_count == 0);
+        CHECK(c.counters().uncached == 1);
+    }
+    REQUIRE(mmap(m.at(3), page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1,
+                 0) == m.at(3));
+    {
+        cache_t c{counting_registrar{}};
+        c.get<rights::local_read>(m.at(2), 3 * page).reset();
+        CHECK(c.counters().registered_count == 0);
+        CHECK(c.counters().uncached == 1);
+    }
+}
+
 std::optional<std::string> rdmax::test::skip_reason() {
     if (uffd_monitor::available())
         return std::nullopt;

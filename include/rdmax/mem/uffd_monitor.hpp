@@ -10,10 +10,16 @@
 // and MADV_REMOVE). Each monitor queues the ranges in a bounded
 // pending_invalidations; the cache drops them at its next operation.
 //
-// Limits (the kernel's): only anonymous, shmem and hugetlbfs memory can be
-// watched. Memory it cannot watch (a file mapping, say) is served uncached:
-// valid() is false on its token and the cache registers it per use. Nothing
-// is reported for page migration or swap, which pinned pages do not undergo.
+// What it watches. Only private anonymous memory (and private anonymous
+// hugetlb) is cached: userfaultfd sees every way this process takes such
+// pages away. Memory backed by a file, shared or not -- a file, a memfd,
+// shmem, MAP_SHARED|MAP_ANONYMOUS -- can lose its pages through the file
+// (ftruncate, fallocate(PUNCH_HOLE), MADV_REMOVE through another mapping, or
+// another process) with no event here: watch() gives a token for which
+// valid() is false, and the cache registers such memory per use (counter
+// `uncached`). The kernel module (kmod_monitor) watches all of it. Nothing is
+// reported for page migration or swap, which pinned pages do not undergo.
+//
 // munmap() of watched memory blocks until the reader thread has read the
 // event, so that thread never takes a lock that a thread calling munmap could
 // hold: it takes only the monitors' queue locks, which are never held around
@@ -61,6 +67,8 @@ struct uffd_hooks {
     int (*poll)(pollfd* fds, unsigned long n, int timeout) = nullptr;
     /// Runs in watch() between UFFDIO_REGISTER and counting the range watched.
     void (*after_register)() = nullptr;
+    /// Reads /proc/self/maps as text even where PROCMAP_QUERY exists.
+    bool no_procmap_query = false;
 };
 [[nodiscard]] uffd_hooks& uffd_test_hooks() noexcept;
 

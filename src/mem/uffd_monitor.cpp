@@ -332,11 +332,13 @@ public:
         subs_.erase(subs_.iterator_to(sub));
     }
 
-    /// Registers [start, end) and counts it watched once more; {0, 0} for
-    /// memory it cannot watch (or see all that can happen to). Registering again a range already
-    /// registered is harmless, and catches a new mapping placed where an old watched one was. The
-    /// ioctl and the count are one step under pieces_mutex_, so that an unwatch that drops the
-    /// count to zero (and unregisters) cannot fall between them.
+    /// Registers the mappings [start, end) lies in, whole, and counts them
+    /// watched once more; {0, 0} for memory it cannot watch (or see all that
+    /// can happen to). Registering again a range already registered is
+    /// harmless, and catches a new mapping placed where an old watched one was.
+    /// The ioctl and the count are one step under pieces_mutex_, so that an
+    /// unwatch that drops the count to zero (and unregisters) cannot fall
+    /// between them.
     std::pair<std::uintptr_t, std::uintptr_t> watch(std::uintptr_t start, std::uintptr_t end) {
         if (dead())
             return {};
@@ -347,21 +349,23 @@ public:
         if (dead())
             return {}; // fd_ is not the userfaultfd any more
         uffdio_register reg{};
-        reg.range.start = start;
-        reg.range.len = end - start;
+        reg.range.start = s.lo;
+        reg.range.len = s.hi - s.lo;
         reg.mode = UFFDIO_REGISTER_MODE_WP; // never armed: no fault waits on us
         if (ioctl(fd_, UFFDIO_REGISTER, &reg) != 0)
             return {}; // EINVAL: not anonymous/shmem/hugetlbfs; ENOMEM: a hole
         if (auto* hook = detail::uffd_test_hooks().after_register)
             hook();
-        add(start, end, +1);
+        add(s.lo, s.hi, +1);
         // The mappings may have been replaced between the look and the
-        // registration: what is registered now is what counts.
-        if (!span_of(maps_fd_, start, end).cacheable) {
-            add(start, end, -1);
+        // registration: what is registered now is what counts. (The kernel
+        // may have merged them with watched neighbours: a wider span is fine.)
+        const vma_span now = span_of(maps_fd_, start, end);
+        if (!now.cacheable || now.lo > s.lo || now.hi < s.hi) {
+            add(s.lo, s.hi, -1);
             return {};
         }
-        return {start, end};
+        return {s.lo, s.hi};
     }
 
     /// Counts [start, end) watched once less; unregisters the pages that no

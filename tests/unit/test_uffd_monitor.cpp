@@ -619,6 +619,56 @@ TEST_CASE("uffd: a range across two private anonymous mappings is cached; one wi
     }
 }
 
+// ---- Watching does not change what the application's mremap does (issue 23, item 8).
+
+TEST_CASE("uffd: a fixed mremap of a mapping part of which is cached moves it whole, as without "
+          "rdmax") {
+    // The kernel refuses (6.1: EFAULT) or stops part way (6.17+) a move across
+    // a userfaultfd-registered VMA and an unregistered one; the monitor
+    // registers whole mappings, so a mapping made in one mmap stays one VMA.
+    mapping m(4);
+    for (std::size_t i = 0; i < 4; ++i)
+        std::memset(m.at(i), static_cast<int>('a' + i), page);
+    void* dst = mmap(nullptr, 4 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(dst != MAP_FAILED);
+    registration_cache<counting_registrar, auto_monitor> c{counting_registrar{},
+                                                           auto_monitor(monitor_kind::uffd)};
+    {
+        auto held = c.local<lw>(m.at(2), 2 * page);
+        void* moved = mremap(m.base, 4 * page, 4 * page, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+        INFO("mremap: " << (moved == MAP_FAILED ? std::strerror(errno) : "moved"));
+        REQUIRE(moved == dst);
+    }
+    auto* q = static_cast<unsigned char*>(dst);
+    for (std::size_t i = 0; i < 4; ++i)
+        CHECK(q[i * page] == 'a' + i); // every page moved, none left behind
+    unsigned char probe = 0;
+    CHECK(mincore(m.base, page, &probe) == -1); // the old place is empty
+    CHECK(errno == ENOMEM);
+    // The cache saw the move: the old registration is gone.
+    c.get<lw>(q + 2 * page, page).reset();
+    CHECK(c.counters().invalidations == 1);
+    CHECK(c.registrar_ref().live == 1);
+    m.base = static_cast<std::byte*>(dst); // unmapped at the end
+}
+
+TEST_CASE("uffd: a mapping placed beside a watched one, which the kernel then merges with it, "
+          "is cached") {
+    mapping m(8);
+    REQUIRE(munmap(m.at(4), 4 * page) == 0);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(m.at(0), page).reset(); // watches [0, 4)
+    REQUIRE(mmap(m.at(4), 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                 -1, 0) == m.at(4));
+    c.get<lw>(m.at(6), page).reset(); // watches [4, 8), which the kernel merges into [0, 8)
+    CHECK(c.counters().registered_count == 2);
+    CHECK(c.counters().uncached == 0);
+    CHECK(cached(c, m.at(6), page));
+    REQUIRE(munmap(m.at(6), page) == 0);
+    CHECK_FALSE(cached(c, m.at(6), page));
+    CHECK(cached(c, m.at(0), page));
+}
+
 std::optional<std::string> rdmax::test::skip_reason() {
     if (uffd_monitor::available())
         return std::nullopt;

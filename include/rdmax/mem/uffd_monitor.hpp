@@ -20,6 +20,17 @@
 // `uncached`). The kernel module (kmod_monitor) watches all of it. Nothing is
 // reported for page migration or swap, which pinned pages do not undergo.
 //
+// What it changes for the application. Registering part of a mapping with
+// userfaultfd splits its VMA, and a later mremap that moves a range spanning
+// a registered VMA and an unregistered one fails (EFAULT; from Linux 6.17 on
+// after moving the part before the registered VMA). So watch() registers the
+// whole mappings (VMAs) the range lies in, not just its pages: a mapping the
+// application made in one mmap stays one VMA, and moving it whole works as
+// without rdmax. What still differs: on 6.17+, a move across several of the
+// application's own VMAs (made by separate mmaps or split by mprotect) stops
+// at the first watched VMA that is not the first; the kernel module changes
+// nothing, and auto_monitor prefers it.
+//
 // munmap() of watched memory blocks until the reader thread has read the
 // event, so that thread never takes a lock that a thread calling munmap could
 // hold: it takes only the monitors' queue locks, which are never held around

@@ -269,7 +269,7 @@ struct world {
 struct word {
     world* w;
     int which; ///< 0: the reader's, 1: the monitor's state
-    std::uint32_t load(std::memory_order) const noexcept {
+    [[nodiscard]] std::uint32_t load(std::memory_order) const noexcept {
         const std::uint32_t v = world::stages[w->stage][which];
         if (++w->loads == 1)
             w->stage = std::min(world::done, w->stage + w->advance_after_first);
@@ -448,6 +448,7 @@ int in_child(const char* name, std::chrono::seconds deadline) {
         env_strings.emplace_back(*e);
     env_strings.push_back(std::string(child_env) + "=1");
     std::vector<char*> envp;
+    envp.reserve(env_strings.size() + 1);
     for (auto& s : env_strings)
         envp.push_back(s.data());
     envp.push_back(nullptr);

@@ -31,15 +31,15 @@
 // at the first watched VMA that is not the first; the kernel module changes
 // nothing, and auto_monitor prefers it.
 //
-// munmap() of watched memory blocks until the reader thread has read the
-// event, so that thread never takes a lock that a thread calling munmap could
-// hold: it takes only the monitors' queue locks, which are never held around
-// anything that can unmap memory. If the reader fails for good (poll fails
-// with something other than EINTR, ENOMEM or EAGAIN), the monitor dies
-// loudly: one line on stderr, the userfaultfd is released (so no munmap waits
-// for it), failed() says why, pending() stays true and drain() reports the
-// whole address space, so every cache on it drops what it holds and registers
-// per use from then on.
+// munmap() (or MADV_DONTNEED) anywhere in a watched mapping blocks until the
+// reader thread has read the event, so that thread never takes a lock that a thread calling munmap
+// could hold: it takes only the monitors' queue locks, which are never held around anything that
+// can unmap memory. If the reader fails for good (poll fails with something other than EINTR,
+// ENOMEM or EAGAIN), the monitor dies loudly: one line on stderr, the userfaultfd is released (so
+// no munmap waits for it), failed() says why, pending() stays true and drain() reports the whole
+// address space, so every cache on it drops what it holds and registers per use from then on. (A
+// forked child that has not exec'd yet holds a copy of the descriptor; until it exits, releasing
+// ours wakes no waiter.)
 //
 // After fork(), the child's copy of the shared userfaultfd still refers to
 // the parent's address space: the child never touches it (see fork_policy.hpp).
@@ -103,8 +103,10 @@ public:
     uffd_monitor& operator=(uffd_monitor&&) noexcept;
     ~uffd_monitor();
 
-    /// Registers the pages of [start, start + len) with the userfaultfd. A
-    /// range it cannot watch gives a token for which valid() is false.
+    /// Registers the mappings that [start, start + len) lies in, whole, with
+    /// the userfaultfd; the token holds their span. A range it cannot watch
+    /// (or whose memory can change behind its back: see above) gives a token
+    /// for which valid() is false.
     [[nodiscard]] token watch(std::uintptr_t start, std::size_t len);
     void unwatch(token t) noexcept;
     [[nodiscard]] bool valid(token t) const noexcept { return t.end != 0; }

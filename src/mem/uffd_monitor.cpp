@@ -3,12 +3,14 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <map>
 #include <mutex>
 #include <poll.h>
 #include <pthread.h>
+#include <string_view>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
@@ -24,10 +26,20 @@
 #include <rdmax/mem/pending_invalidations.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 
+#include "../notice.hpp"
+
 namespace rdmax {
 
 namespace {
 class uffd_service;
+
+// The subscription's state word: bit 0 while its queue is not empty; the
+// drains in progress above it. The reader's word: bit 0 while it is between
+// poll and queueing, bit 1 once it died.
+constexpr std::uint32_t queued_bit = 1;
+constexpr std::uint32_t one_drain = 2;
+constexpr std::uint32_t reading_bit = 1;
+constexpr std::uint32_t dead_bit = 2;
 } // namespace
 
 struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
@@ -35,14 +47,21 @@ struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
     std::uint32_t fork_generation = rdmax::fork_generation();
     std::mutex mutex; ///< never held around anything that can unmap memory
     pending_invalidations<64> queue;
-    std::atomic<bool> nonempty{false};
+    std::atomic<std::uint32_t> state{0};
     std::atomic<std::uint64_t> events{0};
 
     /// False in a forked child: the service is the parent's.
     [[nodiscard]] bool ours() const noexcept { return fork_generation == rdmax::fork_generation(); }
 };
 
+detail::uffd_hooks& detail::uffd_test_hooks() noexcept {
+    static uffd_hooks hooks;
+    return hooks;
+}
+
 namespace {
+
+using detail::notice_once;
 
 #ifndef UFFD_USER_MODE_ONLY
 #define UFFD_USER_MODE_ONLY 1
@@ -74,6 +93,204 @@ int open_uffd(std::string& why) noexcept {
     return fd;
 }
 
+// ---- Which mappings a range lies in, and whether userfaultfd sees all of
+// ---- what can happen to them.
+
+/// One mapping (VMA) as /proc/self/maps or PROCMAP_QUERY describes it.
+struct vma_info {
+    std::uintptr_t start = 0;
+    std::uintptr_t end = 0;
+    bool shared = false;
+    unsigned long inode = 0;
+    std::string_view name;
+};
+
+/// Whether every way this mapping can lose its pages reaches userfaultfd:
+/// private anonymous memory (no file behind it that another mapping, another
+/// process or ftruncate could change), and private anonymous hugetlb.
+bool sees_everything(const vma_info& v) noexcept {
+    if (v.shared)
+        return false;
+    return v.inode == 0 || v.name.starts_with("/anon_hugepage");
+}
+
+/// The mappings [start, end) lies in: [lo, hi), their union, when they cover
+/// it without a hole and userfaultfd sees everything that can happen to each.
+struct vma_span {
+    std::uintptr_t lo = 0;
+    std::uintptr_t hi = 0;
+    bool cacheable = false;
+};
+
+/// Folds one mapping into a span being built over [start, end); false when
+/// the walk is over (past end, a hole, or memory it cannot cache).
+bool fold(vma_span& s, std::uintptr_t& at, std::uintptr_t end, const vma_info& v) noexcept {
+    if (v.end <= at)
+        return true; // before the range
+    if (v.start > at || !sees_everything(v)) {
+        s.cacheable = false; // a hole, or memory it cannot see
+        return false;
+    }
+    if (s.hi == 0)
+        s.lo = v.start;
+    s.hi = v.end;
+    at = v.end;
+    if (at >= end) {
+        s.cacheable = true;
+        return false;
+    }
+    return true;
+}
+
+// PROCMAP_QUERY (Linux 6.11): one mapping by address, no text to format.
+struct procmap_query_arg {
+    std::uint64_t size;
+    std::uint64_t query_flags;
+    std::uint64_t query_addr;
+    std::uint64_t vma_start;
+    std::uint64_t vma_end;
+    std::uint64_t vma_flags;
+    std::uint64_t vma_page_size;
+    std::uint64_t vma_offset;
+    std::uint64_t inode;
+    std::uint32_t dev_major;
+    std::uint32_t dev_minor;
+    std::uint32_t vma_name_size;
+    std::uint32_t build_id_size;
+    std::uint64_t vma_name_addr;
+    std::uint64_t build_id_addr;
+};
+constexpr unsigned long procmap_query = _IOWR('f', 17, procmap_query_arg);
+constexpr std::uint64_t procmap_vma_shared = 0x08;
+
+/// By PROCMAP_QUERY; false (and errno) when the kernel lacks it.
+bool span_by_query(int maps_fd, std::uintptr_t start, std::uintptr_t end, vma_span& s) noexcept {
+    std::uintptr_t at = start;
+    for (;;) {
+        char name[256];
+        procmap_query_arg q{};
+        q.size = sizeof q;
+        q.query_addr = at;
+        q.vma_name_size = sizeof name;
+        q.vma_name_addr = reinterpret_cast<std::uintptr_t>(name);
+        if (ioctl(maps_fd, procmap_query, &q) != 0) {
+            if (errno != ENOENT && errno != ENAMETOOLONG)
+                return false;
+            s.cacheable = false; // a hole, or a long name: a file
+            return true;
+        }
+        const vma_info v{
+            static_cast<std::uintptr_t>(q.vma_start), static_cast<std::uintptr_t>(q.vma_end),
+            (q.vma_flags & procmap_vma_shared) != 0, static_cast<unsigned long>(q.inode),
+            q.vma_name_size != 0 ? std::string_view(name, q.vma_name_size - 1)
+                                 : std::string_view{}};
+        if (!fold(s, at, end, v))
+            return true;
+    }
+}
+
+/// Parses one line of /proc/self/maps: "lo-hi perm offset dev inode name".
+bool parse_maps_line(std::string_view line, vma_info& v) noexcept {
+    std::size_t i = 0;
+    const auto hex = [&](std::uintptr_t& out) {
+        out = 0;
+        const std::size_t from = i;
+        for (; i < line.size(); ++i) {
+            const char c = line[i];
+            const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (d < 0)
+                break;
+            out = out * 16 + static_cast<std::uintptr_t>(d);
+        }
+        return i > from;
+    };
+    const auto skip = [&](char c) {
+        if (i >= line.size() || line[i] != c)
+            return false;
+        ++i;
+        return true;
+    };
+    const auto field = [&] { // skips one space-separated field and the spaces after it
+        while (i < line.size() && line[i] != ' ')
+            ++i;
+        while (i < line.size() && line[i] == ' ')
+            ++i;
+    };
+    if (!hex(v.start) || !skip('-') || !hex(v.end) || !skip(' ') || i + 4 > line.size())
+        return false;
+    v.shared = line[i + 3] == 's';
+    field(); // perms
+    field(); // offset
+    field(); // device
+    v.inode = 0;
+    for (; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i)
+        v.inode = v.inode * 10 + static_cast<unsigned long>(line[i] - '0');
+    while (i < line.size() && line[i] == ' ')
+        ++i;
+    v.name = line.substr(i);
+    return true;
+}
+
+/// By reading /proc/self/maps up to the end of the range. No allocation.
+bool span_by_text(std::uintptr_t start, std::uintptr_t end, vma_span& s) noexcept {
+    const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char buf[8192];
+    std::size_t have = 0;
+    std::uintptr_t at = start;
+    bool going = true, ok = true;
+    while (going) {
+        const ssize_t n = read(fd, buf + have, sizeof buf - have);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            ok = n == 0;
+            if (ok && have != 0) { // a last line without its newline
+                vma_info v;
+                if (parse_maps_line({buf, have}, v))
+                    fold(s, at, end, v);
+            }
+            break;
+        }
+        have += static_cast<std::size_t>(n);
+        std::size_t from = 0;
+        for (std::size_t i = 0; i < have && going; ++i) {
+            if (buf[i] != '\n')
+                continue;
+            vma_info v;
+            if (parse_maps_line({buf + from, i - from}, v))
+                going = fold(s, at, end, v);
+            from = i + 1;
+        }
+        if (from == 0 && have == sizeof buf) { // a line longer than the buffer
+            ok = false;
+            break;
+        }
+        std::memmove(buf, buf + from, have - from);
+        have -= from;
+    }
+    close(fd);
+    return ok;
+}
+
+/// The span of [start, end); not cacheable when it cannot be told.
+vma_span span_of(int maps_fd, std::uintptr_t start, std::uintptr_t end) noexcept {
+    static std::atomic<bool> no_query{false};
+    vma_span s;
+    if (maps_fd >= 0 && !no_query.load(std::memory_order_relaxed) &&
+        !detail::uffd_test_hooks().no_procmap_query) {
+        if (span_by_query(maps_fd, start, end, s))
+            return s;
+        if (errno == ENOTTY || errno == EINVAL)
+            no_query.store(true, std::memory_order_relaxed);
+        s = {};
+    }
+    if (!span_by_text(start, end, s))
+        s = {};
+    return s;
+}
+
 /// The one userfaultfd of a process. Never destroyed: its reader thread may
 /// be needed until the very end (a munmap in a static destructor waits for it).
 class uffd_service {
@@ -97,7 +314,14 @@ public:
         return s;
     }
 
-    [[nodiscard]] const std::atomic<bool>& reading() const noexcept { return reading_; }
+    [[nodiscard]] const std::atomic<std::uint32_t>& reading() const noexcept { return reading_; }
+    [[nodiscard]] bool dead() const noexcept {
+        return (reading_.load(std::memory_order_acquire) & dead_bit) != 0;
+    }
+    [[nodiscard]] std::string failure() const {
+        std::lock_guard lock(failure_mutex_);
+        return failure_;
+    }
 
     void subscribe(uffd_monitor::subscription& sub) {
         std::lock_guard lock(subs_mutex_);
@@ -108,19 +332,40 @@ public:
         subs_.erase(subs_.iterator_to(sub));
     }
 
-    /// Registers [start, end) and counts it watched once more. Registering
-    /// again a range already registered is harmless, and catches a new
-    /// mapping placed where an old watched one was.
-    bool watch(std::uintptr_t start, std::uintptr_t end) {
+    /// Registers the mappings [start, end) lies in, whole, and counts them
+    /// watched once more; {0, 0} for memory it cannot watch (or see all that
+    /// can happen to). Registering again a range already registered is
+    /// harmless, and catches a new mapping placed where an old watched one was.
+    /// The ioctl and the count are one step under pieces_mutex_, so that an
+    /// unwatch that drops the count to zero (and unregisters) cannot fall
+    /// between them.
+    std::pair<std::uintptr_t, std::uintptr_t> watch(std::uintptr_t start, std::uintptr_t end) {
+        if (dead())
+            return {};
+        const vma_span s = span_of(maps_fd_, start, end);
+        if (!s.cacheable)
+            return {};
+        std::lock_guard lock(pieces_mutex_);
+        if (dead())
+            return {}; // fd_ is not the userfaultfd any more
         uffdio_register reg{};
-        reg.range.start = start;
-        reg.range.len = end - start;
+        reg.range.start = s.lo;
+        reg.range.len = s.hi - s.lo;
         reg.mode = UFFDIO_REGISTER_MODE_WP; // never armed: no fault waits on us
         if (ioctl(fd_, UFFDIO_REGISTER, &reg) != 0)
-            return false; // EINVAL: not anonymous/shmem/hugetlbfs; ENOMEM: a hole
-        std::lock_guard lock(pieces_mutex_);
-        add(start, end, +1);
-        return true;
+            return {}; // EINVAL: not anonymous/shmem/hugetlbfs; ENOMEM: a hole
+        if (auto* hook = detail::uffd_test_hooks().after_register)
+            hook();
+        add(s.lo, s.hi, +1);
+        // The mappings may have been replaced between the look and the
+        // registration: what is registered now is what counts. (The kernel
+        // may have merged them with watched neighbours: a wider span is fine.)
+        const vma_span now = span_of(maps_fd_, start, end);
+        if (!now.cacheable || now.lo > s.lo || now.hi < s.hi) {
+            add(s.lo, s.hi, -1);
+            return {};
+        }
+        return {s.lo, s.hi};
     }
 
     /// Counts [start, end) watched once less; unregisters the pages that no
@@ -130,10 +375,10 @@ public:
         add(start, end, -1);
     }
 
-    /// Waits, bounded, until the reader thread is not between reading an event
-    /// and queueing it.
+    /// Waits until the reader thread is not between reading an event and
+    /// queueing it.
     void settle() const noexcept {
-        while (reading_.load(std::memory_order_acquire))
+        while ((reading_.load(std::memory_order_acquire) & reading_bit) != 0)
             std::this_thread::yield();
     }
 
@@ -148,15 +393,21 @@ private:
         if (fd_ < 0)
             return false;
         stop_fd_ = eventfd(0, EFD_CLOEXEC);
+        maps_fd_ = open("/proc/self/maps", O_RDONLY | O_CLOEXEC); // -1: text each time
         // Signals go to the application's threads, never to the reader.
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
-        const int rc = pthread_create(&thread_, nullptr, &uffd_service::run, this);
+        const int rc =
+            stop_fd_ < 0 ? errno : pthread_create(&thread_, nullptr, &uffd_service::run, this);
         pthread_sigmask(SIG_SETMASK, &old, nullptr);
         if (stop_fd_ < 0 || rc != 0) {
-            why = fmt::format("userfaultfd reader thread: {}", std::strerror(rc != 0 ? rc : errno));
+            why = fmt::format("userfaultfd reader thread: {}", std::strerror(rc));
             close(fd_);
+            if (stop_fd_ >= 0)
+                close(stop_fd_);
+            if (maps_fd_ >= 0)
+                close(maps_fd_);
             return false;
         }
         pthread_detach(thread_);
@@ -168,29 +419,80 @@ private:
         return nullptr;
     }
 
+    static int poll_fds(pollfd* fds, nfds_t n) noexcept {
+        if (auto* hook = detail::uffd_test_hooks().poll)
+            return hook(fds, n, -1);
+        return ::poll(fds, n, -1);
+    }
+
     void loop() noexcept {
         pollfd fds[2] = {{fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+        // poll() fails with ENOMEM or EAGAIN when the kernel is short of
+        // memory for a moment: try again, a little later, for a while.
+        constexpr int transient_tries = 1000;
+        int failures = 0;
         for (;;) {
-            if (poll(fds, 2, -1) < 0) {
-                if (errno == EINTR)
+            if (poll_fds(fds, 2) < 0) {
+                const int e = errno;
+                if (e == EINTR)
                     continue;
+                if ((e == ENOMEM || e == EAGAIN) && ++failures < transient_tries) {
+                    retries_.fetch_add(1, std::memory_order_relaxed);
+                    const timespec ms{0, 1000 * 1000};
+                    nanosleep(&ms, nullptr);
+                    continue;
+                }
+                die(fmt::format("poll: {}", std::strerror(e)));
                 return;
             }
+            failures = 0;
             if ((fds[1].revents & POLLIN) != 0)
                 return;
             // Set before read(): the munmap that produced the event returns
             // once read() took it, and from then on pending() must say so
-            // until the range is in every queue.
-            reading_.store(true, std::memory_order_seq_cst);
+            // until the range is in every queue (deliver() sets the queue's
+            // bit before this one is cleared).
+            reading_.fetch_or(reading_bit, std::memory_order_seq_cst);
             uffd_msg msgs[32];
             for (;;) {
                 const ssize_t n = read(fd_, msgs, sizeof msgs);
+                if (n < 0 && errno == EINTR)
+                    continue;
+                if (n < 0 && errno != EAGAIN) {
+                    die(fmt::format("read: {}", std::strerror(errno)));
+                    return;
+                }
                 if (n <= 0)
                     break;
                 for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(uffd_msg); ++i)
                     deliver(msgs[i]);
             }
-            reading_.store(false, std::memory_order_release);
+            reading_.fetch_and(~reading_bit, std::memory_order_release);
+        }
+    }
+
+    /// The reader cannot go on: say so once, mark every monitor's pending()
+    /// true for good (their drain() then reports everything), and release the
+    /// userfaultfd so that no munmap waits for an event nobody reads (the
+    /// kernel wakes them when the file is released). fd_ becomes a copy of
+    /// the eventfd in one step, so a racing ioctl on fd_ fails harmlessly
+    /// instead of reaching whatever file a closed number would be reused for.
+    void die(const std::string& why) noexcept {
+        try {
+            std::lock_guard lock(failure_mutex_);
+            failure_ = why;
+        } catch (...) {
+        }
+        reading_.store(dead_bit, std::memory_order_seq_cst);
+        static std::once_flag said;
+        try {
+            notice_once(said, fmt::format("the userfaultfd reader failed ({}): registration "
+                                          "caches on userfaultfd drop what they hold and "
+                                          "register per use from now on",
+                                          why));
+        } catch (...) {
+        }
+        while (dup3(stop_fd_, fd_, O_CLOEXEC) < 0 && errno == EBUSY) {
         }
     }
 
@@ -213,7 +515,7 @@ private:
             std::lock_guard q(sub.mutex);
             sub.queue.add(start, end);
             sub.events.fetch_add(1, std::memory_order_relaxed);
-            sub.nonempty.store(true, std::memory_order_release);
+            sub.state.fetch_or(queued_bit, std::memory_order_release);
         }
     }
 
@@ -258,16 +560,20 @@ private:
 
     int fd_ = -1;
     int stop_fd_ = -1;
+    int maps_fd_ = -1;
     pthread_t thread_{};
     std::uint32_t fork_generation_ = fork_generation();
-    std::atomic<bool> reading_{false};
+    std::atomic<std::uint32_t> reading_{0};
+    std::atomic<std::uint64_t> retries_{0};
+    mutable std::mutex failure_mutex_;
+    std::string failure_;
     std::mutex subs_mutex_;
     boost::intrusive::list<uffd_monitor::subscription> subs_;
     std::mutex pieces_mutex_;
     std::map<std::uintptr_t, piece> pieces_;
 };
 
-std::atomic<bool> never{false};
+const std::atomic<std::uint32_t> never{0};
 
 } // namespace
 
@@ -290,19 +596,19 @@ uffd_monitor::uffd_monitor()
     if (sub_->service == nullptr)
         throw_error("uffd_monitor", ENOTSUP, why);
     sub_->service->subscribe(*sub_);
-    queued_flag_ = &sub_->nonempty;
+    state_flag_ = &sub_->state;
     reading_flag_ = &sub_->service->reading();
 }
 
 uffd_monitor::uffd_monitor(uffd_monitor&& o) noexcept
     : sub_(std::move(o.sub_))
-    , queued_flag_(std::exchange(o.queued_flag_, &never))
+    , state_flag_(std::exchange(o.state_flag_, &never))
     , reading_flag_(std::exchange(o.reading_flag_, &never)) {}
 
 uffd_monitor& uffd_monitor::operator=(uffd_monitor&& o) noexcept {
     if (this != &o) {
         std::swap(sub_, o.sub_);
-        std::swap(queued_flag_, o.queued_flag_);
+        std::swap(state_flag_, o.state_flag_);
         std::swap(reading_flag_, o.reading_flag_);
     }
     return *this;
@@ -321,9 +627,10 @@ uffd_monitor::token uffd_monitor::watch(std::uintptr_t start, std::size_t len) {
     if (!sub_->ours())
         throw_error("uffd_monitor::watch", EPERM, "the monitor belongs to the parent process");
     const std::uintptr_t end = start + len;
-    if (len == 0 || end < start || !sub_->service->watch(start, end))
+    if (len == 0 || end < start)
         return {};
-    return {start, end};
+    const auto [lo, hi] = sub_->service->watch(start, end);
+    return {lo, hi};
 }
 
 void uffd_monitor::unwatch(token t) noexcept {
@@ -334,16 +641,28 @@ void uffd_monitor::unwatch(token t) noexcept {
 void uffd_monitor::drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept {
     if (!sub_ || !sub_->ours())
         return;
-    sub_->service->settle();
+    uffd_service& service = *sub_->service;
+    service.settle();
     pending_invalidations<64> taken;
     {
+        // The queue's bit becomes a drain in progress in one step, and the
+        // drain ends only after the sink returned: pending() stays true until
+        // the cache has dropped the ranges.
         std::lock_guard lock(sub_->mutex);
         taken = sub_->queue;
         sub_->queue.clear();
-        sub_->nonempty.store(false, std::memory_order_release);
+        const std::uint32_t queued = sub_->state.load(std::memory_order_relaxed) & queued_bit;
+        sub_->state.fetch_add(one_drain - queued, std::memory_order_acq_rel);
     }
     for (std::size_t i = 0; i < taken.size(); ++i)
         sink(ctx, taken[i].start, taken[i].end);
+    if (service.dead()) // nothing is watched any more
+        sink(ctx, 0, UINTPTR_MAX);
+    sub_->state.fetch_sub(one_drain, std::memory_order_release);
+}
+
+std::string uffd_monitor::failed() const {
+    return sub_ && sub_->ours() ? sub_->service->failure() : std::string{};
 }
 
 std::uint64_t uffd_monitor::events() const noexcept {

@@ -1333,6 +1333,45 @@ TEST_CASE("kmod: a 32-bit caller's ioctls work (compat_ioctl)") {
     munmap(low, page);
 }
 
+TEST_CASE("kmod: watching never changes what the application's mremap does: a fixed move of a "
+          "mapping part of which is cached moves it whole, under every monitor") {
+    // 4 anonymous pages made in one mmap, pages 2-3 cached, then a fixed move
+    // of all 4: without rdmax it moves whole. A userfaultfd registration of
+    // pages 2-3 alone split the mapping, and the move failed (EFAULT on 6.1;
+    // on 6.17+ after moving pages 0-1). auto takes the module where it is.
+    CHECK(rdmax::auto_monitor(rdmax::monitor_kind::automatic).kind() == rdmax::monitor_kind::kmod);
+    for (const auto k : {rdmax::monitor_kind::kmod, rdmax::monitor_kind::uffd,
+                         rdmax::monitor_kind::manual, rdmax::monitor_kind::none}) {
+        INFO("monitor " << rdmax::to_string(k));
+        std::byte* p = map(4);
+        for (std::size_t i = 0; i < 4; ++i)
+            std::memset(p + i * page, static_cast<int>('a' + i), page);
+        void* dst = mmap(nullptr, 4 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        REQUIRE(dst != MAP_FAILED);
+        rdmax::registration_cache<rdmax::counting_registrar, rdmax::auto_monitor> c{
+            rdmax::counting_registrar{}, rdmax::auto_monitor(k)};
+        void* moved = MAP_FAILED;
+        {
+            auto held = c.local<rdmax::rights::local_write>(p + 2 * page, 2 * page);
+            moved = mremap(p, 4 * page, 4 * page, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+        }
+        INFO("mremap: " << (moved == MAP_FAILED ? std::strerror(errno) : "moved"));
+        CHECK(moved == dst);
+        unsigned char probe = 0;
+        int left = 0; // pages still at the old place
+        for (std::size_t i = 0; i < 4; ++i)
+            left += mincore(p + i * page, page, &probe) == 0 ? 1 : 0;
+        CHECK(left == 0);
+        if (moved == dst) {
+            const auto* q = static_cast<const unsigned char*>(dst);
+            for (std::size_t i = 0; i < 4; ++i)
+                CHECK(q[i * page] == 'a' + i);
+        }
+        munmap(p, 4 * page);
+        munmap(dst, 4 * page);
+    }
+}
+
 std::optional<std::string> rdmax::test::skip_reason() {
     if (rdmax::kmod_monitor::available())
         return std::nullopt;

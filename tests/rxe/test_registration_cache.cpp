@@ -81,6 +81,64 @@ TEST_CASE("stale data: after munmap and mmap at the same address, RDMA reads the
     }
 }
 
+TEST_CASE("stale data: memfd pages replaced through the file (ftruncate, punch hole, MADV_REMOVE "
+          "through another mapping): RDMA reads the new bytes") {
+    // userfaultfd sees none of these in this mapping: under uffd such memory
+    // is registered per use; the module sees them and keeps caching.
+    constexpr std::size_t len = 4 * 4096;
+    loopback lp;
+    registered into(lp.pd, len);
+    std::vector<monitor_kind> kinds{monitor_kind::uffd};
+    if (kmod_monitor::available())
+        kinds.insert(kinds.begin(), monitor_kind::kmod);
+    else
+        WARN("the rdmax module is not loaded: the kmod monitor is not tried here");
+    for (const monitor_kind k : kinds) {
+        DYNAMIC_SECTION("monitor " << to_string(k)) {
+            const int fd = memfd_create("rdmax-rxe-test", MFD_CLOEXEC);
+            REQUIRE(fd >= 0);
+            REQUIRE(ftruncate(fd, static_cast<off_t>(len)) == 0);
+            void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            REQUIRE(p != MAP_FAILED);
+            void* other = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            REQUIRE(other != MAP_FAILED);
+            auto* buf = static_cast<std::byte*>(p);
+            auto cache = make_cache(lp.pd, k);
+
+            fill_pattern(std::span(buf, len), 1);
+            read_through(lp, cache, buf, len, into);
+            CHECK(has_pattern(into.bytes, 1));
+
+            REQUIRE(ftruncate(fd, 0) == 0); // the pages leave the file
+            REQUIRE(ftruncate(fd, static_cast<off_t>(len)) == 0);
+            fill_pattern(std::span(buf, len), 2); // new pages
+            read_through(lp, cache, buf, len, into);
+            CHECK(has_pattern(into.bytes, 2));
+
+            REQUIRE(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                              static_cast<off_t>(len)) == 0);
+            fill_pattern(std::span(buf, len), 3);
+            read_through(lp, cache, buf, len, into);
+            CHECK(has_pattern(into.bytes, 3));
+
+            REQUIRE(madvise(other, len, MADV_REMOVE) == 0); // through the other mapping
+            fill_pattern(std::span(buf, len), 4);
+            read_through(lp, cache, buf, len, into);
+            CHECK(has_pattern(into.bytes, 4));
+
+            if (k == monitor_kind::uffd) {
+                CHECK(cache.counters().uncached == 4);
+                CHECK(cache.counters().registered_count == 0);
+            } else {
+                CHECK(cache.counters().invalidations >= 3);
+            }
+            munmap(other, len);
+            munmap(p, len);
+            close(fd);
+        }
+    }
+}
+
 TEST_CASE("stale data: the test sees the bug when nothing invalidates (the control)") {
     constexpr std::size_t len = 4096;
     loopback lp;

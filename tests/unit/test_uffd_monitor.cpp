@@ -3,13 +3,22 @@
 // memory it cannot watch is never cached, the pending queue stays bounded in
 // a munmap loop, and a forked child's cache is inert. SKIP (77) where
 // userfaultfd is unavailable.
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <poll.h>
+#include <string>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
+#include <vector>
 
 #include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/pending_invalidations.hpp>
@@ -231,6 +240,434 @@ TEST_CASE("auto_monitor: resolves names, and none turns caching off") {
     off.get<lw>(m.at(0), page).reset();
     CHECK(off.registrar_ref().regs == 2);
     CHECK(off.registrar_ref().live == 0);
+}
+
+// ---- pending(): never false between a munmap's return and the cache having
+// ---- dropped the range (issue 23, item 1).
+
+namespace {
+
+/// One event's life after the munmap that caused it returned, as the two words
+/// pending() loads: the reader took it (reading), queued it, left; a drain
+/// took it; the sink returned (only then may pending() say false).
+struct world {
+    static constexpr std::uint32_t stages[][2] = {
+        {1, 0}, // read, not yet queued
+        {1, 1}, // queued, the reader still between poll and queueing
+        {0, 1}, // the reader done
+        {0, 2}, // a drain took it: the sink runs
+        {0, 0}, // the sink returned
+    };
+    static constexpr int done = 4;
+    int stage = 0;
+    int loads = 0;
+    int advance_after_first = 0; ///< stages the other threads move on between the loads
+};
+
+/// A word whose load() moves the world on after the first load, as the reader
+/// and a drain on other threads can.
+struct word {
+    world* w;
+    int which; ///< 0: the reader's, 1: the monitor's state
+    [[nodiscard]] std::uint32_t load(std::memory_order) const noexcept {
+        const std::uint32_t v = world::stages[w->stage][which];
+        if (++w->loads == 1)
+            w->stage = std::min(world::done, w->stage + w->advance_after_first);
+        return v;
+    }
+};
+
+} // namespace
+
+TEST_CASE("uffd: pending() is true from munmap's return until the sink returned, in every "
+          "interleaving of its loads") {
+    for (int start = 0; start < world::done; ++start) {
+        for (int moved = 0; start + moved <= world::done; ++moved) {
+            world w{start, 0, moved};
+            const bool pending = detail::uffd_pending(word{&w, 0}, word{&w, 1});
+            INFO("stage " << start << ", " << moved << " stages on between the loads");
+            // False only once the sink has returned, before the second load.
+            CHECK((pending || start + moved == world::done));
+        }
+    }
+}
+
+TEST_CASE("uffd: pending() stays true while drain's sink runs, false after") {
+    mapping m(4);
+    uffd_monitor mon;
+    const auto t = mon.watch(reinterpret_cast<std::uintptr_t>(m.at(0)), 2 * page);
+    REQUIRE(mon.valid(t));
+    REQUIRE(munmap(m.at(0), page) == 0);
+    CHECK(mon.pending()); // from the moment munmap returned
+    struct seen {
+        uffd_monitor* mon;
+        std::uintptr_t unmapped;
+        int calls = 0; ///< for the page unmapped (others' munmaps may come too)
+        int pending_inside = 0;
+    } s{&mon, reinterpret_cast<std::uintptr_t>(m.at(0))};
+    mon.drain(
+        [](void* ctx, std::uintptr_t start, std::uintptr_t end) {
+            auto* got = static_cast<seen*>(ctx);
+            if (start <= got->unmapped && got->unmapped < end) {
+                ++got->calls;
+                got->pending_inside += got->mon->pending() ? 1 : 0;
+            }
+        },
+        &s);
+    CHECK(s.calls == 1);
+    CHECK(s.pending_inside == 1); // the entry is still in the page table there
+    mon.unwatch(t);
+}
+
+TEST_CASE("uffd: a get from another thread while a drain's sink runs never hits the unmapped "
+          "range") {
+    // The sink pauses (in the cache, the entries are not yet erased); a thread
+    // whose get() is ordered after the munmap must see pending() and wait for
+    // the cache's lock, so it never hits the old registration.
+    mapping m(4);
+    uffd_monitor mon;
+    const auto t = mon.watch(reinterpret_cast<std::uintptr_t>(m.at(0)), page);
+    REQUIRE(mon.valid(t));
+    REQUIRE(munmap(m.at(0), page) == 0);
+    std::atomic<int> phase{0};
+    std::atomic<bool> seen_pending{false};
+    std::thread other([&] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (phase.load() != 1 && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::yield();
+        seen_pending = mon.pending(); // inside the sink, from another thread
+        phase = 2;
+    });
+    struct ctx_t {
+        std::atomic<int>* phase;
+    } ctx{&phase};
+    mon.drain(
+        [](void* c, std::uintptr_t, std::uintptr_t) {
+            auto* p = static_cast<ctx_t*>(c)->phase;
+            *p = 1;
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+            while (p->load() != 2 && std::chrono::steady_clock::now() < deadline)
+                std::this_thread::yield();
+        },
+        &ctx);
+    other.join();
+    CHECK(phase.load() == 2);
+    CHECK(seen_pending.load());
+    mon.unwatch(t);
+}
+
+// ---- UFFDIO_REGISTER and the watch count are one step (issue 23, item 2).
+
+namespace {
+std::atomic<int> unwatch_phase{0}; // 1: unwatch now; 2: it returned
+void let_unwatch_run() {
+    unwatch_phase = 1;
+    // With the count taken under the lock, the unwatch cannot run now: give
+    // it a bounded chance, which it takes only when the step is split.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (unwatch_phase.load() != 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+}
+} // namespace
+
+TEST_CASE("uffd: two monitors on the one userfaultfd: X's unwatch between Y's register and its "
+          "count leaves Y watched") {
+    mapping m(4);
+    const auto a = reinterpret_cast<std::uintptr_t>(m.at(0));
+    uffd_monitor x, y;
+    const auto tx = x.watch(a, 2 * page);
+    REQUIRE(x.valid(tx));
+    unwatch_phase = 0;
+    std::thread evict([&] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (unwatch_phase.load() != 1 && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::yield();
+        x.unwatch(tx); // X evicts: its count drops
+        unwatch_phase = 2;
+    });
+    detail::uffd_test_hooks().after_register = &let_unwatch_run;
+    const auto ty = y.watch(a, 2 * page); // Y misses on the same range
+    detail::uffd_test_hooks().after_register = nullptr;
+    evict.join();
+    REQUIRE(y.valid(ty));
+    y.drain([](void*, std::uintptr_t, std::uintptr_t) {}, nullptr);
+    REQUIRE(munmap(m.at(0), page) == 0); // must still reach Y
+    CHECK(y.pending());
+    std::pair<std::uintptr_t, int> seen{a, 0};
+    y.drain(
+        [](void* ctx, std::uintptr_t start, std::uintptr_t end) {
+            auto* s = static_cast<std::pair<std::uintptr_t, int>*>(ctx);
+            s->second += start <= s->first && s->first < end ? 1 : 0;
+        },
+        &seen);
+    CHECK(seen.second == 1);
+    y.unwatch(ty);
+}
+
+// ---- The reader thread retries transient errors, and dies loudly (issue 23, item 6).
+
+namespace {
+
+/// The reader's poll() in a child started by in_child(): it waits until the
+/// test says fail, fails `poll_failures_left` times with `poll_errno`, then
+/// polls for real.
+std::atomic<int> poll_failures_left{0};
+std::atomic<bool> poll_fail_now{false};
+std::atomic<int> poll_errno{ENOMEM};
+
+int failing_poll(pollfd* fds, unsigned long n, int timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!poll_fail_now.load() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+    if (poll_failures_left.load() > 0) {
+        --poll_failures_left;
+        errno = poll_errno.load();
+        return -1;
+    }
+    return ::poll(fds, n, timeout);
+}
+
+constexpr const char* child_env = "RDMAX_TEST_UFFD_FAILING_POLL";
+
+/// In a child started by in_child(), the reader polls through failing_poll
+/// from its first poll on (set before main, which starts the reader).
+const bool poll_hook_set = [] {
+    if (std::getenv(child_env) != nullptr)
+        detail::uffd_test_hooks().poll = &failing_poll;
+    return true;
+}();
+
+/// Runs the hidden test case `name` in a new process (this program, exec'd:
+/// its userfaultfd and reader are its own, so the hook reaches a fresh reader,
+/// and ThreadSanitizer allows its threads) and returns its exit status, or -1
+/// if it did not end within the deadline (then it is killed): a munmap that
+/// blocks forever shows as -1.
+int in_child(const char* name, std::chrono::seconds deadline) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e)
+        env_strings.emplace_back(*e);
+    env_strings.push_back(std::string(child_env) + "=1");
+    std::vector<char*> envp;
+    envp.reserve(env_strings.size() + 1);
+    for (auto& s : env_strings)
+        envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string self = "/proc/self/exe", test = name;
+    char* argv[] = {self.data(), test.data(), nullptr};
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        execve(argv[0], argv, envp.data());
+        _exit(126);
+    }
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    int status = 0;
+    for (;;) {
+        const pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r < 0)
+            return -2;
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (std::chrono::steady_clock::now() > until) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5)); // polling a child's end
+    }
+}
+
+} // namespace
+
+TEST_CASE("uffd child: transient poll errors", "[.child]") {
+    REQUIRE(detail::uffd_test_hooks().poll == &failing_poll);
+    mapping m(8);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(m.at(0), page).reset();
+    c.get<lw>(m.at(4), page).reset();
+    REQUIRE(cached(c, m.at(0), page));
+    poll_errno = ENOMEM;
+    poll_failures_left = 5;
+    poll_fail_now = true;
+    REQUIRE(munmap(m.at(0), page) == 0); // the reader fails 5 times, then reads it
+    REQUIRE(munmap(m.at(4), page) == 0); // blocks for good if the reader left
+    c.get<lw>(m.at(2), page).reset();    // drains
+    CHECK(c.counters().invalidations == 2);
+    CHECK(poll_failures_left.load() == 0);
+    CHECK(c.monitor_ref().failed().empty());
+}
+
+TEST_CASE("uffd child: a poll error the reader cannot go on after", "[.child]") {
+    REQUIRE(detail::uffd_test_hooks().poll == &failing_poll);
+    mapping m(8);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(m.at(0), page).reset();
+    c.get<lw>(m.at(4), page).reset();
+    REQUIRE(cached(c, m.at(0), page));
+    REQUIRE(cached(c, m.at(4), page));
+    poll_errno = EBADF;
+    poll_failures_left = 1;
+    poll_fail_now = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (c.monitor_ref().failed().empty() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+    CHECK(c.monitor_ref().failed().find("poll") != std::string::npos);
+    REQUIRE(munmap(m.at(0), page) == 0); // must not wait for a reader that is gone
+    CHECK(c.monitor_ref().pending());    // for good
+    // Nothing is served from the cache any more: the range still mapped is
+    // registered anew, per use, and nothing stays cached.
+    const auto regs = c.registrar_ref().regs;
+    c.get<lw>(m.at(4), page).reset();
+    c.get<lw>(m.at(4), page).reset();
+    CHECK(c.registrar_ref().regs == regs + 2);
+    CHECK(c.counters().uncached == 2);
+    CHECK(c.counters().registered_count == 0);
+    CHECK(c.registrar_ref().live == 0);
+    CHECK(c.monitor_ref().pending());
+}
+
+TEST_CASE("uffd: the reader retries poll's ENOMEM; munmaps go on being seen") {
+    CHECK(in_child("uffd child: transient poll errors", std::chrono::seconds(20)) == 0);
+}
+
+TEST_CASE(
+    "uffd: a reader that cannot go on dies loudly: no munmap waits, the cache stops caching") {
+    CHECK(in_child("uffd child: a poll error the reader cannot go on after",
+                   std::chrono::seconds(20)) == 0);
+}
+
+// ---- Memory whose pages can go through a file is never cached (issue 23, item 7).
+
+namespace {
+
+void* map_memfd(std::size_t len, int flags) {
+    const int fd = memfd_create("rdmax-uffd-test", MFD_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, static_cast<off_t>(len)) == 0);
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, flags, fd, 0);
+    close(fd);
+    REQUIRE(p != MAP_FAILED);
+    return p;
+}
+
+void check_served_per_use(const char* what, void* p) {
+    INFO(what);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(p, page).reset();
+    c.get<lw>(p, page).reset();
+    CHECK(c.registrar_ref().regs == 2);
+    CHECK(c.counters().uncached == 2);
+    CHECK(c.counters().registered_count == 0);
+    CHECK(c.registrar_ref().live == 0);
+}
+
+} // namespace
+
+TEST_CASE("uffd: memfd, shmem and shared anonymous memory are registered per use; private "
+          "anonymous memory is cached") {
+    for (const bool text : {false, true}) {
+        INFO((text ? "/proc/self/maps as text" : "PROCMAP_QUERY where the kernel has it"));
+        detail::uffd_test_hooks().no_procmap_query = text;
+        void* shared = map_memfd(4 * page, MAP_SHARED);
+        void* priv = map_memfd(4 * page, MAP_PRIVATE);
+        void* shared_anon =
+            mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        REQUIRE(shared_anon != MAP_FAILED);
+        check_served_per_use("memfd MAP_SHARED", shared);
+        check_served_per_use("memfd MAP_PRIVATE", priv);
+        check_served_per_use("MAP_SHARED | MAP_ANONYMOUS", shared_anon);
+        {
+            mapping m(4);
+            cache_t c{counting_registrar{}};
+            c.get<lw>(m.at(1), 2 * page).reset();
+            CHECK(cached(c, m.at(1), page));
+            CHECK(c.counters().uncached == 0);
+            CHECK(c.counters().registered_count == 1);
+        }
+        munmap(shared, 4 * page);
+        munmap(priv, 4 * page);
+        munmap(shared_anon, 4 * page);
+    }
+    detail::uffd_test_hooks().no_procmap_query = false;
+}
+
+TEST_CASE("uffd: a range across two private anonymous mappings is cached; one with a hole or a "
+          "memfd part is not") {
+    mapping m(6);
+    // Two VMAs: different protections on [0, 3) and [3, 6).
+    REQUIRE(mprotect(m.at(3), 3 * page, PROT_READ) == 0);
+    {
+        cache_t c{counting_registrar{}};
+        c.get<rights::local_read>(m.at(2), 2 * page).reset();
+        CHECK(c.counters().registered_count == 1);
+        CHECK(c.counters().uncached == 0);
+    }
+    REQUIRE(munmap(m.at(3), page) == 0); // a hole in the middle
+    {
+        cache_t c{counting_registrar{}};
+        c.get<rights::local_read>(m.at(2), 3 * page).reset();
+        CHECK(c.counters().registered_count == 0);
+        CHECK(c.counters().uncached == 1);
+    }
+    REQUIRE(mmap(m.at(3), page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1,
+                 0) == m.at(3));
+    {
+        cache_t c{counting_registrar{}};
+        c.get<rights::local_read>(m.at(2), 3 * page).reset();
+        CHECK(c.counters().registered_count == 0);
+        CHECK(c.counters().uncached == 1);
+    }
+}
+
+// ---- Watching does not change what the application's mremap does (issue 23, item 8).
+
+TEST_CASE("uffd: a fixed mremap of a mapping part of which is cached moves it whole, as without "
+          "rdmax") {
+    // The kernel refuses (6.1: EFAULT) or stops part way (6.17+) a move across
+    // a userfaultfd-registered VMA and an unregistered one; the monitor
+    // registers whole mappings, so a mapping made in one mmap stays one VMA.
+    mapping m(4);
+    for (std::size_t i = 0; i < 4; ++i)
+        std::memset(m.at(i), static_cast<int>('a' + i), page);
+    void* dst = mmap(nullptr, 4 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(dst != MAP_FAILED);
+    registration_cache<counting_registrar, auto_monitor> c{counting_registrar{},
+                                                           auto_monitor(monitor_kind::uffd)};
+    {
+        auto held = c.local<lw>(m.at(2), 2 * page);
+        void* moved = mremap(m.base, 4 * page, 4 * page, MREMAP_MAYMOVE | MREMAP_FIXED, dst);
+        INFO("mremap: " << (moved == MAP_FAILED ? std::strerror(errno) : "moved"));
+        REQUIRE(moved == dst);
+    }
+    auto* q = static_cast<unsigned char*>(dst);
+    for (std::size_t i = 0; i < 4; ++i)
+        CHECK(q[i * page] == 'a' + i); // every page moved, none left behind
+    unsigned char probe = 0;
+    CHECK(mincore(m.base, page, &probe) == -1); // the old place is empty
+    CHECK(errno == ENOMEM);
+    // The cache saw the move: the old registration is gone.
+    c.get<lw>(q + 2 * page, page).reset();
+    CHECK(c.counters().invalidations == 1);
+    CHECK(c.registrar_ref().live == 1);
+    m.base = static_cast<std::byte*>(dst); // unmapped at the end
+}
+
+TEST_CASE("uffd: a mapping placed beside a watched one, which the kernel then merges with it, "
+          "is cached") {
+    mapping m(8);
+    REQUIRE(munmap(m.at(4), 4 * page) == 0);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(m.at(0), page).reset(); // watches [0, 4)
+    REQUIRE(mmap(m.at(4), 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                 -1, 0) == m.at(4));
+    c.get<lw>(m.at(6), page).reset(); // watches [4, 8), which the kernel merges into [0, 8)
+    CHECK(c.counters().registered_count == 2);
+    CHECK(c.counters().uncached == 0);
+    CHECK(cached(c, m.at(6), page));
+    REQUIRE(munmap(m.at(6), page) == 0);
+    CHECK_FALSE(cached(c, m.at(6), page));
+    CHECK(cached(c, m.at(0), page));
 }
 
 std::optional<std::string> rdmax::test::skip_reason() {

@@ -10,14 +10,36 @@
 // and MADV_REMOVE). Each monitor queues the ranges in a bounded
 // pending_invalidations; the cache drops them at its next operation.
 //
-// Limits (the kernel's): only anonymous, shmem and hugetlbfs memory can be
-// watched. Memory it cannot watch (a file mapping, say) is served uncached:
-// valid() is false on its token and the cache registers it per use. Nothing
-// is reported for page migration or swap, which pinned pages do not undergo.
-// munmap() of watched memory blocks until the reader thread has read the
-// event, so that thread never takes a lock that a thread calling munmap could
-// hold: it takes only the monitors' queue locks, which are never held around
-// anything that can unmap memory.
+// What it watches. Only private anonymous memory (and private anonymous
+// hugetlb) is cached: userfaultfd sees every way this process takes such
+// pages away. Memory backed by a file, shared or not -- a file, a memfd,
+// shmem, MAP_SHARED|MAP_ANONYMOUS -- can lose its pages through the file
+// (ftruncate, fallocate(PUNCH_HOLE), MADV_REMOVE through another mapping, or
+// another process) with no event here: watch() gives a token for which
+// valid() is false, and the cache registers such memory per use (counter
+// `uncached`). The kernel module (kmod_monitor) watches all of it. Nothing is
+// reported for page migration or swap, which pinned pages do not undergo.
+//
+// What it changes for the application. Registering part of a mapping with
+// userfaultfd splits its VMA, and a later mremap that moves a range spanning
+// a registered VMA and an unregistered one fails (EFAULT; from Linux 6.17 on
+// after moving the part before the registered VMA). So watch() registers the
+// whole mappings (VMAs) the range lies in, not just its pages: a mapping the
+// application made in one mmap stays one VMA, and moving it whole works as
+// without rdmax. What still differs: on 6.17+, a move across several of the
+// application's own VMAs (made by separate mmaps or split by mprotect) stops
+// at the first watched VMA that is not the first; the kernel module changes
+// nothing, and auto_monitor prefers it.
+//
+// munmap() (or MADV_DONTNEED) anywhere in a watched mapping blocks until the
+// reader thread has read the event, so that thread never takes a lock that a thread calling munmap
+// could hold: it takes only the monitors' queue locks, which are never held around anything that
+// can unmap memory. If the reader fails for good (poll fails with something other than EINTR,
+// ENOMEM or EAGAIN), the monitor dies loudly: one line on stderr, the userfaultfd is released (so
+// no munmap waits for it), failed() says why, pending() stays true and drain() reports the whole
+// address space, so every cache on it drops what it holds and registers per use from then on. (A
+// forked child that has not exec'd yet holds a copy of the descriptor; until it exits, releasing
+// ours wakes no waiter.)
 //
 // After fork(), the child's copy of the shared userfaultfd still refers to
 // the parent's address space: the child never touches it (see fork_policy.hpp).
@@ -26,8 +48,42 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+
+struct pollfd;
 
 namespace rdmax {
+
+namespace detail {
+
+/// What pending() computes, from the two words it loads, in the order that
+/// makes it true from the moment a munmap of watched memory returns until the
+/// cache has dropped the range (the sink has returned). `reading` is the
+/// reader's word (bit 0: between poll and queueing; bit 1: dead), `state` the
+/// monitor's (bit 0: its queue is not empty; above it: drains in progress).
+/// An event moves from `reading` to the queue bit to a drain and out, so the
+/// words are loaded in that order: a load that finds a stage over finds the
+/// next one begun. A template so that a test can interleave the loads.
+template <class Word>
+[[nodiscard]] inline bool uffd_pending(const Word& reading, const Word& state) noexcept {
+    if (reading.load(std::memory_order_acquire) != 0)
+        return true;
+    return state.load(std::memory_order_acquire) != 0;
+}
+
+/// Test seams of the userfaultfd reader (tests/unit/test_uffd_monitor.cpp);
+/// null in production. Set them before the process's first uffd_monitor.
+struct uffd_hooks {
+    /// Replaces poll() in the reader thread.
+    int (*poll)(pollfd* fds, unsigned long n, int timeout) = nullptr;
+    /// Runs in watch() between UFFDIO_REGISTER and counting the range watched.
+    void (*after_register)() = nullptr;
+    /// Reads /proc/self/maps as text even where PROCMAP_QUERY exists.
+    bool no_procmap_query = false;
+};
+[[nodiscard]] uffd_hooks& uffd_test_hooks() noexcept;
+
+} // namespace detail
 
 class uffd_monitor {
 public:
@@ -47,18 +103,23 @@ public:
     uffd_monitor& operator=(uffd_monitor&&) noexcept;
     ~uffd_monitor();
 
-    /// Registers the pages of [start, start + len) with the userfaultfd. A
-    /// range it cannot watch gives a token for which valid() is false.
+    /// Registers the mappings that [start, start + len) lies in, whole, with
+    /// the userfaultfd; the token holds their span. A range it cannot watch
+    /// (or whose memory can change behind its back: see above) gives a token
+    /// for which valid() is false.
     [[nodiscard]] token watch(std::uintptr_t start, std::size_t len);
     void unwatch(token t) noexcept;
     [[nodiscard]] bool valid(token t) const noexcept { return t.end != 0; }
-    /// Reports the ranges unmapped since the last call as sink(ctx, start, end).
+    /// Reports the ranges unmapped since the last call as sink(ctx, start, end)
+    /// (the whole address space once the monitor died).
     void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept;
-    /// True when an event is queued or being read (two loads, no call).
+    /// True when an event is being read, queued, or being drained (until the
+    /// sink returned), and for good once the monitor died. Two loads, no call.
     [[nodiscard]] bool pending() const noexcept {
-        return queued_flag_->load(std::memory_order_acquire) ||
-               reading_flag_->load(std::memory_order_acquire);
+        return detail::uffd_pending(*reading_flag_, *state_flag_);
     }
+    /// Why the monitor died, or empty while it works.
+    [[nodiscard]] std::string failed() const;
 
     /// Events this monitor received, and merges its bounded queue was forced into.
     [[nodiscard]] std::uint64_t events() const noexcept;
@@ -70,8 +131,8 @@ public:
 
 private:
     std::unique_ptr<subscription> sub_;
-    const std::atomic<bool>* queued_flag_;  ///< this monitor's queue is not empty
-    const std::atomic<bool>* reading_flag_; ///< the reader thread is between poll and queue
+    const std::atomic<std::uint32_t>* state_flag_;   ///< queued bit, drains in progress
+    const std::atomic<std::uint32_t>* reading_flag_; ///< reading bit, dead bit
 };
 
 } // namespace rdmax

@@ -293,11 +293,13 @@ TEST_CASE("stress: 4 threads remap their ranges under two evicting caches; never
     const std::string summary = fmt::format(
         "monitor {}, {} cache(s): {} checked operations, {} stale, {} errors, {} remaps ({} "
         "moved), {:.1f} s "
-        "({:.0f} ops/s); cache 1: {} misses, {} invalidations, {} evictions; cache 2: {} misses, "
+        "({:.0f} ops/s); cache 1: {} hits, {} misses, {} invalidations, {} evictions; cache 2: {} "
+        "hits, {} misses, "
         "{} invalidations, {} evictions",
         to_string(k), stress_caches(), st.checked.load(), st.stale.load(), st.errors.load(),
         st.remaps.load(), st.moved.load(), secs, static_cast<double>(st.checked.load()) / secs,
-        n1.misses, n1.invalidations, n1.evictions, n2.misses, n2.invalidations, n2.evictions);
+        n1.hits, n1.misses, n1.invalidations, n1.evictions, n2.hits, n2.misses, n2.invalidations,
+        n2.evictions);
     fmt::print("{}\n", summary);
     INFO(summary);
     INFO("first problem: " << st.first_problem);

@@ -598,7 +598,7 @@ void server::start_local(local::unix_channel ch) noexcept {
         return;
     }
     try {
-        handshakes_.push_back({std::move(ch), local::message_reader(sizeof(local_hello)),
+        handshakes_.push_back({std::move(ch), local::message_reader(sizeof(local_hello), 0),
                                sched::coarse_clock::now() + opts_.connect_timeout});
     } catch (...) {
         inbox_.forget(fd);

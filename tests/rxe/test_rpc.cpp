@@ -1208,6 +1208,56 @@ TEST_CASE("node-local connections that never say hello do not stall the server's
     CHECK(serve_until(s, [&] { return s.counters().refused == 10; }));
 }
 
+TEST_CASE("a node-local hello sent a byte at a time with descriptors installs none in the "
+          "server",
+          "[hostile-local][no-fds]") {
+    // 36 one-byte pieces (the hello's prefix and body), each with 16
+    // descriptors: the server used to install every one, 576 per connection,
+    // held until connect_timeout.
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = local_options();
+    o.connect_timeout = std::chrono::seconds(5);
+    rpc::server s(pd, test_addr(), 0, o);
+    const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(devnull >= 0);
+    std::array<int, 16> sixteen{};
+    sixteen.fill(devnull);
+    (void)s.poll();
+    local::unix_channel ch = local::unix_channel::connect(rpc::local_name(test_addr(), s.port()));
+    // The connection's own socket in the server, nothing more.
+    const std::size_t base = open_fds() + 1;
+    std::size_t most = 0;
+    for (int i = 0; i < 36; ++i) {
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)] = {};
+        char byte = 0;
+        iovec iov{&byte, 1};
+        msghdr m{};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = control;
+        m.msg_controllen = sizeof control;
+        cmsghdr* c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * 16);
+        std::memcpy(CMSG_DATA(c), sixteen.data(), sizeof sixteen);
+        if (::sendmsg(ch.fd(), &m, MSG_NOSIGNAL) != 1)
+            break; // refused and closed: what the fix does at the first piece
+        // Served a while (housekeeping reads the socket when it is readable).
+        const auto until = clock_type::now() + std::chrono::milliseconds(20);
+        while (clock_type::now() < until && s.counters().refused == 0)
+            (void)s.wait(std::chrono::milliseconds(2));
+        most = std::max(most, open_fds());
+    }
+    INFO("base " << base << ", most " << most);
+    CHECK(most <= base);
+    REQUIRE(serve_until(s, [&] { return s.counters().refused == 1; }));
+    CHECK(s.counters().last_refusal.error == EPROTO);
+    CHECK(open_fds() < base);
+    ::close(devnull);
+}
+
 TEST_CASE("a node-local peer that writes on its socket after the handshake is dropped; the "
           "server sleeps",
           "[hostile-local][stray-byte]") {

@@ -1203,8 +1203,11 @@ TEST_CASE("node-local connections that never say hello do not stall the server's
         }
     }
     INFO(calls << " calls, the slowest " << worst.count() / 1000 << " us");
-    CHECK(worst < std::chrono::milliseconds(100));
-    // The silent ones go at their deadline.
+    // The bug held each call for 200 ms per silent peer (>= 2 s); a slow
+    // (TCG) guest may take tens of ms for one call on its own.
+    CHECK(worst < std::chrono::seconds(1));
+    // The silent ones end when `silent` is destroyed above (a reset), well
+    // before their deadline.
     CHECK(serve_until(s, [&] { return s.counters().refused == 10; }));
 }
 

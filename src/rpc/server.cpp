@@ -498,10 +498,10 @@ void server::accept_one(verbs::connection_request req) {
     const char* bad = !offer ? "no ring offer" : check_offer(*offer);
     if (live_ >= opts_.max_peers || bad != nullptr) {
         if (bad != nullptr)
-            refuse(EPROTO, fmt::format("rdma_cm connection request: {}", bad));
+            counters_.count_refusal_fmt(EPROTO, "rdma_cm connection request: {}", bad);
         else
-            refuse(EBUSY,
-                   fmt::format("rdma_cm connection request: {} peers already (max_peers)", live_));
+            counters_.count_refusal_fmt(
+                EBUSY, "rdma_cm connection request: {} peers already (max_peers)", live_);
         req.reject();
         return;
     }
@@ -573,11 +573,20 @@ void server::refuse_current(std::string_view what) noexcept {
     try {
         throw;
     } catch (const std::system_error& e) {
-        refuse(e.code().value(), fmt::format("{}: {}", what, e.what()));
+        // what() ends in the error's text, which last_refusal's printer adds
+        // again after its errno: kept once.
+        std::string_view w = e.what();
+        if (e.code().category() == std::generic_category()) {
+            const std::string_view text = std::strerror(e.code().value());
+            if (w.size() > text.size() + 2 && w.ends_with(text) &&
+                w.substr(w.size() - text.size() - 2, 2) == ": ")
+                w.remove_suffix(text.size() + 2);
+        }
+        counters_.count_refusal_fmt(e.code().value(), "{}: {}", what, w);
     } catch (const std::bad_alloc&) {
         refuse(ENOMEM, what);
     } catch (const std::exception& e) {
-        refuse(0, fmt::format("{}: {}", what, e.what()));
+        counters_.count_refusal_fmt(0, "{}: {}", what, std::string_view(e.what()));
     } catch (...) {
         refuse(0, what);
     }
@@ -656,7 +665,8 @@ void server::accept_local(local::unix_channel ch, std::span<const std::byte> hel
         if (!sane)
             refuse(EPROTO, "node-local handshake: a hello that is not an rdmax client's");
         else
-            refuse(EBUSY, fmt::format("node-local handshake: {} peers already (max_peers)", live_));
+            counters_.count_refusal_fmt(EBUSY, "node-local handshake: {} peers already (max_peers)",
+                                        live_);
         w.status = local_refused;
         ch.send(std::as_bytes(std::span(&w, 1)));
         return;

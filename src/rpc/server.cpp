@@ -434,17 +434,40 @@ void server::housekeeping() noexcept {
         } catch (...) {
             refuse_current("rdma_cm connection request");
         }
-        while (local_listener_) {
+        // At most a round's worth: a flood of connections does not hold the
+        // thread (the rest wait in the backlog for the next round).
+        for (int k = 0; k < 64 && local_listener_ && !listener_paused_; ++k) {
             local::unix_channel ch;
             try {
                 ch = local_listener_->accept(std::chrono::milliseconds(0));
+            } catch (const std::system_error& e) {
+                refuse_current("node-local connection");
+                const int err = e.code().value();
+                if (err == EMFILE || err == ENFILE) {
+                    // The connection stays in the backlog, the listener stays
+                    // readable: watched, it would wake every wait() at once.
+                    // Not watched until a later round, then tried again.
+                    inbox_.forget(local_listener_->fd());
+                    listener_paused_ = true;
+                    listener_back_ = sched::coarse_clock::now() + listener_pause();
+                }
+                break;
             } catch (...) {
-                refuse_current("node-local connection"); // out of descriptors...
+                refuse_current("node-local connection");
                 break;
             }
             if (ch.fd() < 0)
                 break;
             start_local(std::move(ch));
+        }
+    }
+    if (listener_paused_ && sched::coarse_clock::now() >= listener_back_) {
+        try {
+            inbox_.watch(local_listener_->fd()); // readable: the next round accepts
+            listener_paused_ = false;
+            next_housekeeping_ = {};
+        } catch (...) {
+            listener_back_ = sched::coarse_clock::now() + listener_pause();
         }
     }
     progress_handshakes(events);
@@ -481,6 +504,10 @@ void server::housekeeping() noexcept {
     for (std::uint32_t i = 0; i < links_.size(); ++i)
         if (links_[i].wire && links_[i].wire->broken)
             teardown(i);
+}
+
+std::chrono::nanoseconds server::listener_pause() const noexcept {
+    return std::max<std::chrono::nanoseconds>(opts_.housekeeping, std::chrono::milliseconds(50));
 }
 
 void server::accept_pending() {

@@ -1261,6 +1261,55 @@ TEST_CASE("a node-local hello sent a byte at a time with descriptors installs no
     ::close(devnull);
 }
 
+TEST_CASE("out of descriptors at a node-local accept, the server does not spin",
+          "[hostile-local][emfile]") {
+    // accept4 failed with EMFILE and left the connection in the backlog: the
+    // listener stayed readable and every wait() returned at once (a serving
+    // thread at 100% CPU for as long as descriptors were short).
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, local_options());
+    (void)s.poll();
+    local::unix_channel waiting =
+        local::unix_channel::connect(rpc::local_name(test_addr(), s.port()));
+    rlimit old{};
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    rlimit low = old;
+    low.rlim_cur = std::min<rlim_t>(old.rlim_cur, open_fds() + 64);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    std::vector<int> filler;
+    for (int i = 0; i < 100000; ++i) {
+        const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            break;
+        filler.push_back(fd);
+    }
+    const std::uint64_t refused = s.counters().refused;
+    const auto cpu0 = thread_cpu();
+    const auto until = clock_type::now() + std::chrono::milliseconds(300);
+    while (clock_type::now() < until)
+        (void)s.wait(std::chrono::milliseconds(20));
+    const auto cpu = thread_cpu() - cpu0;
+    for (int fd : filler)
+        ::close(fd);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    INFO(filler.size() << " descriptors filled the table; " << cpu.count()
+                       << " us of CPU in 300 ms");
+    REQUIRE(s.counters().refused > refused);
+    CHECK(s.counters().last_refusal.error == EMFILE);
+    CHECK(cpu < std::chrono::milliseconds(100));
+    // Its reason says the error's text once (the printer adds it after the errno).
+    const std::string printed = fmt::format("{}", s.counters());
+    const std::string text = std::strerror(EMFILE);
+    const std::size_t first = printed.find(text);
+    CHECK(first != std::string::npos);
+    CHECK(printed.find(text, first + 1) == std::string::npos);
+    // With descriptors back, the waiting connection is taken (and its junk refused).
+    const std::array<std::byte, 8> junk{};
+    waiting.send(junk);
+    REQUIRE(serve_until(s, [&] { return s.counters().last_refusal.error == EPROTO; }));
+}
+
 TEST_CASE("a node-local peer that writes on its socket after the handshake is dropped; the "
           "server sleeps",
           "[hostile-local][stray-byte]") {

@@ -220,6 +220,11 @@ private:
         sched::coarse_clock::time_point deadline;
     };
     std::vector<handshake> handshakes_; ///< at most max_peers
+    /// Out of descriptors at accept: the node-local listener is not watched
+    /// until listener_back_ (else its pending connection wakes every wait()).
+    bool listener_paused_ = false;
+    sched::coarse_clock::time_point listener_back_{};
+    [[nodiscard]] std::chrono::nanoseconds listener_pause() const noexcept;
     std::vector<handler> handlers_;
     std::vector<link> links_;
     std::vector<std::uint32_t> free_links_;

@@ -621,9 +621,29 @@ void server::refuse_current(std::string_view what) noexcept {
 
 void server::start_local(local::unix_channel ch) noexcept {
     if (handshakes_.size() >= opts_.max_peers) {
-        refuse(EBUSY, fmt::format("node-local connection: {} handshakes under way already "
-                                  "(max_peers)",
-                                  handshakes_.size()));
+        counters_.count_refusal_fmt(EBUSY,
+                                    "node-local connection: {} handshakes under way already "
+                                    "(max_peers)",
+                                    handshakes_.size());
+        return; // closed as it goes
+    }
+    // One user cannot hold every handshake: at most a quarter of max_peers
+    // (and 4) each, so that a user's silent connections leave room for others.
+    uid_t uid = 0;
+    try {
+        uid = ch.peer().uid;
+    } catch (...) {
+        refuse_current("node-local connection");
+        return;
+    }
+    const std::size_t per_uid = std::max<std::size_t>(4, opts_.max_peers / 4);
+    const auto same = static_cast<std::size_t>(std::count_if(
+        handshakes_.begin(), handshakes_.end(), [&](const handshake& h) { return h.uid == uid; }));
+    if (same >= per_uid) {
+        counters_.count_refusal_fmt(EBUSY,
+                                    "node-local connection: {} handshakes of uid {} under way "
+                                    "already (max_peers / 4)",
+                                    same, uid);
         return; // closed as it goes
     }
     const int fd = ch.fd();
@@ -635,7 +655,7 @@ void server::start_local(local::unix_channel ch) noexcept {
     }
     try {
         handshakes_.push_back({std::move(ch), local::message_reader(sizeof(local_hello), 0),
-                               sched::coarse_clock::now() + opts_.connect_timeout});
+                               sched::coarse_clock::now() + opts_.connect_timeout, uid});
     } catch (...) {
         inbox_.forget(fd);
         refuse_current("node-local connection");

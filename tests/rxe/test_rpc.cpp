@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/child_process.hpp"
 #include "../support/loopback.hpp"
 
 using namespace rdmax;
@@ -1308,6 +1309,87 @@ TEST_CASE("out of descriptors at a node-local accept, the server does not spin",
     const std::array<std::byte, 8> junk{};
     waiting.send(junk);
     REQUIRE(serve_until(s, [&] { return s.counters().last_refusal.error == EPROTO; }));
+}
+
+TEST_CASE("one user's silent node-local handshakes leave room for another's",
+          "[hostile-local][per-uid]") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot connect from another uid, not tried");
+        return;
+    }
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = local_options();
+    o.max_peers = 8; // handshakes per uid: at most 4
+    o.connect_timeout = std::chrono::seconds(20);
+    rpc::server s(pd, test_addr(), 0, o);
+    handlers h;
+    h.install(s);
+    (void)s.poll();
+    const std::string name = rpc::local_name(test_addr(), s.port());
+    int ready[2];
+    int hold[2];
+    REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(hold, O_CLOEXEC) == 0);
+    const pid_t child = rdmax::test::spawn([&] {
+        ::close(ready[0]);
+        ::close(hold[1]);
+        if (setgid(65534) != 0 || setuid(65534) != 0)
+            return 2;
+        std::vector<local::unix_channel> silent;
+        for (int i = 0; i < 8; ++i)
+            silent.push_back(local::unix_channel::connect(name)); // never a hello
+        if (::write(ready[1], "r", 1) != 1)
+            return 3;
+        pollfd p{hold[0], POLLIN, 0};
+        (void)::poll(&p, 1, 30000); // until the parent closes its end
+        return 0;
+    });
+    ::close(ready[1]);
+    ::close(hold[0]);
+    char r = 0;
+    pollfd p{ready[0], POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 10000) == 1);
+    REQUIRE(::read(ready[0], &r, 1) == 1);
+    // Four of the eight are refused at once; the other four wait for a hello.
+    REQUIRE(serve_until(s, [&] { return s.counters().refused == 4; }));
+    CHECK(s.counters().last_refusal.error == EBUSY);
+    // A client of another user still gets the node-local path.
+    {
+        connected_client good(pd, s, local_options());
+        CHECK(good.cli.is_local(good.peer));
+        std::vector<std::byte> req(64, std::byte{5});
+        CHECK(call_once(s, good, m_echo, req).status == rpc::call_status::ok);
+    }
+    ::close(hold[1]);
+    ::close(ready[0]);
+    CHECK(rdmax::test::reap(child) == 0);
+}
+
+TEST_CASE("a client whose node-local handshake is refused takes the device",
+          "[hostile-local][fallback]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = local_options();
+    o.max_peers = 8; // handshakes per uid: at most 4
+    o.connect_timeout = std::chrono::seconds(20);
+    rpc::server s(pd, test_addr(), 0, o);
+    handlers h;
+    h.install(s);
+    (void)s.poll();
+    // This user holds its share of handshakes (a fifth is refused): the
+    // client's own is refused, the socket closed without a welcome.
+    std::vector<local::unix_channel> silent;
+    for (int i = 0; i < 5; ++i)
+        silent.push_back(local::unix_channel::connect(rpc::local_name(test_addr(), s.port())));
+    REQUIRE(serve_until(s, [&] { return s.counters().refused == 1; }));
+    connected_client c(pd, s, local_options()); // used to throw: "handshake failed"
+    CHECK_FALSE(c.cli.is_local(c.peer));
+    std::vector<std::byte> req(64, std::byte{9});
+    CHECK(call_once(s, c, m_echo, req).status == rpc::call_status::ok);
+    CHECK(c.cli.counters().refused == 1);
+    const int err = c.cli.counters().last_refusal.error;
+    CHECK((err == ECONNRESET || err == EPIPE));
 }
 
 TEST_CASE("a node-local peer that writes on its socket after the handshake is dropped; the "

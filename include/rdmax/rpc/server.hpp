@@ -218,6 +218,7 @@ private:
         local::unix_channel ch;
         local::message_reader hello;
         sched::coarse_clock::time_point deadline;
+        uid_t uid = 0; ///< the peer's (SO_PEERCRED): each user gets a share of the handshakes
     };
     std::vector<handshake> handshakes_; ///< at most max_peers
     /// Out of descriptors at accept: the node-local listener is not watched

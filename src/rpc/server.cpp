@@ -653,9 +653,12 @@ void server::start_local(local::unix_channel ch) noexcept {
         refuse_current("node-local connection");
         return;
     }
+    // Held here until it is in the table: if that throws, the socket is
+    // forgotten by the epoll set before it closes (its number may be reused).
+    handshake h{std::move(ch), local::message_reader(sizeof(local_hello), 0),
+                sched::coarse_clock::now() + opts_.connect_timeout, uid};
     try {
-        handshakes_.push_back({std::move(ch), local::message_reader(sizeof(local_hello), 0),
-                               sched::coarse_clock::now() + opts_.connect_timeout, uid});
+        handshakes_.push_back(std::move(h));
     } catch (...) {
         inbox_.forget(fd);
         refuse_current("node-local connection");

@@ -249,6 +249,18 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
     local::shared_segment seg;
     try {
         seg = local::shared_segment::attach(fds[0], w.segment_bytes, true, /*require_sealed=*/true);
+    } catch (const error& e) {
+        close_all();
+        if (e.code().value() != EPERM)
+            throw;
+        // A server older than sealed segments: its peers could cut the
+        // segment under this process. Not node-local, then.
+        counters_.count_refusal(EPERM, "the node-local server's segment is not sealed");
+        rdmax::detail::notice(
+            fmt::format("rpc::client: {}:{} is on this node, but its shared segment is not "
+                        "sealed (an older server): through the device",
+                        addr, port));
+        return nullptr;
     } catch (...) {
         close_all();
         throw;

@@ -17,6 +17,7 @@
 #include <poll.h>
 #include <string>
 #include <string_view>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -1390,6 +1391,60 @@ TEST_CASE("a client whose node-local handshake is refused takes the device",
     CHECK(c.cli.counters().refused == 1);
     const int err = c.cli.counters().last_refusal.error;
     CHECK((err == ECONNRESET || err == EPIPE));
+}
+
+TEST_CASE("a client takes the device when a node-local server's segment is not sealed",
+          "[hostile-local][unsealed]") {
+    // What a server from before sealed segments hands over: the client threw
+    // rdmax::error("mmap", EPERM) from connect() instead of taking the device.
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options device_only = small_options();
+    device_only.local = false;
+    rpc::server s(pd, test_addr(), 0, device_only);
+    handlers h;
+    h.install(s);
+    local::unix_listener old_server(rpc::local_name(test_addr(), s.port()));
+    std::thread answer([&] {
+        local::unix_channel ch = old_server.accept(std::chrono::seconds(10));
+        if (ch.fd() < 0)
+            return;
+        rpc::local_hello hello;
+        std::vector<int> got;
+        (void)ch.receive(std::as_writable_bytes(std::span(&hello, 1)), got,
+                         std::chrono::seconds(10));
+        for (int fd : got)
+            ::close(fd);
+        rpc::local_welcome w;
+        w.slots = 16;
+        w.slot_bytes = 4096;
+        w.segment_bytes = rpc::local_link::segment_bytes(16, 4096);
+        const int seg = memfd_create("unsealed", MFD_CLOEXEC);
+        const int e1 = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        const int e2 = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (seg >= 0 && ftruncate(seg, static_cast<off_t>(w.segment_bytes)) == 0 && e1 >= 0 &&
+            e2 >= 0) {
+            const std::array<int, 3> fds{seg, e1, e2};
+            ch.send(std::as_bytes(std::span(&w, 1)), fds);
+        }
+        for (int fd : {seg, e1, e2})
+            if (fd >= 0)
+                ::close(fd);
+    });
+    std::optional<connected_client> c;
+    try {
+        c.emplace(pd, s, local_options());
+    } catch (...) {
+        answer.join();
+        throw;
+    }
+    answer.join();
+    CHECK_FALSE(c->cli.is_local(c->peer));
+    std::vector<std::byte> req(64, std::byte{3});
+    CHECK(call_once(s, *c, m_echo, req).status == rpc::call_status::ok);
+    CHECK(c->cli.counters().last_refusal.error == EPERM);
+    CHECK_THAT(std::string(c->cli.counters().last_refusal.what()),
+               Catch::Matchers::Contains("not sealed"));
 }
 
 TEST_CASE("a node-local peer that writes on its socket after the handshake is dropped; the "

@@ -1,8 +1,9 @@
 #pragma once
 // One line on stderr: how the library says it fell back to something
 // (another monitor, registration per use, the device instead of the node's
-// memory). notice_once: once per process and message. The library writes to
-// stderr through here only. Private to src/.
+// memory). notice_once: once per process and message. Meant as the one way
+// the library writes to stderr; registration_cache.hpp still prints one
+// message with fmt::print(stderr) of its own. Private to src/.
 
 #include <cstdio>
 #include <mutex>

@@ -113,6 +113,7 @@ void unix_channel::send(std::span<const std::byte> bytes, std::span<const int> f
 
 message_reader::message_reader(message_reader&& o) noexcept
     : room_(o.room_)
+    , most_fds_(o.most_fds_)
     , want_(o.want_)
     , got_(o.got_)
     , buf_(o.buf_)
@@ -124,6 +125,7 @@ message_reader& message_reader::operator=(message_reader&& o) noexcept {
     if (this != &o) {
         close_fds();
         room_ = o.room_;
+        most_fds_ = o.most_fds_;
         want_ = o.want_;
         got_ = o.got_;
         buf_ = o.buf_;
@@ -154,6 +156,15 @@ std::span<const std::byte> message_reader::message() const noexcept {
 }
 
 message_reader::state message_reader::read_some(int fd) noexcept {
+    // Room for every descriptor it may keep, before any comes: none is ever
+    // received that could not be kept (push_back below cannot throw).
+    if (fds_.capacity() < most_fds_) {
+        try {
+            fds_.reserve(most_fds_);
+        } catch (...) {
+            return fail(ENOMEM);
+        }
+    }
     while (state_ == state::more) {
         // Never past this message: the prefix first, then exactly its length.
         const std::size_t end = want_ == UINT32_MAX ? sizeof want_ : sizeof want_ + want_;
@@ -162,8 +173,14 @@ message_reader::state message_reader::read_some(int fd) noexcept {
         msghdr m{};
         m.msg_iov = &iov;
         m.msg_iovlen = 1;
-        m.msg_control = control;
-        m.msg_controllen = sizeof control;
+        // Control space for what may still come, no more: the kernel installs
+        // only as many descriptors as fit (with none, not one), drops the
+        // rest and says so (MSG_CTRUNC).
+        const std::size_t may = most_fds_ - std::min(fds_.size(), most_fds_);
+        if (may != 0) {
+            m.msg_control = control;
+            m.msg_controllen = CMSG_LEN(sizeof(int) * may);
+        }
         const ssize_t r = recvmsg(fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
         if (r < 0 && errno == EINTR)
             continue;
@@ -172,21 +189,25 @@ message_reader::state message_reader::read_some(int fd) noexcept {
         if (r < 0)
             return fail(errno);
         // Taken before anything else can fail, so that they are closed with the rest.
-        for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+        bool over = false;
+        for (cmsghdr* c = m.msg_control != nullptr ? CMSG_FIRSTHDR(&m) : nullptr; c != nullptr;
+             c = CMSG_NXTHDR(&m, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                 continue;
             const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
             for (std::size_t i = 0; i < k; ++i) {
                 int got = -1;
                 std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
-                try {
-                    fds_.push_back(got);
-                } catch (...) {
+                if (fds_.size() < most_fds_) {
+                    fds_.push_back(got); // within the capacity reserved: no throw
+                } else {
                     close(got);
-                    return fail(ENOMEM);
+                    over = true;
                 }
             }
         }
+        if (over || (m.msg_flags & MSG_CTRUNC) != 0)
+            return fail(EPROTO); // more descriptors than this message may carry
         if (r == 0)
             return fail(ECONNRESET);
         got_ += static_cast<std::size_t>(r);

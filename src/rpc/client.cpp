@@ -197,6 +197,18 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
     } catch (const error& e) {
         for (int fd : fds)
             ::close(fd);
+        const int err = e.code().value();
+        if (err == ECONNRESET || err == EPIPE) {
+            // The server closed without a welcome: it refused this connection
+            // (too many handshakes under way, from this user or all). The
+            // device may still take it.
+            counters_.count_refusal(err, "the node-local server closed the handshake");
+            rdmax::detail::notice(fmt::format(
+                "rpc::client: {}:{} is on this node, but it closed the node-local handshake "
+                "({}): through the device",
+                addr, port, e.what()));
+            return nullptr;
+        }
         throw_error(
             "rpc::client::connect", EPROTO,
             fmt::format("{}:{}: the node-local handshake failed: {}", addr, port, e.what()));
@@ -216,21 +228,39 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
                 : "; RDMAX_RPC_PTRACER=any lets every server of this user do it"));
         return nullptr;
     }
+    if (n == sizeof w && w.magic == protocol_magic && w.status == local_refused) {
+        close_all();
+        counters_.count_refusal(EBUSY, "the node-local server refused the connection");
+        rdmax::detail::notice(
+            fmt::format("rpc::client: {}:{} is on this node, but it refused the node-local "
+                        "connection: through the device",
+                        addr, port));
+        return nullptr;
+    }
     if (n != sizeof w || w.magic != protocol_magic || w.version != protocol_version ||
         w.status != local_ok || fds.size() != 3 || w.slots == 0 || w.slots > opts_.slots ||
         w.slot_bytes < min_slot_bytes || w.slot_bytes > opts_.slot_bytes ||
         w.segment_bytes < local_link::segment_bytes(w.slots, w.slot_bytes)) {
         close_all();
-        counters_.count_refusal(EPROTO, n == sizeof w && w.status == local_refused
-                                            ? "the node-local server refused the connection"
-                                            : "the node-local server answered nonsense");
-        throw_error(
-            "rpc::client::connect", EPROTO,
-            fmt::format("{}:{}: the node-local server refused or answered nonsense", addr, port));
+        counters_.count_refusal(EPROTO, "the node-local server answered nonsense");
+        throw_error("rpc::client::connect", EPROTO,
+                    fmt::format("{}:{}: the node-local server answered nonsense", addr, port));
     }
     local::shared_segment seg;
     try {
         seg = local::shared_segment::attach(fds[0], w.segment_bytes, true, /*require_sealed=*/true);
+    } catch (const error& e) {
+        close_all();
+        if (e.code().value() != EPERM)
+            throw;
+        // A server older than sealed segments: its peers could cut the
+        // segment under this process. Not node-local, then.
+        counters_.count_refusal(EPERM, "the node-local server's segment is not sealed");
+        rdmax::detail::notice(
+            fmt::format("rpc::client: {}:{} is on this node, but its shared segment is not "
+                        "sealed (an older server): through the device",
+                        addr, port));
+        return nullptr;
     } catch (...) {
         close_all();
         throw;

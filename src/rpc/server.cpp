@@ -434,17 +434,40 @@ void server::housekeeping() noexcept {
         } catch (...) {
             refuse_current("rdma_cm connection request");
         }
-        while (local_listener_) {
+        // At most a round's worth: a flood of connections does not hold the
+        // thread (the rest wait in the backlog for the next round).
+        for (int k = 0; k < 64 && local_listener_ && !listener_paused_; ++k) {
             local::unix_channel ch;
             try {
                 ch = local_listener_->accept(std::chrono::milliseconds(0));
+            } catch (const std::system_error& e) {
+                refuse_current("node-local connection");
+                const int err = e.code().value();
+                if (err == EMFILE || err == ENFILE) {
+                    // The connection stays in the backlog, the listener stays
+                    // readable: watched, it would wake every wait() at once.
+                    // Not watched until a later round, then tried again.
+                    inbox_.forget(local_listener_->fd());
+                    listener_paused_ = true;
+                    listener_back_ = sched::coarse_clock::now() + listener_pause();
+                }
+                break;
             } catch (...) {
-                refuse_current("node-local connection"); // out of descriptors...
+                refuse_current("node-local connection");
                 break;
             }
             if (ch.fd() < 0)
                 break;
             start_local(std::move(ch));
+        }
+    }
+    if (listener_paused_ && sched::coarse_clock::now() >= listener_back_) {
+        try {
+            inbox_.watch(local_listener_->fd()); // readable: the next round accepts
+            listener_paused_ = false;
+            next_housekeeping_ = {};
+        } catch (...) {
+            listener_back_ = sched::coarse_clock::now() + listener_pause();
         }
     }
     progress_handshakes(events);
@@ -483,6 +506,10 @@ void server::housekeeping() noexcept {
             teardown(i);
 }
 
+std::chrono::nanoseconds server::listener_pause() const noexcept {
+    return std::max<std::chrono::nanoseconds>(opts_.housekeeping, std::chrono::milliseconds(50));
+}
+
 void server::accept_pending() {
     while (std::optional<verbs::connection_request> req = listener_.poll_request()) {
         try {
@@ -498,10 +525,10 @@ void server::accept_one(verbs::connection_request req) {
     const char* bad = !offer ? "no ring offer" : check_offer(*offer);
     if (live_ >= opts_.max_peers || bad != nullptr) {
         if (bad != nullptr)
-            refuse(EPROTO, fmt::format("rdma_cm connection request: {}", bad));
+            counters_.count_refusal_fmt(EPROTO, "rdma_cm connection request: {}", bad);
         else
-            refuse(EBUSY,
-                   fmt::format("rdma_cm connection request: {} peers already (max_peers)", live_));
+            counters_.count_refusal_fmt(
+                EBUSY, "rdma_cm connection request: {} peers already (max_peers)", live_);
         req.reject();
         return;
     }
@@ -573,11 +600,20 @@ void server::refuse_current(std::string_view what) noexcept {
     try {
         throw;
     } catch (const std::system_error& e) {
-        refuse(e.code().value(), fmt::format("{}: {}", what, e.what()));
+        // what() ends in the error's text, which last_refusal's printer adds
+        // again after its errno: kept once.
+        std::string_view w = e.what();
+        if (e.code().category() == std::generic_category()) {
+            const std::string_view text = std::strerror(e.code().value());
+            if (w.size() > text.size() + 2 && w.ends_with(text) &&
+                w.substr(w.size() - text.size() - 2, 2) == ": ")
+                w.remove_suffix(text.size() + 2);
+        }
+        counters_.count_refusal_fmt(e.code().value(), "{}: {}", what, w);
     } catch (const std::bad_alloc&) {
         refuse(ENOMEM, what);
     } catch (const std::exception& e) {
-        refuse(0, fmt::format("{}: {}", what, e.what()));
+        counters_.count_refusal_fmt(0, "{}: {}", what, std::string_view(e.what()));
     } catch (...) {
         refuse(0, what);
     }
@@ -585,9 +621,29 @@ void server::refuse_current(std::string_view what) noexcept {
 
 void server::start_local(local::unix_channel ch) noexcept {
     if (handshakes_.size() >= opts_.max_peers) {
-        refuse(EBUSY, fmt::format("node-local connection: {} handshakes under way already "
-                                  "(max_peers)",
-                                  handshakes_.size()));
+        counters_.count_refusal_fmt(EBUSY,
+                                    "node-local connection: {} handshakes under way already "
+                                    "(max_peers)",
+                                    handshakes_.size());
+        return; // closed as it goes
+    }
+    // One user cannot hold every handshake: at most a quarter of max_peers
+    // (and 4) each, so that a user's silent connections leave room for others.
+    uid_t uid = 0;
+    try {
+        uid = ch.peer().uid;
+    } catch (...) {
+        refuse_current("node-local connection");
+        return;
+    }
+    const std::size_t per_uid = std::max<std::size_t>(4, opts_.max_peers / 4);
+    const auto same = static_cast<std::size_t>(std::count_if(
+        handshakes_.begin(), handshakes_.end(), [&](const handshake& h) { return h.uid == uid; }));
+    if (same >= per_uid) {
+        counters_.count_refusal_fmt(EBUSY,
+                                    "node-local connection: {} handshakes of uid {} under way "
+                                    "already (max_peers / 4)",
+                                    same, uid);
         return; // closed as it goes
     }
     const int fd = ch.fd();
@@ -597,9 +653,12 @@ void server::start_local(local::unix_channel ch) noexcept {
         refuse_current("node-local connection");
         return;
     }
+    // Held here until it is in the table: if that throws, the socket is
+    // forgotten by the epoll set before it closes (its number may be reused).
+    handshake h{std::move(ch), local::message_reader(sizeof(local_hello), 0),
+                sched::coarse_clock::now() + opts_.connect_timeout, uid};
     try {
-        handshakes_.push_back({std::move(ch), local::message_reader(sizeof(local_hello)),
-                               sched::coarse_clock::now() + opts_.connect_timeout});
+        handshakes_.push_back(std::move(h));
     } catch (...) {
         inbox_.forget(fd);
         refuse_current("node-local connection");
@@ -656,7 +715,8 @@ void server::accept_local(local::unix_channel ch, std::span<const std::byte> hel
         if (!sane)
             refuse(EPROTO, "node-local handshake: a hello that is not an rdmax client's");
         else
-            refuse(EBUSY, fmt::format("node-local handshake: {} peers already (max_peers)", live_));
+            counters_.count_refusal_fmt(EBUSY, "node-local handshake: {} peers already (max_peers)",
+                                        live_);
         w.status = local_refused;
         ch.send(std::as_bytes(std::span(&w, 1)));
         return;

@@ -162,6 +162,50 @@ TEST_CASE("a message that ends in a timeout or a reset leaves none of its descri
     close(devnull);
 }
 
+TEST_CASE("a reader that expects no descriptors installs none a peer sends",
+          "[hostile-local][no-fds]") {
+    // A node-local peer sends the 36 bytes of a hello (prefix and all) one
+    // byte at a time, each with 16 descriptors: a reader that kept them held
+    // 576 of the server's descriptors per connection until its deadline.
+    const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(devnull >= 0);
+    std::array<int, 16> sixteen{};
+    sixteen.fill(devnull);
+    auto [mine, theirs] = unix_channel::pair();
+    const std::size_t here = open_fds();
+    std::size_t most = here;
+    message_reader r(32, 0);
+    message_reader::state st = message_reader::state::more;
+    for (int i = 0; i < 36 && st == message_reader::state::more; ++i) {
+        send_raw(theirs.fd(), 1, sixteen);
+        st = r.read_some(mine.fd());
+        most = std::max(most, open_fds());
+    }
+    CHECK(most == here);
+    CHECK(st == message_reader::state::failed);
+    CHECK(r.error() == EPROTO);
+    // At most `most_fds`: one more fails the message, the ones kept are closed.
+    {
+        auto [a, b] = unix_channel::pair();
+        const std::size_t at = open_fds();
+        message_reader two(64, 2);
+        const std::array<std::byte, 5> five{};
+        b.send(five, std::span(sixteen.data(), 3));
+        CHECK(two.read_some(a.fd()) == message_reader::state::failed);
+        CHECK(two.error() == EPROTO);
+        CHECK(open_fds() == at);
+        auto [c, d] = unix_channel::pair(); // a fresh stream: the bad one is half read
+        message_reader fine(64, 2);
+        d.send(five, std::span(sixteen.data(), 2));
+        CHECK(fine.read_some(c.fd()) == message_reader::state::done);
+        std::vector<int> got = fine.take_fds();
+        CHECK(got.size() == 2);
+        for (int fd : got)
+            close(fd);
+    }
+    close(devnull);
+}
+
 TEST_CASE("a shared segment maps again from its descriptor, the same bytes") {
     shared_segment a = shared_segment::create("test", 10000);
     CHECK(a.size() >= 10000);

@@ -264,3 +264,17 @@ TEST_CASE("counters print") {
     CHECK(e.find("last link event RDMA_CM_EVENT_DISCONNECTED (0)") != std::string::npos);
     CHECK(fmt::format("{}", call_status::timed_out) == "no reply before the deadline");
 }
+
+TEST_CASE("a refusal's reason is formatted in place, cut short when longer",
+          "[bookkeeping][last-refusal]") {
+    rpc_counters c;
+    c.count_refusal_fmt(EBUSY, "node-local connection: {} handshakes of uid {}", 4, 1000);
+    CHECK(c.refused == 1);
+    CHECK(c.last_refusal.error == EBUSY);
+    CHECK(c.last_refusal.what() == "node-local connection: 4 handshakes of uid 1000");
+    const std::string longer(400, 'x');
+    c.count_refusal_fmt(EPROTO, "{}: {}", std::string_view(longer), 7);
+    CHECK(c.refused == 2);
+    CHECK(c.last_refusal.what().size() == c.last_refusal.reason.size() - 1);
+    CHECK(c.last_refusal.what() == std::string_view(longer).substr(0, 159));
+}

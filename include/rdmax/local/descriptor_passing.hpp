@@ -6,6 +6,7 @@
 // memfds; abstract names (no file in the file system) are per network
 // namespace, so reaching one means being on the same node.
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -34,9 +35,14 @@ class message_reader {
 public:
     enum class state : std::uint8_t { more, done, failed };
 
-    /// A message of at most `room` bytes (and 4 KiB) is expected.
-    explicit message_reader(std::size_t room) noexcept
-        : room_(room) {}
+    /// A message of at most `room` bytes (and 4 KiB) is expected, with at
+    /// most `most_fds` descriptors (and 16) beside it. With 0 none is ever
+    /// installed in this process (recvmsg without control space: the kernel
+    /// drops what a peer sent); a peer that sends more than `most_fds`
+    /// fails the message with EPROTO.
+    explicit message_reader(std::size_t room, std::size_t most_fds = 16) noexcept
+        : room_(room)
+        , most_fds_(std::min<std::size_t>(most_fds, 16)) {}
     message_reader(message_reader&& o) noexcept;
     message_reader& operator=(message_reader&& o) noexcept;
     message_reader(const message_reader&) = delete;
@@ -52,7 +58,8 @@ public:
     [[nodiscard]] std::span<const std::byte> message() const noexcept;
     /// The descriptors that came with it; the caller owns them from now on.
     [[nodiscard]] std::vector<int> take_fds() noexcept { return std::exchange(fds_, {}); }
-    /// errno of a failure: ECONNRESET (the peer closed), EMSGSIZE, or recvmsg's.
+    /// errno of a failure: ECONNRESET (the peer closed), EMSGSIZE, EPROTO
+    /// (descriptors over most_fds), ENOMEM, or recvmsg's.
     [[nodiscard]] int error() const noexcept { return error_; }
 
 private:
@@ -60,6 +67,7 @@ private:
     void close_fds() noexcept;
 
     std::size_t room_;
+    std::size_t most_fds_;
     std::uint32_t want_ = UINT32_MAX; ///< the length prefix, once read
     std::size_t got_ = 0;             ///< bytes of prefix and message read
     std::array<std::byte, 4096 + 4> buf_{};

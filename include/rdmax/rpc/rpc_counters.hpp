@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 #include <infiniband/verbs.h>
@@ -63,6 +64,21 @@ struct rpc_counters {
         const std::size_t n = std::min(why.size(), last_refusal.reason.size() - 1);
         std::memcpy(last_refusal.reason.data(), why.data(), n);
         last_refusal.reason[n] = '\0';
+    }
+    /// The same, the reason formatted straight into last_refusal (cut short
+    /// when longer; no allocation, so a noexcept path may use it).
+    template <class... Args>
+    void count_refusal_fmt(int err, fmt::format_string<Args...> f, Args&&... args) noexcept {
+        ++refused;
+        last_refusal.error = err;
+        char* const out = last_refusal.reason.data();
+        const std::size_t room = last_refusal.reason.size() - 1;
+        try {
+            const auto r = fmt::format_to_n(out, room, f, std::forward<Args>(args)...);
+            out[std::min(r.size, room)] = '\0';
+        } catch (...) {
+            out[0] = '\0'; // an argument that would not format
+        }
     }
     std::uint64_t disconnected =
         0; ///< connections gone (peer left, failed, or closed for a violation)

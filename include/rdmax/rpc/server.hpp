@@ -28,9 +28,11 @@
 // few system calls. A connection is accepted without waiting for its
 // handshake to end: a peer that stalls there holds nobody, and is dropped
 // after rpc_options::connect_timeout. That holds for peers on this node too:
-// their hello is read a piece at a time as it comes, in the same loop, never
-// waited for. A refused connection is counted with its reason
-// (rpc_counters::last_refusal).
+// their hello is read a piece at a time as it comes, in the same loop, and
+// their socket is never waited on (but the CMA reads of a local client's
+// memory, its probe word and bodies over a slot, can block on a page the
+// client never lets fault in: docs/rpc.md, Known limits). A refused
+// connection is counted with its reason (rpc_counters::last_refusal).
 
 #include <chrono>
 #include <cstdint>
@@ -216,8 +218,14 @@ private:
         local::unix_channel ch;
         local::message_reader hello;
         sched::coarse_clock::time_point deadline;
+        uid_t uid = 0; ///< the peer's (SO_PEERCRED): each user gets a share of the handshakes
     };
     std::vector<handshake> handshakes_; ///< at most max_peers
+    /// Out of descriptors at accept: the node-local listener is not watched
+    /// until listener_back_ (else its pending connection wakes every wait()).
+    bool listener_paused_ = false;
+    sched::coarse_clock::time_point listener_back_{};
+    [[nodiscard]] std::chrono::nanoseconds listener_pause() const noexcept;
     std::vector<handler> handlers_;
     std::vector<link> links_;
     std::vector<std::uint32_t> free_links_;

@@ -57,11 +57,9 @@ transfer peer_link::read_body(sched::priority p, local_buffer<rights::local_writ
 transfer peer_link::write_body(sched::priority p, local_buffer<rights::local_write> src,
                                const buffer_descriptor& dst, std::uint64_t wr_id) noexcept {
     const remote_buffer<rights::remote_write> to{dst.addr, dst.length, dst.rkey, 0};
-    // Unsignaled: the header that follows at the same level says it landed.
-    return sched_->write(p, src, to, 0, wr_id, sched::request_flags{.signaled = false}) ==
-                   status::ok
-               ? transfer::started
-               : transfer::failed;
+    // Signaled: the header that follows at the same level tells the peer it
+    // landed, but only the completion tells this side that its source may go.
+    return sched_->write(p, src, to, 0, wr_id) == status::ok ? transfer::started : transfer::failed;
 }
 
 bool peer_link::prepare_sleep() noexcept {

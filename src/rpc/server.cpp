@@ -166,7 +166,7 @@ int server::poll() noexcept {
             // Its immediates come through its own message ring.
             if (!l.wire->drain_imms([&](std::uint32_t imm) { on_imm(l, i, imm); }))
                 reject(l, violation::malformed);
-        } else if (l.reads != 0 || l.wire->needs_progress()) {
+        } else if (l.reads != 0 || l.writes != 0 || l.wire->needs_progress()) {
             drive(l);
         }
     }
@@ -349,16 +349,30 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
     } else if (ss.reply_buffer && body.size() <= ss.reply_buffer->length &&
                body.size() <= opts_.max_message) {
         // Too large for the slot: into the buffer the caller offered, then
-        // the header says so (same level, so posted after the data).
-        try {
-            ss.reply = arena_block(arena_, body.size());
-        } catch (...) {
-            ss.reply.reset();
+        // the header says so (same level, so posted after the data). The
+        // block stays the WRITE's until its completion: the slot may be
+        // reused (and answered again) before then.
+        arena_block* blk = nullptr;
+        if (!l.free_replies.empty()) {
+            blk = &l.replies[l.free_replies.back()];
+            try {
+                *blk = arena_block(arena_, body.size());
+            } catch (...) {
+                blk = nullptr;
+            }
         }
-        if (ss.reply) {
-            std::memcpy(ss.reply.data(), body.data(), body.size());
-            if (l.wire->write_body(p, ss.reply.local(0, body.size()), *ss.reply_buffer,
-                                   make_wr_id(tag_external, 0, slot)) == transfer::failed) {
+        if (blk != nullptr) {
+            const std::uint16_t at = l.free_replies.back();
+            std::memcpy(blk->data(), body.data(), body.size());
+            switch (l.wire->write_body(p, blk->local(0, body.size()), *ss.reply_buffer,
+                                       make_wr_id(tag_external, at, slot))) {
+            case transfer::started:
+                l.free_replies.pop_back();
+                ++l.writes;
+                break;
+            case transfer::done: blk->reset(); break; // copied already (CMA)
+            case transfer::failed:
+                blk->reset();
                 counters_.count_link_end(l.wire->why_ended());
                 l.wire->broken = true;
                 return;
@@ -390,6 +404,15 @@ void server::drive(link& l) noexcept {
         const std::uint64_t tag = c.wr_id >> 56;
         if (tag == tag_read && l.reads > 0)
             --l.reads;
+        if (tag == tag_external) {
+            // The WRITE is over (done or flushed): its block may go.
+            const auto at = static_cast<std::uint16_t>((c.wr_id >> 16) & 0xffffU);
+            if (at < l.replies.size() && l.replies[at]) {
+                l.replies[at].reset();
+                l.free_replies.push_back(at);
+                --l.writes;
+            }
+        }
         if (!c.ok()) {
             l.wire->broken = true;
             continue;
@@ -529,7 +552,16 @@ std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t sl
     link& l = links_[index];
     l.generation = ++generations_;
     l.slots = std::vector<slot_state>(slots);
+    // Room for a reply being written per slot, and as many whose slots were
+    // answered again before their WRITE's completion was reaped.
+    const std::size_t replies = std::min<std::size_t>(2U * slots + 8U, 0xffffU);
+    l.replies = std::vector<arena_block>(replies);
+    l.free_replies.clear();
+    l.free_replies.reserve(replies);
+    for (std::size_t i = replies; i-- > 0;)
+        l.free_replies.push_back(static_cast<std::uint16_t>(i));
     l.reads = 0;
+    l.writes = 0;
     l.establish_by.reset();
     l.verbs = nullptr;
     l.wire = std::move(wire);
@@ -589,6 +621,8 @@ void server::teardown(std::uint32_t index) noexcept {
     l.verbs = nullptr;
     l.wire.reset(); // no more DMA into or out of the slots' blocks
     l.slots.clear();
+    l.replies.clear();
+    l.free_replies.clear();
     free_links_.push_back(index);
     --live_;
     ++counters_.disconnected;

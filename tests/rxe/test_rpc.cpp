@@ -2,6 +2,7 @@
 // calls and clients on one server thread, bodies and replies over a slot,
 // deadlines and late replies, deferred answers, priorities, a server that
 // goes away, hand-crafted bad peers, and no allocation on the call path.
+#include <algorithm>
 #include <arpa/inet.h>
 #include <array>
 #include <atomic>
@@ -676,6 +677,48 @@ struct raw_peer {
                                 imm.value_or(rpc::encode_imm(rpc::message_kind::request, slot, n)),
                                 1) == status::ok);
     }
+    /// Receives for the server's replies (each write with immediate takes one).
+    void post_receives(int n) {
+        for (int i = 0; i < n; ++i)
+            REQUIRE(conn.qp().post_recv(out.mr.local(4096, 64), 100 + i) == status::ok);
+    }
+    /// Writes a request into `slot` whose one-byte body is `fill`, offering
+    /// [reply_at, reply_at + reply_len) of `reply` for the answer.
+    void request_into(std::uint32_t slot, std::uint16_t method, const registered& reply,
+                      std::byte fill, std::uint64_t reply_at = 0,
+                      std::uint32_t reply_len = UINT32_MAX) {
+        rpc::message_header h = request(method, 1);
+        h.flags = rpc::flag_reply_buffer;
+        const rpc::buffer_descriptor d{
+            reinterpret_cast<std::uint64_t>(reply.bytes.data()) + reply_at, reply.mr.rkey(),
+            reply_len != UINT32_MAX ? reply_len
+                                    : static_cast<std::uint32_t>(reply.bytes.size() - reply_at)};
+        std::memcpy(out.bytes.data() + sizeof h, &d, sizeof d);
+        out.bytes[sizeof h + sizeof d] = fill;
+        write(slot, h, sizeof d + 1);
+    }
+    /// Waits for `n` of this peer's writes to complete (the server's device has them).
+    void wait_sent(int n) {
+        verbs::completion c[8];
+        for (int got = 0; got < n;) {
+            const int k = conn.qp().wait_send(c, std::chrono::seconds(10));
+            REQUIRE(k > 0);
+            for (int i = 0; i < k; ++i)
+                REQUIRE(c[i].ok());
+            got += k;
+        }
+    }
+    /// Replies that arrived so far (their immediates), counted.
+    int replies() {
+        verbs::completion c[8];
+        const int k = conn.qp().poll_recv(c);
+        for (int i = 0; i < k; ++i)
+            if (c[i].ok())
+                ++replies_seen;
+        return replies_seen;
+    }
+    int replies_seen = 0;
+
     static rpc::message_header request(std::uint16_t method, std::uint32_t body) {
         rpc::message_header h;
         h.call_seq = 1;
@@ -808,6 +851,53 @@ TEST_CASE("bad peers: each rejection counted, the peer dropped, the good client 
     // (counted as an opcode rejection) before the connection goes.
     CHECK(s.counters().rejected() <= 10);
     INFO(fmt::format("server: {}", s.counters()));
+}
+
+TEST_CASE("a reply body stays the server's until its WRITE completes: a slot reused early gets "
+          "no other connection's reply",
+          "[rpccall][i13]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = small_options();
+    o.local = false; // raw peers speak the device path (node-local replies are copied at once)
+    // A small fixed budget: a 64 KiB reply goes out 4 KiB at a time, over many polls.
+    o.scheduler.budget_bytes = 4096;
+    o.scheduler.small_slice = 4096;
+    o.scheduler.large_slice = 4096;
+    rpc::server s(pd, test_addr(), 0, o);
+    constexpr std::uint16_t m_fill = 6; // a 64 KiB reply of the request's one byte
+    constexpr std::size_t reply_bytes = 64 * 1024;
+    std::vector<std::byte> fill(reply_bytes);
+    s.on(m_fill, [&](rpc::request_context& c) {
+        std::fill(fill.begin(), fill.end(), c.body()[0]);
+        c.reply(fill);
+    });
+    raw_peer a(pd, s);
+    raw_peer b(pd, s);
+    REQUIRE(serve_until(s, [&] { return s.peers() == 2; }));
+    registered a_first(pd, reply_bytes), a_second(pd, reply_bytes), b_reply(pd, reply_bytes);
+    a.post_receives(4);
+    b.post_receives(4);
+    // A asks in slot 0; the server answers (one poll: the first 4 KiB slice
+    // of the reply's WRITE goes, the rest stays queued, the slot is free).
+    a.request_into(0, m_fill, a_first, std::byte{0xa1});
+    a.wait_sent(1);
+    REQUIRE(s.poll() == 1);
+    // A asks again in slot 0 at once, then B asks: both in the server's queue
+    // before its next poll, which answers both.
+    a.request_into(0, m_fill, a_second, std::byte{0xa2});
+    a.wait_sent(1);
+    b.request_into(0, m_fill, b_reply, std::byte{0xb2});
+    b.wait_sent(1);
+    REQUIRE(serve_until(s, [&] { return a.replies() == 2 && b.replies() == 1; }));
+    const auto all = [](const registered& r, std::byte v) {
+        return std::all_of(r.bytes.begin(), r.bytes.end(), [&](std::byte x) { return x == v; });
+    };
+    CHECK(std::count(a_first.bytes.begin(), a_first.bytes.end(), std::byte{0xb2}) == 0);
+    CHECK(all(a_first, std::byte{0xa1})); // never B's bytes
+    CHECK(all(a_second, std::byte{0xa2}));
+    CHECK(all(b_reply, std::byte{0xb2}));
+    CHECK(s.counters().external_replies == 3);
 }
 
 namespace {

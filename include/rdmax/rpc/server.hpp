@@ -158,15 +158,21 @@ private:
         std::uint8_t prio = 0;
         std::uint16_t method = 0;
         std::optional<buffer_descriptor> reply_buffer;
-        arena_block body;  ///< a request body read from the caller
-        arena_block reply; ///< a reply body being written into the caller's buffer
+        arena_block body; ///< a request body read from the caller
     };
     struct link {
         std::uint32_t generation = 0;
         std::unique_ptr<link_wire> wire;
         peer_link* verbs = nullptr; ///< wire, when it goes through the device
         std::vector<slot_state> slots;
-        std::uint32_t reads = 0; ///< request bodies being read (signaled, awaited)
+        /// Reply bodies being written into the callers' buffers, each kept
+        /// until its WRITE completes (the scheduler may still hold slices of
+        /// it long after the reply was posted and the slot reused), by the
+        /// index its wr_id names; free_replies lists the empty ones.
+        std::vector<arena_block> replies;
+        std::vector<std::uint16_t> free_replies;
+        std::uint32_t reads = 0;  ///< request bodies being read (signaled, awaited)
+        std::uint32_t writes = 0; ///< reply bodies being written (signaled, awaited)
         /// Accepted, not yet established: dropped if still so at this time.
         std::optional<sched::coarse_clock::time_point> establish_by;
     };

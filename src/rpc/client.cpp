@@ -343,8 +343,9 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
         at += request.size();
     }
     std::memcpy(out, &h, sizeof h);
-    const status s =
-        l->wire->send_slot(message_kind::request, slot, static_cast<std::uint32_t>(at), o.priority);
+    const bool epoch = !ss.epoch; // a new epoch for every call in the slot
+    const status s = l->wire->send_slot(message_kind::request, slot, static_cast<std::uint32_t>(at),
+                                        o.priority, epoch);
     if (s != status::ok) {
         ss.body_reg.reset();
         ss.reply_reg.reset();
@@ -359,6 +360,7 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     }
     l->free_slots.pop_back();
     ss.phase = slot_phase::in_flight;
+    ss.epoch = epoch;
     ss.seq = h.call_seq;
     ss.cookie = o.cookie;
     ss.reply_into = o.reply_into;
@@ -455,8 +457,15 @@ void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
         return;
     }
     slot_state& ss = l.slots[f.slot];
-    if (ss.phase != slot_phase::in_flight && ss.phase != slot_phase::abandoned) {
-        bad(violation::credit); // a reply for no call
+    if (ss.phase != slot_phase::in_flight || f.epoch != ss.epoch) {
+        if (ss.late == 0) {
+            bad(violation::credit); // a reply for no call
+            return;
+        }
+        // The reply of a call that timed out: the slot is not its any more
+        // (free, or another call's), so it is dropped unread.
+        --ss.late;
+        ++counters_.late_replies;
         return;
     }
     parsed_reply pr;
@@ -468,19 +477,16 @@ void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
         return;
     }
     if (pr.header.call_seq != ss.seq) {
-        bad(violation::malformed);
+        if (ss.late == 0) {
+            bad(violation::malformed);
+            return;
+        }
+        // A call two epochs back (the same bit): late too, dropped.
+        --ss.late;
+        ++counters_.late_replies;
         return;
     }
     counters_.bytes_in += f.bytes;
-    if (ss.phase == slot_phase::abandoned) {
-        // Its caller was told timed_out; the slot is the caller's again.
-        ++counters_.late_replies;
-        ss.body_reg.reset();
-        ss.reply_reg.reset();
-        ss.phase = slot_phase::free;
-        l.free_slots.push_back(static_cast<std::uint16_t>(f.slot));
-        return;
-    }
     std::span<const std::byte> body = pr.inline_body;
     if ((pr.header.flags & flag_external_reply) != 0) {
         body = {ss.reply_into.data(), pr.header.body_bytes};
@@ -512,13 +518,8 @@ void client::fail_link(link& l, std::uint32_t index) noexcept {
     l.wire->broken = true;
     for (std::uint32_t s = 0; s < l.slots.size(); ++s) {
         slot_state& ss = l.slots[s];
-        if (ss.phase == slot_phase::in_flight) {
+        if (ss.phase == slot_phase::in_flight)
             finish(l, index, s, call_status::peer_gone, {});
-        } else if (ss.phase == slot_phase::abandoned) {
-            ss.body_reg.reset();
-            ss.reply_reg.reset();
-            ss.phase = slot_phase::free;
-        }
     }
     next_housekeeping_ = {};
 }
@@ -542,9 +543,18 @@ void client::housekeeping() noexcept {
             slot_state& ss = l.slots[s];
             if (ss.phase != slot_phase::in_flight || ss.deadline > now)
                 continue;
-            // The slot stays the server's until its reply comes (credits):
-            // only the caller is told.
-            ss.phase = slot_phase::abandoned;
+            // The slot is the caller's again at once: its next call goes
+            // with the other epoch, which tells the server to drop this one,
+            // and a late reply of this one is dropped unread.
+            ss.phase = slot_phase::free;
+            ss.body_reg.reset();
+            ss.reply_reg.reset();
+            if (ss.late < UINT8_MAX)
+                ++ss.late;
+            // Taken last: calls go to other free slots first, which gives a
+            // slow server's answer the time to come and leaves its call be.
+            l.free_slots.push_back(static_cast<std::uint16_t>(s));
+            std::rotate(l.free_slots.begin(), l.free_slots.end() - 1, l.free_slots.end());
             --l.in_flight;
             ++counters_.timed_out;
             ++counters_.failed;

@@ -40,11 +40,12 @@ void peer_link::attach(verbs::connection conn, const ring_offer& peer,
     sched_.emplace(conn_->qp(), opts);
 }
 
-status peer_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
-                            sched::priority p) noexcept {
+status peer_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes, sched::priority p,
+                            bool epoch) noexcept {
     const std::uint64_t at = std::uint64_t{s} * slot_bytes();
-    return sched_->write_imm(p, staging_.local(at, bytes), peer_ring_, at, encode_imm(k, s, bytes),
-                             s, sched::request_flags{.signaled = false});
+    return sched_->write_imm(p, staging_.local(at, bytes), peer_ring_, at,
+                             encode_imm(k, s, bytes, epoch), s,
+                             sched::request_flags{.signaled = false});
 }
 
 transfer peer_link::read_body(sched::priority p, local_buffer<rights::local_write> dst,

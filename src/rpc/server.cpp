@@ -240,15 +240,29 @@ void server::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
         reject(l, v);
         return;
     }
-    on_request(l, index, f.slot, f.bytes);
+    on_request(l, index, f.slot, f.bytes, f.epoch);
 }
 
-void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
-                        std::uint32_t bytes) noexcept {
+void server::release_block(link& l, std::uint16_t at) noexcept {
+    l.blocks[at].reset();
+    l.free_blocks.push_back(at); // room reserved for every block
+}
+
+void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
+                        bool epoch) noexcept {
     slot_state& ss = l.slots[slot];
     if (ss.busy) {
-        reject(l, violation::credit);
-        return;
+        if (epoch == ss.epoch) {
+            reject(l, violation::credit);
+            return;
+        }
+        // The other epoch: the caller gave up on the call in this slot (its
+        // deadline passed) and took the slot back. That call is dropped
+        // unanswered: a deferred answer finds it gone (another call_seq), a
+        // READ of its body still in flight lands in a block no longer the
+        // slot's, which its completion gives back.
+        ss.busy = false;
+        ss.body_at = no_block;
     }
     parsed_request pr;
     if (const violation v = parse_request(l.wire->inbound(slot, bytes), pr); v != violation::none) {
@@ -257,6 +271,7 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
     }
     counters_.bytes_in += bytes;
     ss.busy = true;
+    ss.epoch = epoch;
     ss.seq = pr.header.call_seq;
     ss.prio = pr.header.priority;
     ss.method = pr.header.method;
@@ -272,22 +287,33 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
         answer(l, index, slot, call_status::request_too_large, {}, false);
         return;
     }
-    try {
-        ss.body = arena_block(arena_, d.length);
-    } catch (...) {
+    bool got = false;
+    if (!l.free_blocks.empty()) {
+        try {
+            l.blocks[l.free_blocks.back()] = arena_block(arena_, d.length);
+            got = true;
+        } catch (...) {
+        }
+    }
+    if (!got) {
         ++counters_.calls;
         answer(l, index, slot, call_status::read_failed, {}, false);
         return;
     }
+    const std::uint16_t at = l.free_blocks.back();
+    l.free_blocks.pop_back();
+    ss.body_at = at;
+    const arena_block& blk = l.blocks[at];
     ++counters_.external_bodies;
-    switch (l.wire->read_body(sched::priority{ss.prio}, ss.body.local(0, d.length), d,
-                              make_wr_id(tag_read, 0, slot))) {
+    switch (l.wire->read_body(sched::priority{ss.prio}, blk.local(0, d.length), d,
+                              make_wr_id(tag_read, at, slot))) {
     case transfer::started: ++l.reads; break;
     case transfer::done: // read already (by CMA): the handler runs now
-        run_handler(l, index, slot, {ss.body.data(), ss.body.size()});
+        run_handler(l, index, slot, {blk.data(), d.length});
         break;
     case transfer::failed:
-        ss.body.reset();
+        ss.body_at = no_block;
+        release_block(l, at);
         ++counters_.calls;
         answer(l, index, slot, call_status::read_failed, {}, false);
         break;
@@ -298,9 +324,18 @@ void server::run_handler(link& l, std::uint32_t index, std::uint32_t slot,
                          std::span<const std::byte> body) noexcept {
     slot_state& ss = l.slots[slot];
     ++counters_.calls;
+    // The body read from the caller is the handler's only while it runs.
+    const auto done_with_body = [&] {
+        slot_state& now = l.slots[slot];
+        if (now.body_at != no_block) {
+            release_block(l, now.body_at);
+            now.body_at = no_block;
+        }
+    };
     if (ss.method >= handlers_.size() || !handlers_[ss.method]) {
         ++counters_.unknown_method;
         answer(l, index, slot, call_status::unknown_method, {}, false);
+        done_with_body();
         return;
     }
     request_context ctx;
@@ -323,7 +358,7 @@ void server::run_handler(link& l, std::uint32_t index, std::uint32_t slot,
         return;
     if (!ctx.answered_)
         answer(l, index, slot, call_status::handler_failed, {}, false);
-    l.slots[slot].body.reset();
+    done_with_body();
 }
 
 void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
@@ -353,8 +388,8 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
         // block stays the WRITE's until its completion: the slot may be
         // reused (and answered again) before then.
         arena_block* blk = nullptr;
-        if (!l.free_replies.empty()) {
-            blk = &l.replies[l.free_replies.back()];
+        if (!l.free_blocks.empty()) {
+            blk = &l.blocks[l.free_blocks.back()];
             try {
                 *blk = arena_block(arena_, body.size());
             } catch (...) {
@@ -362,12 +397,12 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
             }
         }
         if (blk != nullptr) {
-            const std::uint16_t at = l.free_replies.back();
+            const std::uint16_t at = l.free_blocks.back();
             std::memcpy(blk->data(), body.data(), body.size());
             switch (l.wire->write_body(p, blk->local(0, body.size()), *ss.reply_buffer,
                                        make_wr_id(tag_external, at, slot))) {
             case transfer::started:
-                l.free_replies.pop_back();
+                l.free_blocks.pop_back();
                 ++l.writes;
                 break;
             case transfer::done: blk->reset(); break; // copied already (CMA)
@@ -388,7 +423,7 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
         h.status = static_cast<std::uint32_t>(call_status::reply_too_large);
     }
     std::memcpy(out, &h, sizeof h);
-    if (l.wire->send_slot(message_kind::reply, slot, bytes, p) != status::ok) {
+    if (l.wire->send_slot(message_kind::reply, slot, bytes, p, ss.epoch) != status::ok) {
         counters_.count_link_end(l.wire->why_ended());
         l.wire->broken = true;
         return;
@@ -402,27 +437,31 @@ void server::drive(link& l) noexcept {
     for (int i = 0; i < n; ++i) {
         const verbs::completion& c = out[i];
         const std::uint64_t tag = c.wr_id >> 56;
-        if (tag == tag_read && l.reads > 0)
-            --l.reads;
-        if (tag == tag_external) {
-            // The WRITE is over (done or flushed): its block may go.
-            const auto at = static_cast<std::uint16_t>((c.wr_id >> 16) & 0xffffU);
-            if (at < l.replies.size() && l.replies[at]) {
-                l.replies[at].reset();
-                l.free_replies.push_back(at);
-                --l.writes;
-            }
-        }
-        if (!c.ok()) {
-            l.wire->broken = true;
-            continue;
-        }
+        const auto at = static_cast<std::uint16_t>((c.wr_id >> 16) & 0xffffU);
         const auto slot = static_cast<std::uint32_t>(c.wr_id & 0xffffU);
-        if (tag == tag_read && slot < l.slots.size()) {
-            slot_state& ss = l.slots[slot];
-            if (ss.busy && ss.body) {
+        if (!c.ok())
+            l.wire->broken = true;
+        // The transfer is over (done or flushed): its block is free again,
+        // once the handler had a request body.
+        const bool owned = at < l.blocks.size() && l.blocks[at];
+        if (tag == tag_external && owned) {
+            release_block(l, at);
+            --l.writes;
+        } else if (tag == tag_read) {
+            if (l.reads > 0)
+                --l.reads;
+            if (!owned)
+                continue;
+            // Still the body of the call in its slot (not one superseded)?
+            slot_state* ss = slot < l.slots.size() ? &l.slots[slot] : nullptr;
+            const bool current = ss != nullptr && ss->busy && ss->body_at == at;
+            if (current && !l.wire->broken) {
                 const auto index = static_cast<std::uint32_t>(&l - links_.data());
-                run_handler(l, index, slot, {ss.body.data(), ss.body.size()});
+                run_handler(l, index, slot, {l.blocks[at].data(), l.blocks[at].size()});
+            } else {
+                if (current)
+                    ss->body_at = no_block;
+                release_block(l, at);
             }
         }
     }
@@ -552,14 +591,14 @@ std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t sl
     link& l = links_[index];
     l.generation = ++generations_;
     l.slots = std::vector<slot_state>(slots);
-    // Room for a reply being written per slot, and as many whose slots were
-    // answered again before their WRITE's completion was reaped.
-    const std::size_t replies = std::min<std::size_t>(2U * slots + 8U, 0xffffU);
-    l.replies = std::vector<arena_block>(replies);
-    l.free_replies.clear();
-    l.free_replies.reserve(replies);
-    for (std::size_t i = replies; i-- > 0;)
-        l.free_replies.push_back(static_cast<std::uint16_t>(i));
+    // Room for a body being read and a reply being written per slot, and as
+    // many again whose slots were reused before their completion was reaped.
+    const std::size_t blocks = std::min<std::size_t>(3U * slots + 8U, no_block);
+    l.blocks = std::vector<arena_block>(blocks);
+    l.free_blocks.clear();
+    l.free_blocks.reserve(blocks);
+    for (std::size_t i = blocks; i-- > 0;)
+        l.free_blocks.push_back(static_cast<std::uint16_t>(i));
     l.reads = 0;
     l.writes = 0;
     l.establish_by.reset();
@@ -621,8 +660,8 @@ void server::teardown(std::uint32_t index) noexcept {
     l.verbs = nullptr;
     l.wire.reset(); // no more DMA into or out of the slots' blocks
     l.slots.clear();
-    l.replies.clear();
-    l.free_replies.clear();
+    l.blocks.clear();
+    l.free_blocks.clear();
     free_links_.push_back(index);
     --live_;
     ++counters_.disconnected;

@@ -504,22 +504,80 @@ TEST_CASE("a call past its deadline ends timed_out; its slot comes back with the
     CHECK(took >= std::chrono::milliseconds(190));
     CHECK(took < std::chrono::seconds(5));
     REQUIRE(h.deferred.size() == 1);
-    // The slot is still the server's: one call may go, not two.
+    // The slot is the caller's again at once; a new call takes the other one first.
     std::vector<rpc::call_result> results;
     CHECK(c.cli.start(c.peer, m_defer, req, {.cookie = 2}) == rpc::call_status::ok);
-    CHECK(c.cli.start(c.peer, m_echo, req) == rpc::call_status::no_credit);
     REQUIRE(pump(s, {&c.cli}, results, [&] { return h.deferred.size() == 2; }));
-    // Now the late answer, then the second deferred call's.
+    // Now the late answer (dropped unread), then the second deferred call's.
     CHECK(s.reply(h.deferred[0], req));
+    REQUIRE(pump(s, {&c.cli}, results, [&] { return c.cli.counters().late_replies == 1; }));
     CHECK(s.reply(h.deferred[1], req));
     CHECK_FALSE(s.reply(h.deferred[1], req)); // answered already
     REQUIRE(pump(s, {&c.cli}, results, [&] { return results.size() == 1; }));
     CHECK(results[0].cookie == 2);
     CHECK(results[0].status == rpc::call_status::ok);
-    REQUIRE(pump(s, {&c.cli}, results, [&] { return c.cli.counters().late_replies == 1; }));
     // Both slots are free again.
     CHECK(call_once(s, c, m_echo, req).status == rpc::call_status::ok);
     CHECK(c.cli.counters().timed_out == 1);
+}
+
+TEST_CASE("slots whose calls all timed out against a silent server are taken back: the "
+          "connection still calls, and a late answer is dropped unread",
+          "[rpccall][i18]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, small_options());
+    handlers h;
+    h.install(s);
+    rpc::rpc_options o = small_options();
+    o.slots = 2;
+    connected_client c(pd, s, o);
+    REQUIRE(c.cli.slots(c.peer) == 2);
+    std::vector<std::byte> req(100);
+    fill_pattern(req, 9);
+    // Every slot's call times out: the server defers them and never answers.
+    for (std::uint64_t cookie : {1U, 2U})
+        REQUIRE(c.cli.start(c.peer, m_defer, req,
+                            {.timeout = std::chrono::milliseconds(50), .cookie = cookie}) ==
+                rpc::call_status::ok);
+    std::vector<rpc::call_result> results;
+    REQUIRE(pump(s, {&c.cli}, results, [&] { return results.size() == 2; }));
+    for (const auto& r : results)
+        CHECK(r.status == rpc::call_status::timed_out);
+    REQUIRE(h.deferred.size() == 2);
+    // The connection still calls, byte for byte, again and again.
+    for (int i = 0; i < 4; ++i) {
+        const answer a = call_once(s, c, m_echo, req);
+        CHECK(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+    // The server dropped the calls the new ones superseded: their answers find them gone.
+    CHECK_FALSE(s.reply(h.deferred[0], req));
+    CHECK_FALSE(s.reply(h.deferred[1], req));
+    CHECK(s.counters().rejected() == 0);
+    CHECK(c.cli.connected(c.peer));
+    CHECK(c.cli.counters().timed_out == 2);
+
+    // One slot: a late answer posted before the server sees the slot's next
+    // call reaches the client first; it is dropped unread, the next call's
+    // reply is whole.
+    rpc::rpc_options one = small_options();
+    one.slots = 1;
+    connected_client c1(pd, s, one);
+    REQUIRE(c1.cli.slots(c1.peer) == 1);
+    const answer t = call_once(s, c1, m_defer, req, {.timeout = std::chrono::milliseconds(50)});
+    CHECK(t.status == rpc::call_status::timed_out);
+    REQUIRE(h.deferred.size() == 3);
+    std::vector<std::byte> stale(req.size(), std::byte{0xee});
+    CHECK(s.reply(h.deferred[2], stale)); // late: the client has given up on it
+    std::vector<std::byte> fresh(200);
+    fill_pattern(fresh, 21);
+    const answer a = call_once(s, c1, m_echo, fresh);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == fresh);
+    CHECK(c1.cli.counters().late_replies == 1);
+    CHECK(c1.cli.connected(c1.peer));
+    CHECK(s.counters().rejected() == 0);
 }
 
 TEST_CASE("priorities: an urgent call overtakes bulk calls on the same connection") {

@@ -124,11 +124,15 @@ private:
     enum class slot_phase : std::uint8_t {
         free,      ///< the caller's credit, unused
         in_flight, ///< request sent, no reply yet
-        abandoned, ///< its deadline passed: the slot waits for the late reply
         done,      ///< its result is queued or handed out; freed at the next poll
     };
     struct slot_state {
         slot_phase phase = slot_phase::free;
+        /// Flipped at each call in the slot; the reply echoes it.
+        bool epoch = false;
+        /// Calls in this slot that timed out and whose reply has not come:
+        /// replies of an earlier epoch to drop unread.
+        std::uint8_t late = 0;
         std::uint32_t seq = 0;
         std::uint64_t cookie = 0;
         sched::coarse_clock::time_point deadline{};

@@ -44,9 +44,9 @@ public:
     /// Where this side builds the message for slot s before send_slot.
     [[nodiscard]] virtual std::byte* staging(std::uint32_t s) const noexcept = 0;
     /// Sends the first `bytes` of staging slot s to the peer's slot s, with
-    /// the immediate naming them, at priority p.
+    /// the immediate naming them and the slot's epoch, at priority p.
     [[nodiscard]] virtual status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
-                                           sched::priority p) noexcept = 0;
+                                           sched::priority p, bool epoch) noexcept = 0;
     /// Reads `dst.length` bytes of the peer's buffer `src` into `dst`.
     [[nodiscard]] virtual transfer read_body(sched::priority p,
                                              local_buffer<rights::local_write> dst,

@@ -243,6 +243,17 @@ void server::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
     on_request(l, index, f.slot, f.bytes, f.epoch);
 }
 
+bool server::abandoned_locally(link& l, std::uint32_t slot) noexcept {
+    if (!l.wire->is_local())
+        return false; // the device path fences with the caller's windows
+    // The caller flips the epoch in its request when it gives the call up:
+    // then nothing goes into its buffer by CMA (which cannot be revoked).
+    const slot_state& ss = l.slots[slot];
+    const auto h =
+        detail::load<message_header>(l.wire->inbound(slot, sizeof(message_header)).data());
+    return h.call_seq != ss.seq || ((h.flags & flag_epoch) != 0) != ss.epoch;
+}
+
 void server::release_block(link& l, std::uint16_t at) noexcept {
     l.blocks[at].reset();
     l.free_blocks.push_back(at); // room reserved for every block
@@ -251,6 +262,18 @@ void server::release_block(link& l, std::uint16_t at) noexcept {
 void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
                         bool epoch) noexcept {
     slot_state& ss = l.slots[slot];
+    // The header's epoch first (check_imm let through a header's bytes at
+    // least): an immediate taken late finds the slot holding the caller's
+    // next call already (whose own immediate follows, and whose length this
+    // one does not say), or a call the caller gave up. Dropped unread.
+    const std::span<const std::byte> in = l.wire->inbound(slot, bytes);
+    if (((detail::load<message_header>(in.data()).flags & flag_epoch) != 0) != epoch)
+        return;
+    parsed_request pr;
+    if (const violation v = parse_request(in, pr); v != violation::none) {
+        reject(l, v);
+        return;
+    }
     if (ss.busy) {
         if (epoch == ss.epoch) {
             reject(l, violation::credit);
@@ -263,11 +286,6 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::u
         // slot's, which its completion gives back.
         ss.busy = false;
         ss.body_at = no_block;
-    }
-    parsed_request pr;
-    if (const violation v = parse_request(l.wire->inbound(slot, bytes), pr); v != violation::none) {
-        reject(l, v);
-        return;
     }
     counters_.bytes_in += bytes;
     ss.busy = true;
@@ -382,7 +400,7 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
         h.body_bytes = static_cast<std::uint32_t>(body.size());
         bytes += h.body_bytes;
     } else if (ss.reply_buffer && body.size() <= ss.reply_buffer->length &&
-               body.size() <= opts_.max_message) {
+               body.size() <= opts_.max_message && !abandoned_locally(l, slot)) {
         // Too large for the slot: into the buffer the caller offered, then
         // the header says so (same level, so posted after the data). The
         // block stays the WRITE's until its completion: the slot may be

@@ -130,6 +130,13 @@ TEST_CASE("parse_request takes inline bodies, descriptors, and nothing inconsist
         CHECK(!pr.external_body);
         CHECK(!pr.reply_buffer);
     }
+    SECTION("the slot's epoch in the flags") {
+        message m(request(1, 0, flag_epoch));
+        REQUIRE(parse_request(m.bytes, pr) == violation::none);
+        CHECK((pr.header.flags & flag_epoch) != 0);
+        message unknown(request(1, 0, 16)); // a flag no version has
+        CHECK(parse_request(unknown.bytes, pr) == violation::malformed);
+    }
     SECTION("empty body") {
         message m(request(1, 0));
         REQUIRE(parse_request(m.bytes, pr) == violation::none);

@@ -193,6 +193,8 @@ private:
     void on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
                     bool epoch) noexcept;
     static void release_block(link& l, std::uint16_t at) noexcept;
+    /// A node-local caller gave up the call in `slot` (its request's epoch flipped).
+    [[nodiscard]] bool abandoned_locally(link& l, std::uint32_t slot) noexcept;
     void run_handler(link& l, std::uint32_t index, std::uint32_t slot,
                      std::span<const std::byte> body) noexcept;
     void drive(link& l) noexcept;

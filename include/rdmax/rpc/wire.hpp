@@ -87,6 +87,10 @@ inline constexpr std::uint8_t flag_external_body = 1; ///< the body is in the ca
 inline constexpr std::uint8_t flag_reply_buffer = 2;  ///< the caller offers a reply buffer
 /// Reply flag: the body went into the caller's reply buffer.
 inline constexpr std::uint8_t flag_external_reply = 4;
+/// Request flag: the slot's epoch, as in the immediate. A server that finds
+/// the other one took the immediate late: the slot holds the caller's next
+/// call already (or the caller gave the call up), and the immediate is dropped.
+inline constexpr std::uint8_t flag_epoch = 8;
 
 /// The first bytes of every slot.
 struct message_header {
@@ -213,7 +217,7 @@ template <class T>
     out.header = detail::load<message_header>(bytes.data());
     const message_header& h = out.header;
     std::size_t at = sizeof(message_header);
-    if ((h.flags & ~(flag_external_body | flag_reply_buffer)) != 0 || h.method == 0 ||
+    if ((h.flags & ~(flag_external_body | flag_reply_buffer | flag_epoch)) != 0 || h.method == 0 ||
         h.priority > 7 || h.status != 0)
         return violation::malformed;
     if ((h.flags & flag_external_body) != 0) {

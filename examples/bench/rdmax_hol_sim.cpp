@@ -440,6 +440,7 @@ public:
     [[nodiscard]] std::uint32_t max_rd_atomic() const noexcept { return 16; }
     [[nodiscard]] std::uint32_t max_message() const noexcept { return 1U << 31; }
     [[nodiscard]] bool ready() const noexcept { return true; }
+    [[nodiscard]] bool failed() const noexcept { return false; }
 
 private:
     std::vector<std::uint64_t> done_;

@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -108,6 +110,9 @@ peer_id client::connect(std::string_view addr, std::uint16_t port) {
         throw_error("rpc::client::connect", EPROTO, fmt::format("{}:{}: {}", addr, port, why));
     }
     wire->attach(std::move(conn), *granted, opts_.scheduler);
+    // Windows need type 2 and a pinned registration to bind to (not ODP).
+    if (pd_->device().limits().memory_windows && !rcache_options{}.with_env().on_demand)
+        (void)wire->enable_windows();
     peer_link* v = wire.get();
     const peer_id id = add_link(std::move(wire));
     links_[id.index].verbs = v;
@@ -330,21 +335,57 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     if (request.size() > opts_.max_message || (external && room < sizeof(buffer_descriptor)))
         return call_status::too_large;
     // Bodies and reply buffers over a slot: registered through the cache
-    // (a registration the first time, nanoseconds after).
+    // (a registration the first time, nanoseconds after), and shown to the
+    // peer through windows over exactly their bytes where the link has them.
     const bool reg = l->wire->needs_registration(); // not on the node-local path (CMA)
+    const bool windows = reg && l->wire->has_windows();
+    constexpr rights read_bind = rights::remote_read | rights::mw_bind;
+    constexpr rights write_bind = rights::local_write | rights::remote_write | rights::mw_bind;
+    ss.body_reg.reset(); // the previous call's, kept until now (its windows are revoked)
+    ss.reply_reg.reset();
+    std::uint32_t body_key = 0;
+    std::uint32_t reply_key = 0;
     try {
         if (external && reg) {
-            ss.body_reg.emplace(
-                cache().remote<rights::remote_read>(request.data(), request.size()));
+            ss.body_reg = windows
+                              ? cache().get<read_bind>(request.data(), request.size())
+                              : cache().get<rights::remote_read>(request.data(), request.size());
+            body_key = ss.body_reg.rkey();
         }
-        if (!o.reply_into.empty() && reg)
-            ss.reply_reg.emplace(
-                cache().remote<rights::remote_write>(o.reply_into.data(), o.reply_into.size()));
+        if (!o.reply_into.empty() && reg) {
+            ss.reply_reg =
+                windows
+                    ? cache().get<write_bind>(o.reply_into.data(), o.reply_into.size())
+                    : cache().get<rights::remote_write>(o.reply_into.data(), o.reply_into.size());
+            reply_key = ss.reply_reg.rkey();
+        }
     } catch (...) {
         // Memory the device cannot pin (or a registration limit): not a size.
         ss.body_reg.reset();
         ss.reply_reg.reset();
         return call_status::registration_failed;
+    }
+    if (windows && (ss.body_reg || ss.reply_reg)) {
+        link_wire::exposure e[2];
+        std::size_t n = 0;
+        if (ss.body_reg)
+            e[n++] = {2 * slot, ss.body_reg.registration(),
+                      reinterpret_cast<std::uint64_t>(request.data()), request.size(),
+                      rights::remote_read};
+        if (ss.reply_reg)
+            e[n++] = {2 * slot + 1, ss.reply_reg.registration(),
+                      reinterpret_cast<std::uint64_t>(o.reply_into.data()), o.reply_into.size(),
+                      rights::remote_write};
+        if (!l->wire->expose(std::span(e, n))) {
+            // The send queue is full (or failed): nothing goes out unfenced.
+            ss.body_reg.reset();
+            ss.reply_reg.reset();
+            ++counters_.no_credit;
+            return call_status::no_credit;
+        }
+        ss.windows = true;
+        for (std::size_t i = 0; i < n; ++i)
+            (e[i].window == 2 * slot ? body_key : reply_key) = e[i].rkey;
     }
     message_header h;
     h.call_seq = l->next_seq++;
@@ -355,8 +396,7 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     std::size_t at = sizeof(message_header);
     if (external) {
         h.flags |= flag_external_body;
-        const buffer_descriptor d{reinterpret_cast<std::uint64_t>(request.data()),
-                                  reg ? ss.body_reg->buffer.rkey : 0,
+        const buffer_descriptor d{reinterpret_cast<std::uint64_t>(request.data()), body_key,
                                   static_cast<std::uint32_t>(request.size())};
         std::memcpy(out + at, &d, sizeof d);
         at += sizeof d;
@@ -365,8 +405,7 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     if (!o.reply_into.empty()) {
         h.flags |= flag_reply_buffer;
         const buffer_descriptor d{
-            reinterpret_cast<std::uint64_t>(o.reply_into.data()),
-            reg ? ss.reply_reg->buffer.rkey : 0,
+            reinterpret_cast<std::uint64_t>(o.reply_into.data()), reply_key,
             static_cast<std::uint32_t>(std::min<std::size_t>(o.reply_into.size(), UINT32_MAX))};
         std::memcpy(out + at, &d, sizeof d);
         at += sizeof d;
@@ -375,10 +414,14 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
         std::memcpy(out + at, request.data(), request.size());
         at += request.size();
     }
+    const bool epoch = !ss.epoch; // a new epoch for every call in the slot
+    if (epoch)
+        h.flags |= flag_epoch;
     std::memcpy(out, &h, sizeof h);
-    const status s =
-        l->wire->send_slot(message_kind::request, slot, static_cast<std::uint32_t>(at), o.priority);
+    const status s = l->wire->send_slot(message_kind::request, slot, static_cast<std::uint32_t>(at),
+                                        o.priority, epoch);
     if (s != status::ok) {
+        end_exposure(*l, slot);
         ss.body_reg.reset();
         ss.reply_reg.reset();
         if (s == status::queue_full) {
@@ -392,6 +435,7 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     }
     l->free_slots.pop_back();
     ss.phase = slot_phase::in_flight;
+    ss.epoch = epoch;
     ss.seq = h.call_seq;
     ss.cookie = o.cookie;
     ss.reply_into = o.reply_into;
@@ -488,8 +532,15 @@ void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
         return;
     }
     slot_state& ss = l.slots[f.slot];
-    if (ss.phase != slot_phase::in_flight && ss.phase != slot_phase::abandoned) {
-        bad(violation::credit); // a reply for no call
+    if (ss.phase != slot_phase::in_flight || f.epoch != ss.epoch) {
+        if (ss.late == 0) {
+            bad(violation::credit); // a reply for no call
+            return;
+        }
+        // The reply of a call that timed out: the slot is not its any more
+        // (free, or another call's), so it is dropped unread.
+        --ss.late;
+        ++counters_.late_replies;
         return;
     }
     parsed_reply pr;
@@ -501,19 +552,16 @@ void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
         return;
     }
     if (pr.header.call_seq != ss.seq) {
-        bad(violation::malformed);
+        if (ss.late == 0) {
+            bad(violation::malformed);
+            return;
+        }
+        // A call two epochs back (the same bit): late too, dropped.
+        --ss.late;
+        ++counters_.late_replies;
         return;
     }
     counters_.bytes_in += f.bytes;
-    if (ss.phase == slot_phase::abandoned) {
-        // Its caller was told timed_out; the slot is the caller's again.
-        ++counters_.late_replies;
-        ss.body_reg.reset();
-        ss.reply_reg.reset();
-        ss.phase = slot_phase::free;
-        l.free_slots.push_back(static_cast<std::uint16_t>(f.slot));
-        return;
-    }
     std::span<const std::byte> body = pr.inline_body;
     if ((pr.header.flags & flag_external_reply) != 0) {
         body = {ss.reply_into.data(), pr.header.body_bytes};
@@ -522,12 +570,26 @@ void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
     finish(l, index, f.slot, static_cast<call_status>(pr.header.status), body);
 }
 
+void client::end_exposure(link& l, std::uint32_t slot) noexcept {
+    slot_state& ss = l.slots[slot];
+    if (!ss.windows) {
+        // Registrations' own keys (no windows): nothing to revoke; the
+        // registration goes back to the cache.
+        ss.body_reg.reset();
+        ss.reply_reg.reset();
+        return;
+    }
+    ss.windows = false;
+    if (l.wire) {
+        l.wire->revoke(2 * slot, 2);
+    }
+}
+
 void client::finish(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
                     std::span<const std::byte> reply) noexcept {
     slot_state& ss = l.slots[slot];
     ss.phase = slot_phase::done;
-    ss.body_reg.reset();
-    ss.reply_reg.reset();
+    end_exposure(l, slot);
     --l.in_flight;
     ++l.held;
     if (st == call_status::ok)
@@ -545,13 +607,8 @@ void client::fail_link(link& l, std::uint32_t index) noexcept {
     l.wire->broken = true;
     for (std::uint32_t s = 0; s < l.slots.size(); ++s) {
         slot_state& ss = l.slots[s];
-        if (ss.phase == slot_phase::in_flight) {
+        if (ss.phase == slot_phase::in_flight)
             finish(l, index, s, call_status::peer_gone, {});
-        } else if (ss.phase == slot_phase::abandoned) {
-            ss.body_reg.reset();
-            ss.reply_reg.reset();
-            ss.phase = slot_phase::free;
-        }
     }
     next_housekeeping_ = {};
 }
@@ -575,9 +632,27 @@ void client::housekeeping() noexcept {
             slot_state& ss = l.slots[s];
             if (ss.phase != slot_phase::in_flight || ss.deadline > now)
                 continue;
-            // The slot stays the server's until its reply comes (credits):
-            // only the caller is told.
-            ss.phase = slot_phase::abandoned;
+            // The slot is the caller's again at once: its next call goes
+            // with the other epoch, which tells the server to drop this one,
+            // and a late reply of this one is dropped unread.
+            ss.phase = slot_phase::free;
+            // The server is fenced out of the call's buffers from now on: a
+            // late READ or WRITE fails at the device (and ends the link).
+            end_exposure(l, s);
+            if (l.wire->is_local()) {
+                // The request is in the server's ring, in shared memory:
+                // flip its epoch there, which the server checks before it
+                // reads the body or writes the reply by CMA (which cannot be
+                // revoked once under way).
+                std::byte* flags = l.wire->staging(s) + offsetof(message_header, flags);
+                *flags ^= std::byte{flag_epoch};
+            }
+            if (ss.late < UINT8_MAX)
+                ++ss.late;
+            // Taken last: calls go to other free slots first, which gives a
+            // slow server's answer the time to come and leaves its call be.
+            l.free_slots.push_back(static_cast<std::uint16_t>(s));
+            std::rotate(l.free_slots.begin(), l.free_slots.end() - 1, l.free_slots.end());
             --l.in_flight;
             ++counters_.timed_out;
             ++counters_.failed;

@@ -126,11 +126,11 @@ void local_link::lay_out(side who) noexcept {
     }
 }
 
-status local_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
-                             sched::priority) noexcept {
+status local_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes, sched::priority,
+                             bool epoch) noexcept {
     if (corrupt_)
         return status::qp_failed;
-    const std::uint32_t imm = encode_imm(k, s, bytes);
+    const std::uint32_t imm = encode_imm(k, s, bytes, epoch);
     switch (out_.try_push(std::as_bytes(std::span(&imm, 1)))) {
     case local::ring_status::ok:
         // A read-modify-write, not a load: ordered after the push for a

@@ -170,7 +170,7 @@ int server::poll() noexcept {
             // Its immediates come through its own message ring.
             if (!l.wire->drain_imms([&](std::uint32_t imm) { on_imm(l, i, imm); }))
                 reject(l, violation::malformed);
-        } else if (l.reads != 0 || l.wire->needs_progress()) {
+        } else if (l.reads != 0 || l.writes != 0 || l.wire->needs_progress()) {
             drive(l);
         }
     }
@@ -244,23 +244,56 @@ void server::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
         reject(l, v);
         return;
     }
-    on_request(l, index, f.slot, f.bytes);
+    on_request(l, index, f.slot, f.bytes, f.epoch);
 }
 
-void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
-                        std::uint32_t bytes) noexcept {
+bool server::abandoned_locally(link& l, std::uint32_t slot) noexcept {
+    if (!l.wire->is_local())
+        return false; // the device path fences with the caller's windows
+    // The caller flips the epoch in its request when it gives the call up:
+    // then nothing goes into its buffer by CMA (which cannot be revoked).
+    const slot_state& ss = l.slots[slot];
+    const auto h =
+        detail::load<message_header>(l.wire->inbound(slot, sizeof(message_header)).data());
+    return h.call_seq != ss.seq || ((h.flags & flag_epoch) != 0) != ss.epoch;
+}
+
+void server::release_block(link& l, std::uint16_t at) noexcept {
+    l.blocks[at].reset();
+    l.free_blocks.push_back(at); // room reserved for every block
+}
+
+void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
+                        bool epoch) noexcept {
     slot_state& ss = l.slots[slot];
-    if (ss.busy) {
-        reject(l, violation::credit);
+    // The header's epoch first (check_imm let through a header's bytes at
+    // least): an immediate taken late finds the slot holding the caller's
+    // next call already (whose own immediate follows, and whose length this
+    // one does not say), or a call the caller gave up. Dropped unread.
+    const std::span<const std::byte> in = l.wire->inbound(slot, bytes);
+    if (((detail::load<message_header>(in.data()).flags & flag_epoch) != 0) != epoch)
         return;
-    }
     parsed_request pr;
-    if (const violation v = parse_request(l.wire->inbound(slot, bytes), pr); v != violation::none) {
+    if (const violation v = parse_request(in, pr); v != violation::none) {
         reject(l, v);
         return;
     }
+    if (ss.busy) {
+        if (epoch == ss.epoch) {
+            reject(l, violation::credit);
+            return;
+        }
+        // The other epoch: the caller gave up on the call in this slot (its
+        // deadline passed) and took the slot back. That call is dropped
+        // unanswered: a deferred answer finds it gone (another call_seq), a
+        // READ of its body still in flight lands in a block no longer the
+        // slot's, which its completion gives back.
+        ss.busy = false;
+        ss.body_at = no_block;
+    }
     counters_.bytes_in += bytes;
     ss.busy = true;
+    ss.epoch = epoch;
     ss.seq = pr.header.call_seq;
     ss.prio = pr.header.priority;
     ss.method = pr.header.method;
@@ -276,22 +309,33 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot,
         answer(l, index, slot, call_status::request_too_large, {}, false);
         return;
     }
-    try {
-        ss.body = arena_block(arena_, d.length);
-    } catch (...) {
+    bool got = false;
+    if (!l.free_blocks.empty()) {
+        try {
+            l.blocks[l.free_blocks.back()] = arena_block(arena_, d.length);
+            got = true;
+        } catch (...) {
+        }
+    }
+    if (!got) {
         ++counters_.calls;
         answer(l, index, slot, call_status::read_failed, {}, false);
         return;
     }
+    const std::uint16_t at = l.free_blocks.back();
+    l.free_blocks.pop_back();
+    ss.body_at = at;
+    const arena_block& blk = l.blocks[at];
     ++counters_.external_bodies;
-    switch (l.wire->read_body(sched::priority{ss.prio}, ss.body.local(0, d.length), d,
-                              make_wr_id(tag_read, 0, slot))) {
+    switch (l.wire->read_body(sched::priority{ss.prio}, blk.local(0, d.length), d,
+                              make_wr_id(tag_read, at, slot))) {
     case transfer::started: ++l.reads; break;
     case transfer::done: // read already (by CMA): the handler runs now
-        run_handler(l, index, slot, {ss.body.data(), ss.body.size()});
+        run_handler(l, index, slot, {blk.data(), d.length});
         break;
     case transfer::failed:
-        ss.body.reset();
+        ss.body_at = no_block;
+        release_block(l, at);
         ++counters_.calls;
         answer(l, index, slot, call_status::read_failed, {}, false);
         break;
@@ -302,9 +346,18 @@ void server::run_handler(link& l, std::uint32_t index, std::uint32_t slot,
                          std::span<const std::byte> body) noexcept {
     slot_state& ss = l.slots[slot];
     ++counters_.calls;
+    // The body read from the caller is the handler's only while it runs.
+    const auto done_with_body = [&] {
+        slot_state& now = l.slots[slot];
+        if (now.body_at != no_block) {
+            release_block(l, now.body_at);
+            now.body_at = no_block;
+        }
+    };
     if (ss.method >= handlers_.size() || !handlers_[ss.method]) {
         ++counters_.unknown_method;
         answer(l, index, slot, call_status::unknown_method, {}, false);
+        done_with_body();
         return;
     }
     request_context ctx;
@@ -327,7 +380,7 @@ void server::run_handler(link& l, std::uint32_t index, std::uint32_t slot,
         return;
     if (!ctx.answered_)
         answer(l, index, slot, call_status::handler_failed, {}, false);
-    l.slots[slot].body.reset();
+    done_with_body();
 }
 
 void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
@@ -351,18 +404,32 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
         h.body_bytes = static_cast<std::uint32_t>(body.size());
         bytes += h.body_bytes;
     } else if (ss.reply_buffer && body.size() <= ss.reply_buffer->length &&
-               body.size() <= opts_.max_message) {
+               body.size() <= opts_.max_message && !abandoned_locally(l, slot)) {
         // Too large for the slot: into the buffer the caller offered, then
-        // the header says so (same level, so posted after the data).
-        try {
-            ss.reply = arena_block(arena_, body.size());
-        } catch (...) {
-            ss.reply.reset();
+        // the header says so (same level, so posted after the data). The
+        // block stays the WRITE's until its completion: the slot may be
+        // reused (and answered again) before then.
+        arena_block* blk = nullptr;
+        if (!l.free_blocks.empty()) {
+            blk = &l.blocks[l.free_blocks.back()];
+            try {
+                *blk = arena_block(arena_, body.size());
+            } catch (...) {
+                blk = nullptr;
+            }
         }
-        if (ss.reply) {
-            std::memcpy(ss.reply.data(), body.data(), body.size());
-            if (l.wire->write_body(p, ss.reply.local(0, body.size()), *ss.reply_buffer,
-                                   make_wr_id(tag_external, 0, slot)) == transfer::failed) {
+        if (blk != nullptr) {
+            const std::uint16_t at = l.free_blocks.back();
+            std::memcpy(blk->data(), body.data(), body.size());
+            switch (l.wire->write_body(p, blk->local(0, body.size()), *ss.reply_buffer,
+                                       make_wr_id(tag_external, at, slot))) {
+            case transfer::started:
+                l.free_blocks.pop_back();
+                ++l.writes;
+                break;
+            case transfer::done: blk->reset(); break; // copied already (CMA)
+            case transfer::failed:
+                blk->reset();
                 counters_.count_link_end(l.wire->why_ended());
                 l.wire->broken = true;
                 return;
@@ -378,7 +445,7 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
         h.status = static_cast<std::uint32_t>(call_status::reply_too_large);
     }
     std::memcpy(out, &h, sizeof h);
-    if (l.wire->send_slot(message_kind::reply, slot, bytes, p) != status::ok) {
+    if (l.wire->send_slot(message_kind::reply, slot, bytes, p, ss.epoch) != status::ok) {
         counters_.count_link_end(l.wire->why_ended());
         l.wire->broken = true;
         return;
@@ -392,18 +459,31 @@ void server::drive(link& l) noexcept {
     for (int i = 0; i < n; ++i) {
         const verbs::completion& c = out[i];
         const std::uint64_t tag = c.wr_id >> 56;
-        if (tag == tag_read && l.reads > 0)
-            --l.reads;
-        if (!c.ok()) {
-            l.wire->broken = true;
-            continue;
-        }
+        const auto at = static_cast<std::uint16_t>((c.wr_id >> 16) & 0xffffU);
         const auto slot = static_cast<std::uint32_t>(c.wr_id & 0xffffU);
-        if (tag == tag_read && slot < l.slots.size()) {
-            slot_state& ss = l.slots[slot];
-            if (ss.busy && ss.body) {
+        if (!c.ok())
+            l.wire->broken = true;
+        // The transfer is over (done or flushed): its block is free again,
+        // once the handler had a request body.
+        const bool owned = at < l.blocks.size() && l.blocks[at];
+        if (tag == tag_external && owned) {
+            release_block(l, at);
+            --l.writes;
+        } else if (tag == tag_read) {
+            if (l.reads > 0)
+                --l.reads;
+            if (!owned)
+                continue;
+            // Still the body of the call in its slot (not one superseded)?
+            slot_state* ss = slot < l.slots.size() ? &l.slots[slot] : nullptr;
+            const bool current = ss != nullptr && ss->busy && ss->body_at == at;
+            if (current && !l.wire->broken) {
                 const auto index = static_cast<std::uint32_t>(&l - links_.data());
-                run_handler(l, index, slot, {ss.body.data(), ss.body.size()});
+                run_handler(l, index, slot, {l.blocks[at].data(), l.blocks[at].size()});
+            } else {
+                if (current)
+                    ss->body_at = no_block;
+                release_block(l, at);
             }
         }
     }
@@ -562,6 +642,14 @@ std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t sl
     // commit, which cannot fail: a link is live (and counted in live_) or
     // not there at all.
     std::vector<slot_state> fresh(slots);
+    // Room for a body being read and a reply being written per slot, and as
+    // many again whose slots were reused before their completion was reaped.
+    const std::size_t blocks = std::min<std::size_t>(3U * slots + 8U, no_block);
+    std::vector<arena_block> fresh_blocks(blocks);
+    std::vector<std::uint16_t> fresh_free;
+    fresh_free.reserve(blocks);
+    for (std::size_t i = blocks; i-- > 0;)
+        fresh_free.push_back(static_cast<std::uint16_t>(i));
     if (free_links_.empty()) {
         free_links_.reserve(links_.size() + 1);
         links_.emplace_back();
@@ -583,7 +671,10 @@ std::uint32_t server::add_link(std::unique_ptr<link_wire> wire, std::uint16_t sl
     link& l = links_[index];
     l.generation = ++generations_;
     l.slots = std::move(fresh);
+    l.blocks = std::move(fresh_blocks);
+    l.free_blocks = std::move(fresh_free);
     l.reads = 0;
+    l.writes = 0;
     l.establish_by.reset();
     l.verbs = nullptr;
     l.wire = std::move(wire);
@@ -751,6 +842,8 @@ void server::teardown(std::uint32_t index) noexcept {
     l.verbs = nullptr;
     l.wire.reset(); // no more DMA into or out of the slots' blocks
     l.slots.clear();
+    l.blocks.clear();
+    l.free_blocks.clear();
     free_links_.push_back(index);
     --live_;
     ++counters_.disconnected;

@@ -162,6 +162,7 @@ queue_pair_base::queue_pair_base(queue_pair_base&& o) noexcept
     , mtu_(o.mtu_)
     , gid_(o.gid_)
     , last_errno_(o.last_errno_)
+    , failed_(o.failed_)
     , slots_(std::move(o.slots_))
     , wrs_(std::move(o.wrs_))
     , sges_(std::move(o.sges_))
@@ -190,6 +191,7 @@ queue_pair_base& queue_pair_base::operator=(queue_pair_base&& o) noexcept {
         mtu_ = o.mtu_;
         gid_ = o.gid_;
         last_errno_ = o.last_errno_;
+        failed_ = o.failed_;
         slots_ = std::move(o.slots_);
         wrs_ = std::move(o.wrs_);
         sges_ = std::move(o.sges_);
@@ -380,6 +382,13 @@ status queue_pair_base::post_recv_sges(ibv_sge* sges, std::uint32_t n,
 int queue_pair_base::translate_send(const ibv_wc* wcs, int n, std::span<completion> out) noexcept {
     int k = 0;
     for (int i = 0; i < n; ++i) {
+        // A send completion in error puts an RC queue pair in the error state
+        // (a UD one's send queue in SQE): from now on posts are refused up
+        // front (qp_failed) instead of being taken and flushed.
+        if (wcs[i].status != IBV_WC_SUCCESS) [[unlikely]] {
+            failed_ = true;
+            state_ = IBV_QPS_ERR;
+        }
         const send_slots::done d = slots_.complete(wcs[i].wr_id, wcs[i].status == IBV_WC_SUCCESS);
         if (d.report)
             out[static_cast<std::size_t>(k++)] = completion::from(wcs[i], d.wr_id);
@@ -577,8 +586,8 @@ status send_batch::stage_rdma(ibv_wr_opcode op, std::size_t nsge, std::uint64_t 
                               std::uint64_t raddr, std::uint64_t rlen, std::uint32_t rkey,
                               std::uint64_t offset, std::uint64_t wr_id, send_flags f,
                               std::optional<std::uint32_t> imm) noexcept {
-    if (qp_.state_ != IBV_QPS_RTS)
-        return status::not_connected;
+    if (status s = qp_.can_post(); s != status::ok)
+        return s;
     if (total == 0 && op != IBV_WR_RDMA_WRITE_WITH_IMM)
         return status::zero_length;
     if (total > qp_.max_msg_)
@@ -600,8 +609,8 @@ status send_batch::stage_rdma(ibv_wr_opcode op, std::size_t nsge, std::uint64_t 
 status send_batch::stage_message(std::size_t nsge, std::uint64_t total, std::uint64_t wr_id,
                                  send_flags f, std::optional<std::uint32_t> imm,
                                  const address_handle* to) noexcept {
-    if (qp_.state_ != IBV_QPS_RTS)
-        return status::not_connected;
+    if (status s = qp_.can_post(); s != status::ok)
+        return s;
     if (total == 0 && !imm)
         return status::zero_length;
     const bool ud = qp_.type_ == IBV_QPT_UD;
@@ -627,8 +636,8 @@ status send_batch::stage_message(std::size_t nsge, std::uint64_t total, std::uin
 status send_batch::atomic(ibv_wr_opcode op, ibv_sge result, std::uint64_t raddr, std::uint64_t rlen,
                           std::uint32_t rkey, std::uint64_t offset, std::uint64_t operand,
                           std::uint64_t swap, std::uint64_t wr_id, send_flags f) noexcept {
-    if (qp_.state_ != IBV_QPS_RTS)
-        return status::not_connected;
+    if (status s = qp_.can_post(); s != status::ok)
+        return s;
     if (result.length != 8 || (raddr + offset) % 8 != 0)
         return status::misaligned_atomic;
     if (offset > rlen || 8 > rlen - offset || wraps(raddr, rlen))
@@ -656,8 +665,8 @@ status send_batch::bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint
                            send_flags f) noexcept {
     if (qp_.type_ != IBV_QPT_RC)
         return status::bad_window; // type-2 windows bind through connected QPs
-    if (qp_.state_ != IBV_QPS_RTS)
-        return status::not_connected;
+    if (status s = qp_.can_post(); s != status::ok)
+        return s;
     if (count_ >= qp_.wrs_.size())
         return status::batch_full;
     // What the device would check, and fail the queue pair over: checked here.
@@ -689,8 +698,8 @@ status send_batch::bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint
 
 status send_batch::local_invalidate(std::uint32_t rkey, std::uint64_t wr_id,
                                     send_flags f) noexcept {
-    if (qp_.state_ != IBV_QPS_RTS)
-        return status::not_connected;
+    if (status s = qp_.can_post(); s != status::ok)
+        return s;
     if (count_ >= qp_.wrs_.size())
         return status::batch_full;
     ibv_send_wr& wr = qp_.wrs_[count_];
@@ -704,6 +713,14 @@ status send_batch::post() noexcept {
     if (count_ == 0) {
         accepted_ = 0;
         return status::ok;
+    }
+    if (qp_.failed_) {
+        // The queue pair failed after these were staged: none goes.
+        accepted_ = 0;
+        count_ = 0;
+        qp_.slots_.rollback(start_);
+        start_ = qp_.slots_.mark();
+        return status::qp_failed;
     }
     ibv_send_wr* bad = nullptr;
     const int rc = ibv_post_send(qp_.qp_, qp_.wrs_.data(), &bad);

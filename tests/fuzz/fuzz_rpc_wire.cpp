@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                              size - 5);
 
     const imm_fields f = decode_imm(imm);
-    require(encode_imm(f.kind, f.slot, f.bytes) == imm);
+    require(encode_imm(f.kind, f.slot, f.bytes, f.epoch) == imm);
     for (const message_kind k : {message_kind::request, message_kind::reply}) {
         if (check_imm(f, k, slots, slot_bytes) != violation::none)
             continue;

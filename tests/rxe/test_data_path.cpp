@@ -365,6 +365,35 @@ TEST_CASE("a wrong rkey and an access outside the remote region fail with the st
     CHECK(std::string(c2.status_name()).find("remote access") != std::string::npos);
 }
 
+TEST_CASE("after an error completion the queue pair refuses every post: qp_failed, nothing "
+          "posted") {
+    loopback lp;
+    registered src(lp.pd, 4096), dst(lp.pd, 4096), res(lp.pd, 64);
+    remote_buffer<all_rights> bad_key = dst.mr.remote();
+    bad_key.rkey ^= 0x5a5a00;
+    REQUIRE(lp.a.write(src.mr.local(0, 64), bad_key, 0, 1) == status::ok);
+    const auto c = wait_send(lp.a);
+    REQUIRE(c.status == IBV_WC_REM_ACCESS_ERR);
+    CHECK(lp.a.failed());
+    const std::uint32_t free_before = lp.a.send_slots_free();
+    // Every kind of post, and a chain: refused up front, not taken and flushed.
+    CHECK(lp.a.write(src.mr.local(0, 64), dst.mr.remote(), 0, 2) == status::qp_failed);
+    CHECK(lp.a.read(src.mr.local(0, 64), dst.mr.remote(), 0, 3) == status::qp_failed);
+    CHECK(lp.a.send(src.mr.local(0, 64), 4) == status::qp_failed);
+    CHECK(lp.a.write_imm(src.mr.local(0, 64), dst.mr.remote(), 0, 9, 5) == status::qp_failed);
+    CHECK(lp.a.fetch_add(res.mr.local(0, 8), dst.mr.remote(), 0, 1, 6) == status::qp_failed);
+    CHECK(lp.a.local_invalidate(0x1234, 7) == status::qp_failed);
+    {
+        verbs::send_batch b = lp.a.batch();
+        CHECK(b.write(src.mr.local(0, 64), dst.mr.remote(), 0, 8) == status::qp_failed);
+        CHECK(b.size() == 0);
+    }
+    CHECK(lp.a.send_slots_free() == free_before);
+    verbs::completion more[4];
+    CHECK(lp.a.wait_send(more, std::chrono::milliseconds(200)) == 0); // nothing was posted
+    CHECK(to_string(status::qp_failed).find("error state") != std::string_view::npos);
+}
+
 TEST_CASE("bad requests are refused before anything is posted") {
     loopback lp;
     registered src(lp.pd, 4096), dst(lp.pd, 4096), res(lp.pd, 64);

@@ -3,7 +3,8 @@
 // pair, moves `drain(bytes)` bytes off its head per call (the wire, at a rate
 // the test sets), completes slices in order, reports the signaled and failed
 // ones as a queue pair does, and can fail a chosen slice (then flushes the
-// rest, as an RC queue pair in the error state does) or refuse a post.
+// rest, as an RC queue pair in the error state does) or refuse a post. Once
+// failed it refuses to stage (qp_failed), as a failed queue pair does.
 
 #include <cstdint>
 #include <optional>
@@ -66,6 +67,8 @@ public:
 
     // ---- SendPort ---------------------------------------------------------------------------
     status stage(const sched::slice_request& s) noexcept {
+        if (error_)
+            return status::qp_failed; // as a queue pair refuses once it failed
         if (queue_.size() + chain_.size() >= depth_)
             return status::queue_full;
         chain_.push_back(s);
@@ -109,6 +112,7 @@ public:
     [[nodiscard]] std::uint32_t max_rd_atomic() const noexcept { return max_rd_; }
     [[nodiscard]] std::uint32_t max_message() const noexcept { return max_msg_; }
     [[nodiscard]] bool ready() const noexcept { return !error_; }
+    [[nodiscard]] bool failed() const noexcept { return error_; }
 
     // ---- the wire -----------------------------------------------------------------------------
     /// Moves up to `bytes` off the head of the queue, completing what finishes.
@@ -132,12 +136,15 @@ public:
         }
     }
     [[nodiscard]] bool idle() const noexcept { return queue_.empty(); }
-    /// A completion of a request the scheduler did not post.
+    /// A completion of a request the scheduler did not post; one in error
+    /// fails the queue, as on an RC queue pair (what follows it is flushed).
     void inject(std::uint64_t wr_id, ibv_wc_status st) {
         verbs::completion c;
         c.wr_id = wr_id;
         c.status = st;
         done_.push_back(c);
+        if (st != IBV_WC_SUCCESS)
+            flush();
     }
     [[nodiscard]] std::uint64_t queued_bytes() const noexcept {
         std::uint64_t n = 0;

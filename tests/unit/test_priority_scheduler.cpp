@@ -446,6 +446,43 @@ TEST_CASE("a refused post fails its requests instead of leaving them waiting") {
     CHECK(s.counters().in_flight_bytes == 0);
 }
 
+TEST_CASE("a failure of another request on the queue pair refuses submissions and flushes the "
+          "queued ones") {
+    sim_scheduler<> s(options(4096, 4096, 16384, 8), {});
+    REQUIRE(s.write(bulk, local(0, 64 * 1024), remote(), 0, 1) == status::ok);
+    REQUIRE(s.write(bulk, local(1 << 20, 64 * 1024), remote(), 0, 2) == status::ok);
+    REQUIRE(s.port().log.size() == 4); // the budget holds the rest back
+    // A window's bind, posted by a handle issuer on the same queue pair, fails:
+    // the queue pair is in the error state, the slices in flight are flushed.
+    s.port().inject(0x4d57000000000001ULL, IBV_WC_MW_BIND_ERR);
+    CHECK(s.write(urgent, local(2 << 20, 64), remote(), 0, 3) == status::qp_failed);
+    const auto got = run(s, 4096);
+    REQUIRE(got.size() == 2);
+    for (const auto& c : got)
+        CHECK(c.status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(s.port().log.size() == 4); // nothing posted after the failure
+    CHECK(s.failed());
+    CHECK(s.failure() == IBV_WC_MW_BIND_ERR);
+    CHECK(s.counters().in_flight_bytes == 0);
+}
+
+TEST_CASE("a queue pair that failed unseen by the scheduler: the next submission is refused "
+          "qp_failed and nothing waits") {
+    sim_scheduler<> s(options(4096, 4096, 16384, 8), {});
+    REQUIRE(s.write(bulk, local(0, 64 * 1024), remote(), 0, 1) == status::ok);
+    // Its owner took the failed completion (wait_send_for): the scheduler sees
+    // only the port's state and its own slices' flushes.
+    s.port().fail();
+    CHECK(s.write(bulk, local(1 << 20, 100), remote(), 0, 2) == status::qp_failed);
+    const std::size_t posted = s.port().log.size();
+    const auto got = run(s, 4096);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].wr_id == 1);
+    CHECK(got[0].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(s.port().log.size() == posted);
+    CHECK(s.failed());
+}
+
 TEST_CASE("unsignaled requests report only failures; the pool refuses when full") {
     auto o = options(4096, 4096, 1 << 20, 8);
     o.max_requests = 4;

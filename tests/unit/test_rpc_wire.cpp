@@ -46,13 +46,19 @@ message_header request(std::uint16_t method, std::uint32_t body, std::uint8_t fl
 
 } // namespace
 
-TEST_CASE("the immediate carries kind, slot and length, each in its own bits") {
+TEST_CASE("the immediate carries kind, slot, epoch and length, each in its own bits") {
     for (const message_kind k : {message_kind::request, message_kind::reply})
         for (const std::uint32_t slot : {0U, 1U, 63U, max_slots - 1})
-            for (const std::uint32_t bytes : {16U, 64U, 4096U, max_slot_bytes}) {
-                const imm_fields f = decode_imm(encode_imm(k, slot, bytes));
-                CHECK(f == imm_fields{k, slot, bytes});
-            }
+            for (const std::uint32_t bytes : {16U, 64U, 4096U, max_slot_bytes})
+                for (const bool epoch : {false, true}) {
+                    const imm_fields f = decode_imm(encode_imm(k, slot, bytes, epoch));
+                    CHECK(f == imm_fields{k, slot, bytes, epoch});
+                }
+    // The epoch is one bit of its own: flipping it changes nothing else.
+    const std::uint32_t a = encode_imm(message_kind::reply, 5, 100, false);
+    const std::uint32_t b = encode_imm(message_kind::reply, 5, 100, true);
+    CHECK((a ^ b) == (1U << imm_epoch_shift));
+    CHECK(max_slots == 2048);
     // Every 32-bit value decodes to something check_imm can judge.
     std::mt19937 rng(1);
     for (int i = 0; i < 10000; ++i) {
@@ -87,7 +93,13 @@ TEST_CASE("ring offers: the magic, the version and the geometry are checked") {
     bad.magic = 0;
     CHECK(check_offer(bad) != nullptr);
     bad = o;
-    bad.version = 2;
+    bad.version = 1; // no slot epochs: refused
+    CHECK(check_offer(bad) != nullptr);
+    bad = o;
+    bad.version = protocol_version + 1;
+    CHECK(check_offer(bad) != nullptr);
+    bad = o;
+    bad.slots = max_slots + 1;
     CHECK(check_offer(bad) != nullptr);
     bad = o;
     bad.slots = 0;
@@ -117,6 +129,13 @@ TEST_CASE("parse_request takes inline bodies, descriptors, and nothing inconsist
         CHECK(pr.inline_body[9] == std::byte{0x5a});
         CHECK(!pr.external_body);
         CHECK(!pr.reply_buffer);
+    }
+    SECTION("the slot's epoch in the flags") {
+        message m(request(1, 0, flag_epoch));
+        REQUIRE(parse_request(m.bytes, pr) == violation::none);
+        CHECK((pr.header.flags & flag_epoch) != 0);
+        message unknown(request(1, 0, 16)); // a flag no version has
+        CHECK(parse_request(unknown.bytes, pr) == violation::malformed);
     }
     SECTION("empty body") {
         message m(request(1, 0));

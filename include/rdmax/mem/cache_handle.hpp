@@ -47,6 +47,9 @@ public:
     [[nodiscard]] rights granted() const noexcept { return e_->granted; }
     [[nodiscard]] std::uint32_t lkey() const noexcept { return e_->keys.lkey; }
     [[nodiscard]] std::uint32_t rkey() const noexcept { return e_->keys.rkey; }
+    /// The registrar's handle of the registration (ibv_mr* for verbs): what
+    /// a memory window over part of it is bound to.
+    [[nodiscard]] typename Registrar::handle registration() const noexcept { return e_->reg; }
 
     /// [addr, addr + len) as a local buffer with rights A; throws if the
     /// registration does not cover it with those rights.

@@ -125,17 +125,27 @@ private:
     enum class slot_phase : std::uint8_t {
         free,      ///< the caller's credit, unused
         in_flight, ///< request sent, no reply yet
-        abandoned, ///< its deadline passed: the slot waits for the late reply
         done,      ///< its result is queued or handed out; freed at the next poll
     };
     struct slot_state {
         slot_phase phase = slot_phase::free;
+        /// Flipped at each call in the slot; the reply echoes it.
+        bool epoch = false;
+        /// Calls in this slot that timed out and whose reply has not come:
+        /// replies of an earlier epoch to drop unread.
+        std::uint8_t late = 0;
         std::uint32_t seq = 0;
         std::uint64_t cookie = 0;
         sched::coarse_clock::time_point deadline{};
         std::span<std::byte> reply_into;
-        std::optional<verbs_cache::held<remote_buffer<rights::remote_read>>> body_reg;
-        std::optional<verbs_cache::held<remote_buffer<rights::remote_write>>> reply_reg;
+        /// The cache's registrations of a large body and reply buffer. With
+        /// windows, the peer sees only windows over the call's bytes, revoked
+        /// when the call ends; the registrations are then kept until the
+        /// slot's next call (a registration with a window bound to it cannot
+        /// be deregistered, and the invalidation is only posted).
+        verbs_cache::handle body_reg;
+        verbs_cache::handle reply_reg;
+        bool windows = false; ///< windows 2s and 2s + 1 are bound for this call
     };
     struct slot_ref {
         std::uint32_t link = 0;
@@ -173,6 +183,8 @@ private:
     void fail_link(link& l, std::uint32_t index) noexcept;
     void finish(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
                 std::span<const std::byte> reply) noexcept;
+    /// The call in `slot` ended: the peer loses its access to the call's buffers.
+    static void end_exposure(link& l, std::uint32_t slot) noexcept;
     void release_handed_out() noexcept;
     void teardown_idle() noexcept;
     [[nodiscard]] link* find(peer_id p) noexcept;

@@ -13,6 +13,7 @@
 
 #include <rdmax/local/spsc_ring.hpp>
 #include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/rights.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/wire.hpp>
 #include <rdmax/sched/priority.hpp>
@@ -44,9 +45,9 @@ public:
     /// Where this side builds the message for slot s before send_slot.
     [[nodiscard]] virtual std::byte* staging(std::uint32_t s) const noexcept = 0;
     /// Sends the first `bytes` of staging slot s to the peer's slot s, with
-    /// the immediate naming them, at priority p.
+    /// the immediate naming them and the slot's epoch, at priority p.
     [[nodiscard]] virtual status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
-                                           sched::priority p) noexcept = 0;
+                                           sched::priority p, bool epoch) noexcept = 0;
     /// Reads `dst.length` bytes of the peer's buffer `src` into `dst`.
     [[nodiscard]] virtual transfer read_body(sched::priority p,
                                              local_buffer<rights::local_write> dst,
@@ -113,6 +114,33 @@ public:
     virtual void woke() noexcept {}
     /// Starts closing the connection (the peer sees it go).
     virtual void close() noexcept = 0;
+    /// What expose() binds: exactly [addr, addr + len) of the registration
+    /// `mr`, with `r` (remote read or write), through window `window` (2 per
+    /// slot: 2s the request body, 2s + 1 the reply buffer); the fresh key
+    /// comes back in `rkey`.
+    struct exposure {
+        std::uint32_t window = 0;
+        void* mr = nullptr;
+        std::uint64_t addr = 0;
+        std::uint64_t len = 0;
+        rights r = rights::remote_read;
+        std::uint32_t rkey = 0;
+    };
+    /// Binds every exposure (one doorbell). False where the link has no
+    /// windows (node-local, or a device without type 2) or the binds cannot
+    /// be posted: then nothing was exposed.
+    [[nodiscard]] virtual bool expose(std::span<exposure> e) noexcept {
+        (void)e;
+        return false;
+    }
+    /// expose() binds windows (else large bodies go under registrations' keys).
+    [[nodiscard]] virtual bool has_windows() const noexcept { return false; }
+    /// Ends what expose() gave windows [first, first + count) (one doorbell):
+    /// from the time this executes, the peer's use of their keys fails (and
+    /// breaks the connection).
+    virtual void revoke(std::uint32_t first, std::uint32_t count) noexcept {
+        (void)first, (void)count;
+    }
     [[nodiscard]] virtual bool is_local() const noexcept { return false; }
     /// A large body needs a registration the peer can use (RDMA), or none (CMA).
     [[nodiscard]] virtual bool needs_registration() const noexcept { return true; }

@@ -94,7 +94,7 @@ public:
         return out_slots_ + std::size_t{s} * slot_bytes();
     }
     [[nodiscard]] status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
-                                   sched::priority p) noexcept override;
+                                   sched::priority p, bool epoch) noexcept override;
     [[nodiscard]] transfer read_body(sched::priority p, local_buffer<rights::local_write> dst,
                                      const buffer_descriptor& src,
                                      std::uint64_t wr_id) noexcept override;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/mem/handle_issuer.hpp>
@@ -89,7 +90,7 @@ public:
     }
     /// Writes with the immediate, unsignaled (failures still complete).
     [[nodiscard]] status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
-                                   sched::priority p) noexcept override;
+                                   sched::priority p, bool epoch) noexcept override;
     [[nodiscard]] transfer read_body(sched::priority p, local_buffer<rights::local_write> dst,
                                      const buffer_descriptor& src,
                                      std::uint64_t wr_id) noexcept override;
@@ -104,10 +105,11 @@ public:
     /// unsignaled requests, failures aside) can wait for housekeeping, and
     /// the poll loop stays short: what a call waits for is the receive side.
     [[nodiscard]] bool needs_progress() const noexcept override {
-        return sched_->queued() || sched_->in_flight() * 2 >= sched_->options().budget_wqes;
+        return sched_->queued() || sched_->in_flight() * 2 >= sched_->options().budget_wqes ||
+               windows_low();
     }
     [[nodiscard]] bool has_outstanding() const noexcept override {
-        return sched_->outstanding() != 0;
+        return sched_->outstanding() != 0 || windows_low();
     }
     [[nodiscard]] bool failed() const noexcept override { return sched_->failed(); }
     /// Work queued behind the byte budget moves on only when a send
@@ -131,6 +133,15 @@ public:
     [[nodiscard]] bool established() noexcept override { return conn_->established(); }
     void established_by_traffic() noexcept override { conn_->established_by_traffic(); }
     void close() noexcept override { conn_->disconnect(std::chrono::milliseconds(0)); }
+    /// Type-2 windows, two per slot, allocated at attach() where the device
+    /// has them: a bind (unsignaled, straight on the queue pair, ahead of
+    /// the request that names its key) and a local invalidation per use.
+    [[nodiscard]] bool expose(std::span<exposure> e) noexcept override;
+    void revoke(std::uint32_t first, std::uint32_t count) noexcept override;
+    [[nodiscard]] bool has_windows() const noexcept override { return !windows_.empty(); }
+    /// Allocates the windows (after attach; the device must have type 2).
+    /// False if it could not: then none.
+    bool enable_windows() noexcept;
 
     [[nodiscard]] verbs::connection& conn() noexcept { return *conn_; }
     [[nodiscard]] sched::priority_scheduler<>& scheduler() noexcept { return *sched_; }
@@ -145,6 +156,22 @@ private:
     std::uint32_t qp_num_ = 0;
     std::optional<verbs::connection> conn_;
     std::optional<sched::priority_scheduler<>> sched_;
+    struct window {
+        ibv_mw* mw = nullptr;
+        bool bound = false;
+    };
+    std::vector<window> windows_;                      ///< 2 per slot, or none
+    const verbs::queue_pair<verbs::rc>* qp_ = nullptr; ///< conn_'s, once attached
+    std::uint64_t window_ops_ = 0;
+    /// The windows' binds and invalidations (unsignaled, posted beside the
+    /// scheduler) hold half the send queue: reap it now, or calls would wait
+    /// for housekeeping to give their slots back.
+    [[nodiscard]] bool windows_low() const noexcept {
+        return !windows_.empty() && qp_->send_slots_free() * 2 < qp_->send_depth();
+    }
+    /// Deallocates window w (which revokes its key) and allocates another in
+    /// its place; without one, the link gives up its windows.
+    void replace_window(std::uint32_t w) noexcept;
 };
 
 /// The queue pair configuration of an RPC connection on `in`'s queues, its

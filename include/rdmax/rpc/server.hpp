@@ -165,15 +165,27 @@ private:
         std::uint8_t prio = 0;
         std::uint16_t method = 0;
         std::optional<buffer_descriptor> reply_buffer;
-        arena_block body;  ///< a request body read from the caller
-        arena_block reply; ///< a reply body being written into the caller's buffer
+        /// The block (in link::blocks) its request body is read into, or no_block.
+        std::uint16_t body_at = no_block;
+        /// The epoch of the call in the slot, as its immediate said.
+        bool epoch = false;
     };
+    static constexpr std::uint16_t no_block = 0xffff;
     struct link {
         std::uint32_t generation = 0;
         std::unique_ptr<link_wire> wire;
         peer_link* verbs = nullptr; ///< wire, when it goes through the device
         std::vector<slot_state> slots;
-        std::uint32_t reads = 0; ///< request bodies being read (signaled, awaited)
+        /// Blocks a transfer owns: request bodies being read from the
+        /// callers and reply bodies being written into their buffers, each
+        /// kept until its READ or WRITE completes (a reply's slices may still
+        /// be queued long after the reply was posted and the slot reused; a
+        /// superseded call's READ may still land), by the index its wr_id
+        /// names; free_blocks lists the empty ones.
+        std::vector<arena_block> blocks;
+        std::vector<std::uint16_t> free_blocks;
+        std::uint32_t reads = 0;  ///< request bodies being read (signaled, awaited)
+        std::uint32_t writes = 0; ///< reply bodies being written (signaled, awaited)
         /// Accepted, not yet established: dropped if still so at this time.
         std::optional<sched::coarse_clock::time_point> establish_by;
     };
@@ -195,7 +207,11 @@ private:
     void refuse_current(std::string_view what) noexcept;
     void on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept;
     void on_receive(const ibv_wc& wc) noexcept;
-    void on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes) noexcept;
+    void on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
+                    bool epoch) noexcept;
+    static void release_block(link& l, std::uint16_t at) noexcept;
+    /// A node-local caller gave up the call in `slot` (its request's epoch flipped).
+    [[nodiscard]] bool abandoned_locally(link& l, std::uint32_t slot) noexcept;
     void run_handler(link& l, std::uint32_t index, std::uint32_t slot,
                      std::span<const std::byte> body) noexcept;
     void drive(link& l) noexcept;

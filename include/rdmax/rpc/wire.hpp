@@ -15,7 +15,10 @@
 // after the reply for s arrived, which the server sends only after it is done
 // with the request in s: so no side ever overwrites a slot the other has not
 // read. A request that arrives for a slot whose reply is not yet sent is a
-// credit violation.
+// credit violation, unless it carries the slot's other epoch: its caller
+// gave up on the call in s (its deadline passed) and took the slot back; the
+// server then drops that call unanswered and serves the new one, and the
+// caller drops a late reply of the old epoch unread.
 //
 // A slot holds a message_header, then (requests) up to two descriptors of
 // the caller's own registered buffers, then the inline body:
@@ -42,12 +45,16 @@
 namespace rdmax::rpc {
 
 inline constexpr std::uint32_t protocol_magic = 0x52505831; // "RPX1"
-inline constexpr std::uint16_t protocol_version = 1;
+/// 2: the immediate carries the slot's epoch (version 1 had 4096 slots and no epoch).
+inline constexpr std::uint16_t protocol_version = 2;
 
-/// Immediate layout: bit 31 the kind, bits 30..19 the slot, bits 18..0 the bytes.
-inline constexpr unsigned imm_slot_bits = 12;
+/// Immediate layout: bit 31 the kind, bits 30..20 the slot, bit 19 the slot's
+/// epoch, bits 18..0 the bytes.
+inline constexpr unsigned imm_slot_bits = 11;
 inline constexpr unsigned imm_bytes_bits = 19;
-inline constexpr std::uint32_t max_slots = 1U << imm_slot_bits;             // 4096
+inline constexpr unsigned imm_epoch_shift = imm_bytes_bits;
+inline constexpr unsigned imm_slot_shift = imm_bytes_bits + 1;
+inline constexpr std::uint32_t max_slots = 1U << imm_slot_bits;             // 2048
 inline constexpr std::uint32_t max_slot_bytes = 1U << (imm_bytes_bits - 1); // 256 KiB
 
 enum class message_kind : std::uint8_t { request = 0, reply = 1 };
@@ -56,17 +63,23 @@ struct imm_fields {
     message_kind kind = message_kind::request;
     std::uint32_t slot = 0;
     std::uint32_t bytes = 0;
+    /// The slot's epoch: the caller flips it at each call in the slot, the
+    /// reply echoes it. A caller whose call timed out may use the slot again
+    /// at once: a reply of the earlier epoch is then told apart without
+    /// reading the slot, and the server drops the call it supersedes.
+    bool epoch = false;
     friend constexpr bool operator==(const imm_fields&, const imm_fields&) = default;
 };
 
 [[nodiscard]] constexpr std::uint32_t encode_imm(message_kind k, std::uint32_t slot,
-                                                 std::uint32_t bytes) noexcept {
-    return (static_cast<std::uint32_t>(k) << 31) | ((slot & (max_slots - 1)) << imm_bytes_bits) |
+                                                 std::uint32_t bytes, bool epoch = false) noexcept {
+    return (static_cast<std::uint32_t>(k) << 31) | ((slot & (max_slots - 1)) << imm_slot_shift) |
+           (static_cast<std::uint32_t>(epoch) << imm_epoch_shift) |
            (bytes & ((1U << imm_bytes_bits) - 1));
 }
 [[nodiscard]] constexpr imm_fields decode_imm(std::uint32_t imm) noexcept {
-    return {static_cast<message_kind>(imm >> 31), (imm >> imm_bytes_bits) & (max_slots - 1),
-            imm & ((1U << imm_bytes_bits) - 1)};
+    return {static_cast<message_kind>(imm >> 31), (imm >> imm_slot_shift) & (max_slots - 1),
+            imm & ((1U << imm_bytes_bits) - 1), ((imm >> imm_epoch_shift) & 1U) != 0};
 }
 
 /// Request flags (message_header::flags).
@@ -74,6 +87,10 @@ inline constexpr std::uint8_t flag_external_body = 1; ///< the body is in the ca
 inline constexpr std::uint8_t flag_reply_buffer = 2;  ///< the caller offers a reply buffer
 /// Reply flag: the body went into the caller's reply buffer.
 inline constexpr std::uint8_t flag_external_reply = 4;
+/// Request flag: the slot's epoch, as in the immediate. A server that finds
+/// the other one took the immediate late: the slot holds the caller's next
+/// call already (or the caller gave the call up), and the immediate is dropped.
+inline constexpr std::uint8_t flag_epoch = 8;
 
 /// The first bytes of every slot.
 struct message_header {
@@ -200,7 +217,7 @@ template <class T>
     out.header = detail::load<message_header>(bytes.data());
     const message_header& h = out.header;
     std::size_t at = sizeof(message_header);
-    if ((h.flags & ~(flag_external_body | flag_reply_buffer)) != 0 || h.method == 0 ||
+    if ((h.flags & ~(flag_external_body | flag_reply_buffer | flag_epoch)) != 0 || h.method == 0 ||
         h.priority > 7 || h.status != 0)
         return violation::malformed;
     if ((h.flags & flag_external_body) != 0) {

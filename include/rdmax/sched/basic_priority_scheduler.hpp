@@ -18,7 +18,9 @@
 //   completed (or at once on failure, when the slices it did post are done);
 //   the first failed slice gives its status; requests that were never posted,
 //   or partly posted, when the queue pair failed complete with
-//   IBV_WC_WR_FLUSH_ERR, and later submissions are refused;
+//   IBV_WC_WR_FLUSH_ERR, and later submissions are refused (qp_failed). That
+//   holds too when the failure was another request's on the queue pair (a
+//   window's bind): the port says so, and nothing more is posted;
 // - FIFO within a level: a request's slices are all posted before the next
 //   request of its level starts, so a READ after a WRITE of the same level
 //   to the same range sees the write;
@@ -274,6 +276,12 @@ private:
             return status::out_of_range;
         if (broken_)
             return status::qp_failed;
+        if (port_.failed()) [[unlikely]] {
+            // Someone else's request on the queue pair failed (a window's
+            // bind): nothing more goes, and what is queued is flushed.
+            port_failed();
+            return status::qp_failed;
+        }
         if (!port_.ready())
             return status::not_connected;
         const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
@@ -337,6 +345,8 @@ private:
 
     /// Posts slices while the budget allows, one doorbell for all of them.
     void pump() noexcept {
+        if (!broken_ && port_.failed()) [[unlikely]]
+            port_failed();
         if (broken_ || live_total_ == 0)
             return;
         const auto now = clock::now();
@@ -387,6 +397,14 @@ private:
                     return;
                 chain_first = next_slice_;
                 continue;
+            }
+            if (st == status::qp_failed) {
+                // The queue pair failed under this pass: the slices staged
+                // are refused with it (ring fails them, flushed), the rest
+                // of the queues flushed, nothing waits.
+                if (next_slice_ == chain_first || ring(chain_first))
+                    port_failed();
+                return;
             }
             if (st != status::ok)
                 break; // queue_full: the queue pair's own completions free slots
@@ -501,10 +519,14 @@ private:
         // them back, newest first, as failed. Those it took complete flushed,
         // because the queue pair is moved to the error state: nothing waits
         // for a completion that cannot come.
+        // A queue pair that had failed already refuses the whole chain: its
+        // slices are as flushed; any other refusal is the post's own error.
         const std::uint64_t refused_from = first + port_.accepted();
+        const ibv_wc_status why =
+            st == status::qp_failed ? IBV_WC_WR_FLUSH_ERR : IBV_WC_LOC_QP_OP_ERR;
         while (next_slice_ > refused_from) {
             --next_slice_;
-            release_slice(next_slice_, IBV_WC_LOC_QP_OP_ERR);
+            release_slice(next_slice_, why);
         }
         port_.fail();
         fail_all(IBV_WC_WR_FLUSH_ERR);
@@ -592,6 +614,13 @@ private:
                 // queue pair, such as a handle issuer's bind): not ours to retire.
                 if (c.wr_id < tail_slice_ || c.wr_id >= next_slice_) {
                     ++counters_.foreign_completions;
+                    // One in error failed the queue pair all the same: the
+                    // slices in flight complete flushed, nothing more goes.
+                    if (!c.ok()) {
+                        if (failure_ == IBV_WC_SUCCESS || failure_ == IBV_WC_WR_FLUSH_ERR)
+                            failure_ = c.status;
+                        broken_ = true;
+                    }
                     continue;
                 }
                 // In order: one completion retires every slice up to it.
@@ -668,6 +697,15 @@ private:
             free_.push_front(r);
             ++free_count_;
         }
+    }
+
+    /// The port failed without a completion of this scheduler's saying so
+    /// (another request on the queue pair failed, and its owner took the
+    /// completion): fail, as after a failed slice.
+    void port_failed() noexcept {
+        if (failure_ == IBV_WC_SUCCESS)
+            failure_ = IBV_WC_WR_FLUSH_ERR;
+        fail_all(IBV_WC_WR_FLUSH_ERR);
     }
 
     /// Fails every request that has not finished: the queue pair will post

@@ -43,6 +43,7 @@ public:
     [[nodiscard]] std::uint32_t max_rd_atomic() const noexcept { return qp_->max_rd_atomic(); }
     [[nodiscard]] std::uint32_t max_message() const noexcept { return qp_->max_message(); }
     [[nodiscard]] bool ready() const noexcept { return qp_->state() == IBV_QPS_RTS; }
+    [[nodiscard]] bool failed() const noexcept { return qp_->failed(); }
     [[nodiscard]] std::uint32_t send_depth() const noexcept { return qp_->send_depth(); }
     [[nodiscard]] verbs::queue_pair<verbs::rc>& queue_pair() const noexcept { return *qp_; }
 

@@ -52,6 +52,10 @@ concept SendPort =
         { cp.max_rd_atomic() } noexcept -> std::convertible_to<std::uint32_t>;
         { cp.max_message() } noexcept -> std::convertible_to<std::uint32_t>;
         { cp.ready() } noexcept -> std::convertible_to<bool>;
+        /// The queue failed (a completion in error, whoever posted the
+        /// request): stage() refuses with qp_failed, and what was posted
+        /// completes flushed.
+        { cp.failed() } noexcept -> std::convertible_to<bool>;
     };
 
 } // namespace rdmax::sched

@@ -11,6 +11,11 @@
 // account send-queue slots (selective signaling; see send_slots.hpp). Only
 // requests that asked for a completion, and failed ones, are reported, with
 // the caller's wr_id. A queue pair is used by one thread at a time.
+//
+// Once a send completion came back in error (polled by poll_send, wait_send,
+// wait_send_for or wait_send_slots), the queue pair is in the error state
+// and refuses every later post with status::qp_failed instead of taking work
+// that could only complete flushed.
 
 #include <chrono>
 #include <cstdint>
@@ -311,6 +316,12 @@ public:
     /// The state this object moved the QP to (a QP the device put into the error
     /// state shows it in its completions).
     [[nodiscard]] ibv_qp_state state() const noexcept { return state_; }
+    /// A send completion came back in error: the device moved the queue pair
+    /// to the error state, and every request after it completes flushed.
+    /// Every later post is refused with status::qp_failed, nothing posted.
+    /// (A queue pair moved there otherwise, by a disconnect, refuses posts
+    /// with not_connected.)
+    [[nodiscard]] bool failed() const noexcept { return failed_; }
     [[nodiscard]] const qp_config& config() const noexcept { return cfg_; }
     [[nodiscard]] completion_queue& send_cq() noexcept { return send_cq_; }
     [[nodiscard]] completion_queue& recv_cq() noexcept { return *recv_cq_; }
@@ -402,6 +413,12 @@ protected:
     friend class connection;
     friend class rdmax::sched::queue_pair_port; // enter_error() when a post is refused
     status post_recv_sges(ibv_sge* sges, std::uint32_t n, std::uint64_t wr_id) noexcept;
+    /// ok, or why nothing may be posted: qp_failed (error state), not_connected.
+    [[nodiscard]] status can_post() const noexcept {
+        if (failed_) [[unlikely]]
+            return status::qp_failed;
+        return state_ == IBV_QPS_RTS ? status::ok : status::not_connected;
+    }
     void destroy() noexcept;
     /// Moves the QP to the error state: outstanding work completes flushed.
     void enter_error() noexcept;
@@ -427,6 +444,7 @@ protected:
     ibv_mtu mtu_ = IBV_MTU_1024;
     gid gid_;
     int last_errno_ = 0;
+    bool failed_ = false; ///< a send completion came back in error
     send_slots slots_;
     // Staging area for batches: allocated once, reused by every post.
     std::vector<ibv_send_wr> wrs_;

@@ -195,6 +195,7 @@ public:
     [[nodiscard]] std::uint32_t max_rd_atomic() const noexcept { return 16; }
     [[nodiscard]] std::uint32_t max_message() const noexcept;
     [[nodiscard]] bool ready() const noexcept;
+    [[nodiscard]] bool failed() const noexcept { return !ready(); }
     [[nodiscard]] nic& device() const noexcept { return *nic_; }
 
 private:
@@ -350,6 +351,8 @@ private:
 
 inline status nic_port::stage(const slice_request& s) noexcept {
     auto& q = nic_->sqs_[qp_];
+    if (q.failed)
+        return status::qp_failed;
     if (q.wqes.size() + q.chain.size() >= nic_->p_.sq_depth)
         return status::queue_full;
     virtual_clock::ps += nic_->p_.host_wqe;

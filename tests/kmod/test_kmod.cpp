@@ -1179,13 +1179,8 @@ TEST_CASE("kmod: an unmap inside MONITOR's window gets EAGAIN, never a token alr
         const int e = d.monitor(p, page, m);
         h.join();
         REQUIRE(dropped.load() == 0); // the drop ran inside MONITOR
-        if (e == 0) {
-            CHECK(m.generation % 2 == 0);
-            CHECK(d.valid(m)); // a token MONITOR answers was valid when it answered
-            d.unwatch(m);
-        } else {
-            CHECK(e == EAGAIN);
-        }
+        // after MONITOR's watch was in place, before it answered: never a token
+        REQUIRE(e == EAGAIN);
         d.events();
         munmap(p, page);
     }

@@ -128,13 +128,21 @@ static inline void count_visit(void)
  * (one per open file, more only as its slots are used). A refusal is ENOSPC,
  * which rdmax's user space turns into "registered per use, not cached".
  *
- * A user is a uid of the initial user namespace; a process in another user
- * namespace is charged to the user who made its outermost one, as inotify's
- * ucounts charge at that level: uids mapped from a subordinate range, or made
- * up inside a namespace, are that user's, not budgets of their own. (The
- * ucounts calls themselves are not exported to modules on 6.1, and on 7.x to
- * binfmt_misc only.) Each user keeps a minimum however full the module's
- * budget is, so that a few users cannot leave the rest none.
+ * A user is a uid of the initial user namespace. A process in a user
+ * namespace that an unprivileged user made (directly or further out) is
+ * charged to that user: uids mapped from its subordinate range, or made up
+ * inside the namespace, are that user's, not budgets of their own. A
+ * namespace root made (a container runtime's) is not one tenant: its
+ * processes are charged to their own uids (of the initial namespace), so one
+ * container cannot spend the others' budgets or root's. (The ucounts calls
+ * are not exported to modules on 6.1, and on 7.x to binfmt_misc only.) So
+ * uids outside a namespace, subordinate ones included, are separate budgets:
+ * the memory cgroup the charges go to is the bound across them.
+ *
+ * Each user keeps a minimum however full the module's budget is, so that a
+ * few users cannot leave the rest none; the minimums come out of a reserve of
+ * their own, bounded too, so the module never holds more than its total and
+ * its reserve whatever the number of uids.
  */
 static unsigned int max_user_regions = 262144;
 module_param(max_user_regions, uint, 0644);
@@ -165,31 +173,51 @@ MODULE_PARM_DESC(min_user_status_kib,
 		 "status-area KiB each user may hold even when "
 		 "max_total_status_kib is spent (default 256)");
 
+static unsigned int max_reserved_regions = 65536;
+module_param(max_reserved_regions, uint, 0644);
+MODULE_PARM_DESC(max_reserved_regions,
+		 "ranges all users' minimums may hold beyond max_total_regions "
+		 "(default 65536)");
+static unsigned int max_reserved_status_kib = 16384;
+module_param(max_reserved_status_kib, uint, 0644);
+MODULE_PARM_DESC(max_reserved_status_kib,
+		 "status-area KiB all users' minimums may hold beyond "
+		 "max_total_status_kib (default 16384)");
+
 enum rdmax_budget { RDMAX_REGIONS, RDMAX_STATUS_PAGES, RDMAX_BUDGETS };
-enum rdmax_limit { RDMAX_USER_MAX, RDMAX_TOTAL_MAX, RDMAX_USER_MIN };
+enum rdmax_limit {
+	RDMAX_USER_MAX,
+	RDMAX_TOTAL_MAX,
+	RDMAX_USER_MIN,
+	RDMAX_RESERVE_MAX,
+	RDMAX_LIMITS
+};
 
 /* What one user holds, shared by that user's open files. */
 struct rdmax_user {
 	u32 uid;	    /* in the initial user namespace */
 	unsigned int files; /* under users_mutex */
-	atomic_long_t used[RDMAX_BUDGETS];
+	spinlock_t lock;    /* used, reserved */
+	long used[RDMAX_BUDGETS];
+	long reserved[RDMAX_BUDGETS]; /* of used, from the reserve */
 };
 
 static DEFINE_MUTEX(users_mutex);
 static DEFINE_XARRAY(users);
-static atomic_long_t total_used[RDMAX_BUDGETS];
+static atomic_long_t total_used[RDMAX_BUDGETS], reserve_used[RDMAX_BUDGETS];
 
 static struct kmem_cache *region_cache;
 static atomic64_t files_open = ATOMIC64_INIT(0);
 
 static unsigned long budget_limit(enum rdmax_budget b, enum rdmax_limit l)
 {
-	static unsigned int *const params[RDMAX_BUDGETS][3] = {
+	static unsigned int *const params[RDMAX_BUDGETS][RDMAX_LIMITS] = {
 		[RDMAX_REGIONS] = {&max_user_regions, &max_total_regions,
-				   &min_user_regions},
+				   &min_user_regions, &max_reserved_regions},
 		[RDMAX_STATUS_PAGES] = {&max_user_status_kib,
 					&max_total_status_kib,
-					&min_user_status_kib},
+					&min_user_status_kib,
+					&max_reserved_status_kib},
 	};
 	unsigned long v = READ_ONCE(*params[b][l]);
 
@@ -206,46 +234,57 @@ static bool take(atomic_long_t *used, unsigned long limit)
 }
 
 /* Takes one unit of b from u's budget and the module's; false if either
- * is spent. Within the user's minimum the module's budget counts the unit
- * but does not refuse it.
+ * is spent. Within the user's minimum the unit comes from the reserve while
+ * that lasts, else from the module's budget like any other.
  */
 static bool charge(struct rdmax_user *u, enum rdmax_budget b)
 {
-	long mine = atomic_long_inc_return(&u->used[b]);
+	bool ok = true;
 
-	if (mine > (long)budget_limit(b, RDMAX_USER_MAX)) {
-		atomic_long_dec(&u->used[b]);
-		return false;
-	}
-	if (mine <= (long)budget_limit(b, RDMAX_USER_MIN)) {
-		atomic_long_inc(&total_used[b]);
-		return true;
-	}
-	if (!take(&total_used[b], budget_limit(b, RDMAX_TOTAL_MAX))) {
-		atomic_long_dec(&u->used[b]);
-		return false;
-	}
-	return true;
+	spin_lock(&u->lock);
+	if (u->used[b] >= (long)budget_limit(b, RDMAX_USER_MAX))
+		ok = false;
+	else if (u->used[b] < (long)budget_limit(b, RDMAX_USER_MIN) &&
+		 take(&reserve_used[b], budget_limit(b, RDMAX_RESERVE_MAX)))
+		u->reserved[b]++;
+	else if (!take(&total_used[b], budget_limit(b, RDMAX_TOTAL_MAX)))
+		ok = false;
+	if (ok)
+		u->used[b]++;
+	spin_unlock(&u->lock);
+	return ok;
 }
 
+/* Gives back n units of b: the module's budget's first, the reserve's last
+ * (the user's minimum is what it keeps longest).
+ */
 static void uncharge(struct rdmax_user *u, enum rdmax_budget b, long n)
 {
-	atomic_long_sub(n, &u->used[b]);
-	atomic_long_sub(n, &total_used[b]);
+	long from_total, from_reserve;
+
+	spin_lock(&u->lock);
+	if (WARN_ON_ONCE(n > u->used[b]))
+		n = u->used[b];
+	from_total = min(n, u->used[b] - u->reserved[b]);
+	from_reserve = n - from_total;
+	u->used[b] -= n;
+	u->reserved[b] -= from_reserve;
+	spin_unlock(&u->lock);
+	atomic_long_sub(from_total, &total_used[b]);
+	atomic_long_sub(from_reserve, &reserve_used[b]);
 }
 
-/* Who pays for the caller: its uid, or in another user namespace the
- * owner of the outermost one (see Budgets).
+/* Who pays for the caller: in a user namespace some user other than root
+ * made, the outermost such one's owner; else its own uid (see Budgets).
  */
 static u32 budget_owner(void)
 {
-	const struct user_namespace *ns = current_user_ns();
+	const struct user_namespace *ns;
 	kuid_t uid = current_uid();
 
-	while (ns != &init_user_ns) {
-		uid = ns->owner;
-		ns = ns->parent;
-	}
+	for (ns = current_user_ns(); ns != &init_user_ns; ns = ns->parent)
+		if (!uid_eq(ns->owner, GLOBAL_ROOT_UID))
+			uid = ns->owner;
 	return from_kuid_munged(&init_user_ns, uid);
 }
 
@@ -259,6 +298,8 @@ static struct rdmax_user *user_get(void)
 	u = xa_load(&users, uid);
 	if (!u) {
 		u = kzalloc(sizeof(*u), GFP_KERNEL_ACCOUNT);
+		if (u)
+			spin_lock_init(&u->lock);
 		if (u && xa_err(xa_store(&users, uid, u, GFP_KERNEL_ACCOUNT))) {
 			kfree(u);
 			u = NULL;
@@ -772,10 +813,11 @@ static long rdmax_do_query(struct rdmax_file *f, void __user *arg)
 	/* Module-wide figures tell when other users register RDMA buffers:
 	 * for the administrator only; other callers see zero there.
 	 */
-	if (capable(CAP_SYS_ADMIN)) {
+	if (ns_capable_noaudit(&init_user_ns, CAP_SYS_ADMIN)) {
 		/* the region budget counts every region from its MONITOR on */
 		q.module_live_regions =
-			atomic_long_read(&total_used[RDMAX_REGIONS]);
+			atomic_long_read(&total_used[RDMAX_REGIONS]) +
+			atomic_long_read(&reserve_used[RDMAX_REGIONS]);
 		q.module_files = atomic64_read(&files_open);
 	}
 	return copy_to_user(arg, &q, sizeof(q)) ? -EFAULT : 0;

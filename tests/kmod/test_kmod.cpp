@@ -1006,15 +1006,16 @@ bool unchroot() {
            mount(".", "/", nullptr, MS_MOVE, nullptr) == 0 && chroot(".") == 0 && chdir("/") == 0;
 }
 
-TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
-    if (geteuid() != 0) {
-        WARN("not root: cannot map uids into a user namespace; not run");
-        return;
-    }
+struct namespace_counts {
+    long root_count = -1, uid1_count = -1, status = -1;
+};
+
+/// A user namespace made by `owner` (nobody, or root), mapping 16 uids from
+/// kuid `base` (as newuidmap does for a user's subordinate range, or a
+/// container runtime for a container): its root (kuid base) watches until
+/// refused, then its uid 1 (kuid base + 1). Budget: 8 ranges per user.
+namespace_counts namespace_budgets(uid_t owner, unsigned base) {
     const module_param limit("max_user_regions", "8");
-    // nobody's own user namespace, mapping 16 uids (as newuidmap does for a
-    // user's subordinate range): its root (kuid 300000) holds 8 ranges, then
-    // its uid 1 (kuid 300001) asks for more.
     // Debian's switch for user namespaces of unprivileged users, on for the test.
     const char* const userns_knob = "/proc/sys/kernel/unprivileged_userns_clone";
     std::string userns_was;
@@ -1028,13 +1029,11 @@ TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
                 std::ofstream(knob) << was << std::flush;
         }
     } const restore_userns{userns_knob, userns_was};
-    struct result {
-        long root_count = -1, uid1_count = -1, status = -1;
-    };
-    auto* r = static_cast<result*>(
-        mmap(nullptr, sizeof(result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    auto* r = static_cast<namespace_counts*>(mmap(nullptr, sizeof(namespace_counts),
+                                                  PROT_READ | PROT_WRITE,
+                                                  MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     REQUIRE(r != MAP_FAILED);
-    *r = result{};
+    *r = namespace_counts{};
     int unshared[2], mapped[2];
     REQUIRE(pipe(unshared) == 0);
     REQUIRE(pipe(mapped) == 0);
@@ -1048,7 +1047,8 @@ TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
         char c = 1;
         if (!unchroot())
             _exit(6);
-        if (setgid(65534) != 0 || setuid(65534) != 0 || unshare(CLONE_NEWUSER) != 0)
+        if ((owner != 0 && (setgid(owner) != 0 || setuid(owner) != 0)) ||
+            unshare(CLONE_NEWUSER) != 0)
             _exit(2);
         if (::write(unshared[1], &c, 1) != 1 || ::read(mapped[0], &c, 1) != 1)
             _exit(3);
@@ -1081,7 +1081,7 @@ TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
     }
     for (const char* which : {"uid_map", "gid_map"}) {
         std::ofstream out(fmt::format("/proc/{}/{}", pid, which));
-        out << "0 300000 16\n" << std::flush;
+        out << fmt::format("0 {} 16\n", base) << std::flush;
         CHECK(out); // and on: the child then fails to become root, and exits
     }
     REQUIRE(::write(mapped[1], &c, 1) == 1);
@@ -1090,12 +1090,37 @@ TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
     REQUIRE(waitpid(pid, &status, 0) == pid);
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 0);
+    const namespace_counts out = *r;
+    munmap(r, sizeof(namespace_counts));
+    return out;
+}
+
+TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot map uids into a user namespace; not run");
+        return;
+    }
+    const namespace_counts r = namespace_budgets(65534, 300000);
     fmt::print("user namespace of nobody, budget 8: its root watched {}, its uid 1 {} more\n",
-               r->root_count, r->uid1_count);
-    CHECK(r->status == 0);
-    CHECK(r->root_count == 8);
-    CHECK(r->uid1_count == 0); // the owner's budget is spent: not a new one per uid
-    munmap(r, sizeof(result));
+               r.root_count, r.uid1_count);
+    CHECK(r.status == 0);
+    CHECK(r.root_count == 8);
+    CHECK(r.uid1_count == 0); // the owner's budget is spent: not a new one per uid
+}
+
+TEST_CASE("kmod: the uids of a user namespace root made are budgets of their own") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot make a user namespace as root; not run");
+        return;
+    }
+    // A container runtime's namespace: not one tenant of root's budget, so
+    // one container cannot spend every other's (nor root's own).
+    const namespace_counts r = namespace_budgets(0, 400000);
+    fmt::print("user namespace of root, budget 8: its root watched {}, its uid 1 {}\n",
+               r.root_count, r.uid1_count);
+    CHECK(r.status == 0);
+    CHECK(r.root_count == 8);
+    CHECK(r.uid1_count == 8);
 }
 
 TEST_CASE("kmod: users who fill the module's budget leave every other user its minimum") {
@@ -1105,15 +1130,40 @@ TEST_CASE("kmod: users who fill the module's budget leave every other user its m
     }
     const module_param user("max_user_regions", "32");
     const module_param total("max_total_regions", "40");
-    const module_param_if_any floor("min_user_regions", "8");
+    const module_param floor("min_user_regions", "8");
+    const module_param reserve("max_reserved_regions", "64");
     const holder a(65534, [] { return watch_until_refused(64); });
     const holder b(65533, [] { return watch_until_refused(64); });
     const holder c(65532, [] { return watch_until_refused(64); });
-    fmt::print("module budget 40, user budget 32, minimum 8: users watched {}, {}, {}\n", a.count(),
-               b.count(), c.count());
-    CHECK(a.count() == 32);
-    CHECK(b.count() == 8); // the module's budget is spent...
-    CHECK(c.count() == 8); // ...and a third user still has its minimum
+    fmt::print(
+        "module budget 40, reserve 64, user budget 32, minimum 8: users watched {}, {}, {}\n",
+        a.count(), b.count(), c.count());
+    CHECK(a.count() == 32); // 8 of the reserve, 24 of the module's budget
+    CHECK(b.count() == 24); // 8 of the reserve, the module's last 16
+    CHECK(c.count() == 8);  // the module's budget is spent: a third user has its minimum
+}
+
+TEST_CASE("kmod: however many uids ask, the module holds at most its budget and its reserve") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot run as other users; not run");
+        return;
+    }
+    // Subordinate uids run outside any namespace (setuid binaries) are
+    // separate users: each has a minimum, but all minimums come out of one
+    // reserve.
+    const module_param user("max_user_regions", "32");
+    const module_param total("max_total_regions", "40");
+    const module_param floor("min_user_regions", "8");
+    const module_param reserve("max_reserved_regions", "8");
+    std::vector<std::unique_ptr<holder>> users;
+    long held = 0;
+    for (uid_t uid = 500000; uid < 500006; ++uid) {
+        users.push_back(std::make_unique<holder>(uid, [] { return watch_until_refused(64); }));
+        held += users.back()->count();
+    }
+    fmt::print("module budget 40, reserve 8, 6 users: {} ranges watched\n", held);
+    CHECK(users[0]->count() == 32);
+    CHECK(held == 48);
 }
 
 TEST_CASE("kmod: QUERY shows module-wide figures to root only") {

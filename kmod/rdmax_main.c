@@ -66,7 +66,13 @@ MODULE_PARM_DESC(max_regions, "ranges one open file may watch (default 65536)");
  * race_entered when it stops there: the test invalidates the range inside the
  * window, with no timing involved.
  *
- * watch_visits counts the watched ranges that invalidations visited.
+ * watch_visits counts the watched ranges that invalidations visited;
+ * resched_points the times a blockable one let the CPU go between them;
+ * notifier_allocs the address spaces' subscriptions made.
+ *
+ * end_gate holds the end of a blockable invalidation that changes pages
+ * (MADV_DONTNEED) until end_release moves on (or 5 s pass), counting
+ * end_entered: MONITOR then meets an invalidation in progress.
  */
 static unsigned int race_window_us;
 module_param(race_window_us, uint, 0644);
@@ -82,6 +88,18 @@ MODULE_PARM_DESC(race_release, "test hook: a new value lets the gate go");
 static unsigned long watch_visits;
 module_param(watch_visits, ulong, 0444);
 MODULE_PARM_DESC(watch_visits, "test hook: ranges visited by invalidations");
+static unsigned long resched_points, notifier_allocs;
+module_param(resched_points, ulong, 0444);
+MODULE_PARM_DESC(resched_points, "test hook: cond_resched()s of callbacks");
+module_param(notifier_allocs, ulong, 0444);
+MODULE_PARM_DESC(notifier_allocs, "test hook: address spaces subscribed");
+static unsigned int end_gate, end_entered, end_release;
+module_param(end_gate, uint, 0644);
+MODULE_PARM_DESC(end_gate, "test hook: 1 holds a blockable invalidation's end");
+module_param(end_entered, uint, 0444);
+MODULE_PARM_DESC(end_entered, "test hook: invalidation ends held");
+module_param(end_release, uint, 0644);
+MODULE_PARM_DESC(end_release, "test hook: a new value lets the end go");
 MODULE_INFO(rdmax_test_hooks, "yes");
 
 static void race_window(void)
@@ -108,6 +126,28 @@ static void count_visit(void)
 {
 	WRITE_ONCE(watch_visits, watch_visits + 1);
 }
+
+static void count_resched(void)
+{
+	WRITE_ONCE(resched_points, resched_points + 1);
+}
+
+static void count_alloc(void)
+{
+	WRITE_ONCE(notifier_allocs, notifier_allocs + 1);
+}
+
+static void end_gate_wait(const struct mmu_notifier_range *range)
+{
+	unsigned int release = READ_ONCE(end_release);
+	int ms;
+
+	if (!READ_ONCE(end_gate) || !mmu_notifier_range_blockable(range))
+		return;
+	WRITE_ONCE(end_entered, end_entered + 1);
+	for (ms = 0; ms < 5000 && READ_ONCE(end_release) == release; ms++)
+		msleep(1);
+}
 #else
 static inline void race_window(void)
 {
@@ -118,6 +158,18 @@ static inline void race_gate_wait(void)
 }
 
 static inline void count_visit(void)
+{
+}
+
+static inline void count_resched(void)
+{
+}
+
+static inline void count_alloc(void)
+{
+}
+
+static inline void end_gate_wait(const struct mmu_notifier_range *range)
 {
 }
 #endif
@@ -330,12 +382,23 @@ struct rdmax_mm {
 	struct mmu_notifier notifier; /* mmu_notifier_get()'s, one per mm */
 	spinlock_t lock; /* the tree, active; taken before any file's lock */
 	struct rb_root_cached tree; /* ranges still valid */
-	/* Invalidations that change pages in progress, and MONITORs waiting
-	 * for them to end.
+	/* Invalidations that change pages in progress, the smallest range
+	 * that holds all of them (reset when none is), and MONITORs waiting
+	 * for those that overlap their range to end.
 	 */
 	unsigned long active;
+	u64 active_start, active_end;
 	wait_queue_head_t idle;
+	/* On rdmax_mms: this address space keeps its subscription after its
+	 * last file closes, until it exits or the module goes (a reopen then
+	 * finds it, instead of registering again under mm_take_all_locks()).
+	 */
+	struct list_head link;
+	bool listed; /* under mms_mutex */
 };
+
+static DEFINE_MUTEX(mms_mutex);
+static LIST_HEAD(rdmax_mms);
 
 struct rdmax_region {
 	/* [start, end - 1], in the address space's tree while in_tree */
@@ -495,22 +558,46 @@ static void region_hit_locked(struct rdmax_mm *m, struct rdmax_region *r,
 		}
 	}
 	spin_unlock(&f->lock);
-	if (wake)
+	if (wake && wq_has_sleeper(&f->wait))
 		wake_up_interruptible(&f->wait);
 }
 
-/* Every still-valid range overlapping [start, end). Under m->lock. */
+/* A blockable callback lets the CPU go after this many watches. */
+#define RDMAX_HITS_PER_RESCHED 64
+
+/* Every still-valid range overlapping [start, end). Under m->lock, which a
+ * blockable caller's walk drops now and then: each range it visited left
+ * the tree, so it starts again from the first one left.
+ */
 static void hit_overlapping_locked(struct rdmax_mm *m, u64 start, u64 end,
-				   u32 kind)
+				   u32 kind, bool blockable)
 {
 	struct interval_tree_node *n, *next;
+	unsigned int hits = 0;
 
+again:
 	for (n = interval_tree_iter_first(&m->tree, start, end - 1); n;
 	     n = next) {
 		next = interval_tree_iter_next(n, start, end - 1);
 		region_hit_locked(m, container_of(n, struct rdmax_region, node),
 				  start, end, kind);
+		if (blockable && next && ++hits % RDMAX_HITS_PER_RESCHED == 0) {
+			spin_unlock(&m->lock);
+			count_resched();
+			cond_resched();
+			spin_lock(&m->lock);
+			goto again;
+		}
 	}
+}
+
+/* Whether an invalidation in progress may overlap [start, end). Under
+ * m->lock.
+ */
+static bool active_overlaps_locked(const struct rdmax_mm *m, u64 start,
+				   u64 end)
+{
+	return m->active && m->active_start < end && start < m->active_end;
 }
 
 static int rdmax_mm_start(struct mmu_notifier *mn,
@@ -521,9 +608,16 @@ static int rdmax_mm_start(struct mmu_notifier *mn,
 	if (!changes_pages(range->event))
 		return 0;
 	spin_lock(&m->lock);
-	m->active++;
+	if (m->active++) {
+		m->active_start = min_t(u64, m->active_start, range->start);
+		m->active_end = max_t(u64, m->active_end, range->end);
+	} else {
+		m->active_start = range->start;
+		m->active_end = range->end;
+	}
 	hit_overlapping_locked(m, range->start, range->end,
-			       event_kind(range->event));
+			       event_kind(range->event),
+			       mmu_notifier_range_blockable(range));
 	spin_unlock(&m->lock);
 	return 0;
 }
@@ -536,23 +630,44 @@ static void rdmax_mm_end(struct mmu_notifier *mn,
 
 	if (!changes_pages(range->event))
 		return;
+	end_gate_wait(range);
 	spin_lock(&m->lock);
-	if (m->active) /* paired with start, but never below zero */
+	/* paired with start, but never below zero */
+	if (!WARN_ON_ONCE(!m->active))
 		m->active--;
 	idle = !m->active;
 	spin_unlock(&m->lock);
-	if (idle)
+	if (idle && wq_has_sleeper(&m->idle))
 		wake_up_all(&m->idle);
 }
 
-/* The address space is going away (exit): every range hears it. */
+/* Drops the reference the address space keeps on its subscription, once. */
+static void rdmax_mm_unlist(struct rdmax_mm *m)
+{
+	bool listed;
+
+	mutex_lock(&mms_mutex);
+	listed = m->listed;
+	if (listed) {
+		list_del(&m->link);
+		m->listed = false;
+	}
+	mutex_unlock(&mms_mutex);
+	if (listed)
+		mmu_notifier_put(&m->notifier);
+}
+
+/* The address space is going away (exit): every range hears it, and the
+ * subscription goes with its last file.
+ */
 static void rdmax_mm_release(struct mmu_notifier *mn, struct mm_struct *mm)
 {
 	struct rdmax_mm *m = container_of(mn, struct rdmax_mm, notifier);
 
 	spin_lock(&m->lock);
-	hit_overlapping_locked(m, 0, ULONG_MAX, RDMAX_EVENT_RELEASE);
+	hit_overlapping_locked(m, 0, ULONG_MAX, RDMAX_EVENT_RELEASE, true);
 	spin_unlock(&m->lock);
+	rdmax_mm_unlist(m);
 }
 
 static struct mmu_notifier *rdmax_mm_alloc(struct mm_struct *mm)
@@ -564,6 +679,8 @@ static struct mmu_notifier *rdmax_mm_alloc(struct mm_struct *mm)
 	spin_lock_init(&m->lock);
 	m->tree = RB_ROOT_CACHED;
 	init_waitqueue_head(&m->idle);
+	INIT_LIST_HEAD(&m->link);
+	count_alloc();
 	return &m->notifier;
 }
 
@@ -638,6 +755,16 @@ static void region_free(struct rdmax_file *f, struct rdmax_region *r)
 	uncharge(f->user, RDMAX_REGIONS, 1);
 }
 
+static bool monitor_busy(struct rdmax_mm *m, const struct rdmax_region *r)
+{
+	bool busy;
+
+	spin_lock(&m->lock);
+	busy = active_overlaps_locked(m, r->start, r->end);
+	spin_unlock(&m->lock);
+	return busy;
+}
+
 static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 {
 	struct rdmax_monitor req;
@@ -704,15 +831,15 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	spin_lock(&f->watch->lock);
 	interval_tree_insert(&r->node, &f->watch->tree);
 	r->in_tree = true;
-	busy = f->watch->active != 0;
+	busy = active_overlaps_locked(f->watch, r->start, r->end);
 	spin_unlock(&f->watch->lock);
 	race_gate_wait();
 	/* One that started before may still be replacing pages it did not
-	 * tell r about: wait until none is in progress (as
-	 * mmu_interval_read_begin() does), a bounded time.
+	 * tell r about: wait, a bounded time, until none that may overlap r is
+	 * in progress (invalidations elsewhere do not hold MONITOR up).
 	 */
 	if (busy &&
-	    !wait_event_timeout(f->watch->idle, !READ_ONCE(f->watch->active),
+	    !wait_event_timeout(f->watch->idle, !monitor_busy(f->watch, r),
 				HZ / 10)) {
 		ret = -EAGAIN;
 		goto undo;
@@ -1038,6 +1165,18 @@ static int rdmax_open(struct inode *inode, struct file *file)
 		return PTR_ERR(watch);
 	}
 	f->watch = container_of(watch, struct rdmax_mm, notifier);
+	/* The address space keeps its subscription from its first file on
+	 * (a reference of its own, dropped at exit or module unload), so that
+	 * open/close loops do not register it again and again.
+	 */
+	mutex_lock(&mms_mutex);
+	if (!f->watch->listed && mmget_not_zero(current->mm)) {
+		mmu_notifier_get(&rdmax_mm_ops, current->mm); /* found: no fail */
+		f->watch->listed = true;
+		list_add(&f->watch->link, &rdmax_mms);
+		mmput(current->mm);
+	}
+	mutex_unlock(&mms_mutex);
 	f->status_bytes = PAGE_ALIGN(RDMAX_STATUS_GENERATIONS +
 				     (size_t)max_regions * sizeof(__u64));
 	ret = status_alloc(f);
@@ -1142,7 +1281,22 @@ static int __init rdmax_init(void)
 
 static void __exit rdmax_exit(void)
 {
+	struct rdmax_mm *m;
+
 	misc_deregister(&rdmax_misc);
+	/* the subscriptions address spaces kept after their last file */
+	for (;;) {
+		mutex_lock(&mms_mutex);
+		m = list_first_entry_or_null(&rdmax_mms, struct rdmax_mm, link);
+		if (m) {
+			list_del(&m->link);
+			m->listed = false;
+		}
+		mutex_unlock(&mms_mutex);
+		if (!m)
+			break;
+		mmu_notifier_put(&m->notifier);
+	}
 	/* the trees of address spaces whose last file closed are freed by
 	 * rdmax_mm_free() after a grace period: before this module goes
 	 */

@@ -1237,6 +1237,111 @@ TEST_CASE("kmod: an unmap inside MONITOR's window gets EAGAIN, never a token alr
     CHECK(d.query().live_regions == 0);
 }
 
+/// A test hook's counter; FAILs where the module has none.
+long hook(const std::string& name) {
+    const long v = param_or(name);
+    if (v < 0)
+        FAIL("the module has no test hook " + name + ": build it with kmod/build --test-hooks");
+    return v;
+}
+
+TEST_CASE("kmod: MONITOR waits only for an invalidation in progress that overlaps its range") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot set the module's end_gate test hook; not run");
+        return;
+    }
+    device d;
+    std::byte* x = map(1);
+    std::byte* y = map(1);
+    const long entered = hook("end_entered");
+    helpers h;
+    std::atomic<int> dropped{-1};
+    {
+        const module_param gate("end_gate", "1");
+        // A drop of x that stays in progress (held at its end) until released.
+        h.start([&] { dropped.store(madvise(x, page, MADV_DONTNEED), std::memory_order_release); });
+        REQUIRE(spin_until([&] { return param_or("end_entered") > entered; }, h.stop));
+    } // no further invalidation is held; the one of x still is
+    rdmax_monitor mx{}, my{};
+    const auto t0 = std::chrono::steady_clock::now();
+    const int ey = d.monitor(y, page, my); // unrelated to x's drop: no wait
+    const auto waited_y = std::chrono::steady_clock::now() - t0;
+    const int ex = d.monitor(x, page, mx); // may lose pages x's drop replaces
+    const bool still_held = dropped.load(std::memory_order_acquire) == -1;
+    std::ofstream("/sys/module/rdmax/parameters/end_release")
+        << param_or("end_release") + 1 << std::flush;
+    h.join();
+    fmt::print("MONITOR during another range's invalidation: {} after {} ms; during its own: {}\n",
+               ey, std::chrono::duration_cast<std::chrono::milliseconds>(waited_y).count(), ex);
+    REQUIRE(still_held);
+    CHECK(dropped.load() == 0);
+    CHECK(ey == 0);
+    CHECK(waited_y < std::chrono::milliseconds(100));
+    CHECK(ex == EAGAIN); // waited its bounded time for x's drop to end
+    if (ey == 0)
+        CHECK(d.unwatch(my) == 0);
+    const auto again = d.watch(x, page); // over: x is watched as usual
+    CHECK(d.unwatch(again) == 0);
+    munmap(x, page);
+    munmap(y, page);
+}
+
+TEST_CASE("kmod: open and close again keep one subscription per address space") {
+    if (geteuid() != 0) {
+        WARN("not root: the module's test counters are not read; not run");
+        return;
+    }
+    // Each registration of an address space's notifier takes every lock of
+    // its mappings (mm_take_all_locks): not once per open/close cycle.
+    std::fflush(nullptr);
+    const pid_t pid = fork(); // an address space the module has not seen
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        const long before = param_or("notifier_allocs");
+        for (int i = 0; i < 100; ++i) {
+            const int fd = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC);
+            if (fd < 0)
+                _exit(2);
+            close(fd);
+        }
+        _exit(static_cast<int>(std::min(param_or("notifier_allocs") - before, 100L)));
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    fmt::print("100 opens and closes in a new address space: {} subscriptions made\n",
+               WEXITSTATUS(status));
+    CHECK(hook("notifier_allocs") >= 0);
+    CHECK(WEXITSTATUS(status) == 1);
+}
+
+TEST_CASE("kmod: a blockable invalidation of many watches lets the CPU go between them") {
+    if (geteuid() != 0) {
+        WARN("not root: the module's test counters are not read; not run");
+        return;
+    }
+    device d;
+    std::byte* p = map(1);
+    std::vector<rdmax_monitor> all;
+    all.reserve(1024);
+    for (int i = 0; i < 1024; ++i)
+        all.push_back(d.watch(p, page));
+    const long r0 = hook("resched_points");
+    REQUIRE(madvise(p, page, MADV_DONTNEED) == 0);
+    const long points = hook("resched_points") - r0;
+    fmt::print("1024 watches dropped by one MADV_DONTNEED: {} points to reschedule\n", points);
+    CHECK(points >= 1024 / 64 - 1);
+    std::size_t invalid = 0;
+    for (const auto& m : all)
+        invalid += !d.valid(m);
+    CHECK(invalid == all.size()); // each still heard it
+    CHECK(d.events().size() == all.size());
+    for (const auto& m : all)
+        CHECK(d.unwatch(m) == 0);
+    munmap(p, page);
+}
+
 sigjmp_buf segv_jump;
 void on_segv(int /*sig*/) {
     siglongjmp(segv_jump, 1);

@@ -1086,12 +1086,14 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 
 	if (foreign(f))
 		return -EBADF;
-	if (vma->vm_flags & (VM_WRITE | VM_EXEC))
+	if (vma->vm_flags & VM_WRITE)
 		return -EPERM; /* data, the module's to write */
 	if (vma->vm_pgoff != 0 ||
 	    vma->vm_end - vma->vm_start > PAGE_ALIGN(f->status_bytes))
 		return -EINVAL;
-	/* Nor may mprotect() make it writable or executable later. Pages are
+	/* Never executable: VM_EXEC is cleared (a 32-bit program with
+	 * READ_IMPLIES_EXEC asks for it with every PROT_READ), and mprotect()
+	 * may not make it writable or executable later. Pages are
 	 * inserted as they are touched (VM_MIXEDMAP must be set here, under
 	 * mmap_lock held for writing, for vm_insert_page() at fault time). A
 	 * forked child does not get the mapping (VM_DONTCOPY): the area shows
@@ -1102,7 +1104,7 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 	rdmax_vm_flags_mod(vma,
 			   VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP |
 				   VM_DONTCOPY | VM_IO,
-			   VM_MAYWRITE | VM_MAYEXEC);
+			   VM_EXEC | VM_MAYWRITE | VM_MAYEXEC);
 	vma->vm_ops = &rdmax_status_vm_ops;
 	vma->vm_private_data = f; /* the vma holds the file, so f lives */
 	return 0;

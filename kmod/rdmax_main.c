@@ -594,8 +594,7 @@ again:
 /* Whether an invalidation in progress may overlap [start, end). Under
  * m->lock.
  */
-static bool active_overlaps_locked(const struct rdmax_mm *m, u64 start,
-				   u64 end)
+static bool active_overlaps_locked(const struct rdmax_mm *m, u64 start, u64 end)
 {
 	return m->active && m->active_start < end && start < m->active_end;
 }
@@ -838,9 +837,8 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	 * tell r about: wait, a bounded time, until none that may overlap r is
 	 * in progress (invalidations elsewhere do not hold MONITOR up).
 	 */
-	if (busy &&
-	    !wait_event_timeout(f->watch->idle, !monitor_busy(f->watch, r),
-				HZ / 10)) {
+	if (busy && !wait_event_timeout(f->watch->idle,
+					!monitor_busy(f->watch, r), HZ / 10)) {
 		ret = -EAGAIN;
 		goto undo;
 	}
@@ -1173,7 +1171,8 @@ static int rdmax_open(struct inode *inode, struct file *file)
 	 */
 	mutex_lock(&mms_mutex);
 	if (!f->watch->listed && mmget_not_zero(current->mm)) {
-		mmu_notifier_get(&rdmax_mm_ops, current->mm); /* found: no fail */
+		mmu_notifier_get(&rdmax_mm_ops,
+				 current->mm); /* found: no fail */
 		f->watch->listed = true;
 		list_add(&f->watch->link, &rdmax_mms);
 		mmput(current->mm);

@@ -66,7 +66,13 @@ MODULE_PARM_DESC(max_regions, "ranges one open file may watch (default 65536)");
  * race_entered when it stops there: the test invalidates the range inside the
  * window, with no timing involved.
  *
- * watch_visits counts the watched ranges that invalidations visited.
+ * watch_visits counts the watched ranges that invalidations visited;
+ * resched_points the times a blockable one let the CPU go between them;
+ * notifier_allocs the address spaces' subscriptions made.
+ *
+ * end_gate holds the end of a blockable invalidation that changes pages
+ * (MADV_DONTNEED) until end_release moves on (or 5 s pass), counting
+ * end_entered: MONITOR then meets an invalidation in progress.
  */
 static unsigned int race_window_us;
 module_param(race_window_us, uint, 0644);
@@ -82,6 +88,18 @@ MODULE_PARM_DESC(race_release, "test hook: a new value lets the gate go");
 static unsigned long watch_visits;
 module_param(watch_visits, ulong, 0444);
 MODULE_PARM_DESC(watch_visits, "test hook: ranges visited by invalidations");
+static unsigned long resched_points, notifier_allocs;
+module_param(resched_points, ulong, 0444);
+MODULE_PARM_DESC(resched_points, "test hook: cond_resched()s of callbacks");
+module_param(notifier_allocs, ulong, 0444);
+MODULE_PARM_DESC(notifier_allocs, "test hook: address spaces subscribed");
+static unsigned int end_gate, end_entered, end_release;
+module_param(end_gate, uint, 0644);
+MODULE_PARM_DESC(end_gate, "test hook: 1 holds a blockable invalidation's end");
+module_param(end_entered, uint, 0444);
+MODULE_PARM_DESC(end_entered, "test hook: invalidation ends held");
+module_param(end_release, uint, 0644);
+MODULE_PARM_DESC(end_release, "test hook: a new value lets the end go");
 MODULE_INFO(rdmax_test_hooks, "yes");
 
 static void race_window(void)
@@ -108,6 +126,28 @@ static void count_visit(void)
 {
 	WRITE_ONCE(watch_visits, watch_visits + 1);
 }
+
+static void count_resched(void)
+{
+	WRITE_ONCE(resched_points, resched_points + 1);
+}
+
+static void count_alloc(void)
+{
+	WRITE_ONCE(notifier_allocs, notifier_allocs + 1);
+}
+
+static void end_gate_wait(const struct mmu_notifier_range *range)
+{
+	unsigned int release = READ_ONCE(end_release);
+	int ms;
+
+	if (!READ_ONCE(end_gate) || !mmu_notifier_range_blockable(range))
+		return;
+	WRITE_ONCE(end_entered, end_entered + 1);
+	for (ms = 0; ms < 5000 && READ_ONCE(end_release) == release; ms++)
+		msleep(1);
+}
 #else
 static inline void race_window(void)
 {
@@ -120,6 +160,18 @@ static inline void race_gate_wait(void)
 static inline void count_visit(void)
 {
 }
+
+static inline void count_resched(void)
+{
+}
+
+static inline void count_alloc(void)
+{
+}
+
+static inline void end_gate_wait(const struct mmu_notifier_range *range)
+{
+}
 #endif
 
 /* Budgets. Any user may open the device (mode 0666, like the uverbs
@@ -128,13 +180,21 @@ static inline void count_visit(void)
  * (one per open file, more only as its slots are used). A refusal is ENOSPC,
  * which rdmax's user space turns into "registered per use, not cached".
  *
- * A user is a uid of the initial user namespace; a process in another user
- * namespace is charged to the user who made its outermost one, as inotify's
- * ucounts charge at that level: uids mapped from a subordinate range, or made
- * up inside a namespace, are that user's, not budgets of their own. (The
- * ucounts calls themselves are not exported to modules on 6.1, and on 7.x to
- * binfmt_misc only.) Each user keeps a minimum however full the module's
- * budget is, so that a few users cannot leave the rest none.
+ * A user is a uid of the initial user namespace. A process in a user
+ * namespace that an unprivileged user made (directly or further out) is
+ * charged to that user: uids mapped from its subordinate range, or made up
+ * inside the namespace, are that user's, not budgets of their own. A
+ * namespace root made (a container runtime's) is not one tenant: its
+ * processes are charged to their own uids (of the initial namespace), so one
+ * container cannot spend the others' budgets or root's. (The ucounts calls
+ * are not exported to modules on 6.1, and on 7.x to binfmt_misc only.) So
+ * uids outside a namespace, subordinate ones included, are separate budgets:
+ * the memory cgroup the charges go to is the bound across them.
+ *
+ * Each user keeps a minimum however full the module's budget is, so that a
+ * few users cannot leave the rest none; the minimums come out of a reserve of
+ * their own, bounded too, so the module never holds more than its total and
+ * its reserve whatever the number of uids.
  */
 static unsigned int max_user_regions = 262144;
 module_param(max_user_regions, uint, 0644);
@@ -165,31 +225,51 @@ MODULE_PARM_DESC(min_user_status_kib,
 		 "status-area KiB each user may hold even when "
 		 "max_total_status_kib is spent (default 256)");
 
+static unsigned int max_reserved_regions = 65536;
+module_param(max_reserved_regions, uint, 0644);
+MODULE_PARM_DESC(max_reserved_regions,
+		 "ranges all users' minimums may hold beyond max_total_regions "
+		 "(default 65536)");
+static unsigned int max_reserved_status_kib = 16384;
+module_param(max_reserved_status_kib, uint, 0644);
+MODULE_PARM_DESC(max_reserved_status_kib,
+		 "status-area KiB all users' minimums may hold beyond "
+		 "max_total_status_kib (default 16384)");
+
 enum rdmax_budget { RDMAX_REGIONS, RDMAX_STATUS_PAGES, RDMAX_BUDGETS };
-enum rdmax_limit { RDMAX_USER_MAX, RDMAX_TOTAL_MAX, RDMAX_USER_MIN };
+enum rdmax_limit {
+	RDMAX_USER_MAX,
+	RDMAX_TOTAL_MAX,
+	RDMAX_USER_MIN,
+	RDMAX_RESERVE_MAX,
+	RDMAX_LIMITS
+};
 
 /* What one user holds, shared by that user's open files. */
 struct rdmax_user {
 	u32 uid;	    /* in the initial user namespace */
 	unsigned int files; /* under users_mutex */
-	atomic_long_t used[RDMAX_BUDGETS];
+	spinlock_t lock;    /* used, reserved */
+	long used[RDMAX_BUDGETS];
+	long reserved[RDMAX_BUDGETS]; /* of used, from the reserve */
 };
 
 static DEFINE_MUTEX(users_mutex);
 static DEFINE_XARRAY(users);
-static atomic_long_t total_used[RDMAX_BUDGETS];
+static atomic_long_t total_used[RDMAX_BUDGETS], reserve_used[RDMAX_BUDGETS];
 
 static struct kmem_cache *region_cache;
 static atomic64_t files_open = ATOMIC64_INIT(0);
 
 static unsigned long budget_limit(enum rdmax_budget b, enum rdmax_limit l)
 {
-	static unsigned int *const params[RDMAX_BUDGETS][3] = {
+	static unsigned int *const params[RDMAX_BUDGETS][RDMAX_LIMITS] = {
 		[RDMAX_REGIONS] = {&max_user_regions, &max_total_regions,
-				   &min_user_regions},
+				   &min_user_regions, &max_reserved_regions},
 		[RDMAX_STATUS_PAGES] = {&max_user_status_kib,
 					&max_total_status_kib,
-					&min_user_status_kib},
+					&min_user_status_kib,
+					&max_reserved_status_kib},
 	};
 	unsigned long v = READ_ONCE(*params[b][l]);
 
@@ -206,46 +286,57 @@ static bool take(atomic_long_t *used, unsigned long limit)
 }
 
 /* Takes one unit of b from u's budget and the module's; false if either
- * is spent. Within the user's minimum the module's budget counts the unit
- * but does not refuse it.
+ * is spent. Within the user's minimum the unit comes from the reserve while
+ * that lasts, else from the module's budget like any other.
  */
 static bool charge(struct rdmax_user *u, enum rdmax_budget b)
 {
-	long mine = atomic_long_inc_return(&u->used[b]);
+	bool ok = true;
 
-	if (mine > (long)budget_limit(b, RDMAX_USER_MAX)) {
-		atomic_long_dec(&u->used[b]);
-		return false;
-	}
-	if (mine <= (long)budget_limit(b, RDMAX_USER_MIN)) {
-		atomic_long_inc(&total_used[b]);
-		return true;
-	}
-	if (!take(&total_used[b], budget_limit(b, RDMAX_TOTAL_MAX))) {
-		atomic_long_dec(&u->used[b]);
-		return false;
-	}
-	return true;
+	spin_lock(&u->lock);
+	if (u->used[b] >= (long)budget_limit(b, RDMAX_USER_MAX))
+		ok = false;
+	else if (u->used[b] < (long)budget_limit(b, RDMAX_USER_MIN) &&
+		 take(&reserve_used[b], budget_limit(b, RDMAX_RESERVE_MAX)))
+		u->reserved[b]++;
+	else if (!take(&total_used[b], budget_limit(b, RDMAX_TOTAL_MAX)))
+		ok = false;
+	if (ok)
+		u->used[b]++;
+	spin_unlock(&u->lock);
+	return ok;
 }
 
+/* Gives back n units of b: the module's budget's first, the reserve's last
+ * (the user's minimum is what it keeps longest).
+ */
 static void uncharge(struct rdmax_user *u, enum rdmax_budget b, long n)
 {
-	atomic_long_sub(n, &u->used[b]);
-	atomic_long_sub(n, &total_used[b]);
+	long from_total, from_reserve;
+
+	spin_lock(&u->lock);
+	if (WARN_ON_ONCE(n > u->used[b]))
+		n = u->used[b];
+	from_total = min(n, u->used[b] - u->reserved[b]);
+	from_reserve = n - from_total;
+	u->used[b] -= n;
+	u->reserved[b] -= from_reserve;
+	spin_unlock(&u->lock);
+	atomic_long_sub(from_total, &total_used[b]);
+	atomic_long_sub(from_reserve, &reserve_used[b]);
 }
 
-/* Who pays for the caller: its uid, or in another user namespace the
- * owner of the outermost one (see Budgets).
+/* Who pays for the caller: in a user namespace some user other than root
+ * made, the outermost such one's owner; else its own uid (see Budgets).
  */
 static u32 budget_owner(void)
 {
-	const struct user_namespace *ns = current_user_ns();
+	const struct user_namespace *ns;
 	kuid_t uid = current_uid();
 
-	while (ns != &init_user_ns) {
-		uid = ns->owner;
-		ns = ns->parent;
-	}
+	for (ns = current_user_ns(); ns != &init_user_ns; ns = ns->parent)
+		if (!uid_eq(ns->owner, GLOBAL_ROOT_UID))
+			uid = ns->owner;
 	return from_kuid_munged(&init_user_ns, uid);
 }
 
@@ -259,6 +350,8 @@ static struct rdmax_user *user_get(void)
 	u = xa_load(&users, uid);
 	if (!u) {
 		u = kzalloc(sizeof(*u), GFP_KERNEL_ACCOUNT);
+		if (u)
+			spin_lock_init(&u->lock);
 		if (u && xa_err(xa_store(&users, uid, u, GFP_KERNEL_ACCOUNT))) {
 			kfree(u);
 			u = NULL;
@@ -289,12 +382,23 @@ struct rdmax_mm {
 	struct mmu_notifier notifier; /* mmu_notifier_get()'s, one per mm */
 	spinlock_t lock; /* the tree, active; taken before any file's lock */
 	struct rb_root_cached tree; /* ranges still valid */
-	/* Invalidations that change pages in progress, and MONITORs waiting
-	 * for them to end.
+	/* Invalidations that change pages in progress, the smallest range
+	 * that holds all of them (reset when none is), and MONITORs waiting
+	 * for those that overlap their range to end.
 	 */
 	unsigned long active;
+	u64 active_start, active_end;
 	wait_queue_head_t idle;
+	/* On rdmax_mms: this address space keeps its subscription after its
+	 * last file closes, until it exits or the module goes (a reopen then
+	 * finds it, instead of registering again under mm_take_all_locks()).
+	 */
+	struct list_head link;
+	bool listed; /* under mms_mutex */
 };
+
+static DEFINE_MUTEX(mms_mutex);
+static LIST_HEAD(rdmax_mms);
 
 struct rdmax_region {
 	/* [start, end - 1], in the address space's tree while in_tree */
@@ -454,22 +558,45 @@ static void region_hit_locked(struct rdmax_mm *m, struct rdmax_region *r,
 		}
 	}
 	spin_unlock(&f->lock);
-	if (wake)
+	if (wake && wq_has_sleeper(&f->wait))
 		wake_up_interruptible(&f->wait);
 }
 
-/* Every still-valid range overlapping [start, end). Under m->lock. */
+/* A blockable callback lets the CPU go after this many watches. */
+#define RDMAX_HITS_PER_RESCHED 64
+
+/* Every still-valid range overlapping [start, end). Under m->lock, which a
+ * blockable caller's walk drops now and then: each range it visited left
+ * the tree, so it starts again from the first one left.
+ */
 static void hit_overlapping_locked(struct rdmax_mm *m, u64 start, u64 end,
-				   u32 kind)
+				   u32 kind, bool blockable)
 {
 	struct interval_tree_node *n, *next;
+	unsigned int hits = 0;
 
+again:
 	for (n = interval_tree_iter_first(&m->tree, start, end - 1); n;
 	     n = next) {
 		next = interval_tree_iter_next(n, start, end - 1);
 		region_hit_locked(m, container_of(n, struct rdmax_region, node),
 				  start, end, kind);
+		if (blockable && next && ++hits % RDMAX_HITS_PER_RESCHED == 0) {
+			spin_unlock(&m->lock);
+			count_resched();
+			cond_resched();
+			spin_lock(&m->lock);
+			goto again;
+		}
 	}
+}
+
+/* Whether an invalidation in progress may overlap [start, end). Under
+ * m->lock.
+ */
+static bool active_overlaps_locked(const struct rdmax_mm *m, u64 start, u64 end)
+{
+	return m->active && m->active_start < end && start < m->active_end;
 }
 
 static int rdmax_mm_start(struct mmu_notifier *mn,
@@ -480,9 +607,16 @@ static int rdmax_mm_start(struct mmu_notifier *mn,
 	if (!changes_pages(range->event))
 		return 0;
 	spin_lock(&m->lock);
-	m->active++;
+	if (m->active++) {
+		m->active_start = min_t(u64, m->active_start, range->start);
+		m->active_end = max_t(u64, m->active_end, range->end);
+	} else {
+		m->active_start = range->start;
+		m->active_end = range->end;
+	}
 	hit_overlapping_locked(m, range->start, range->end,
-			       event_kind(range->event));
+			       event_kind(range->event),
+			       mmu_notifier_range_blockable(range));
 	spin_unlock(&m->lock);
 	return 0;
 }
@@ -495,23 +629,44 @@ static void rdmax_mm_end(struct mmu_notifier *mn,
 
 	if (!changes_pages(range->event))
 		return;
+	end_gate_wait(range);
 	spin_lock(&m->lock);
-	if (m->active) /* paired with start, but never below zero */
+	/* paired with start, but never below zero */
+	if (!WARN_ON_ONCE(!m->active))
 		m->active--;
 	idle = !m->active;
 	spin_unlock(&m->lock);
-	if (idle)
+	if (idle && wq_has_sleeper(&m->idle))
 		wake_up_all(&m->idle);
 }
 
-/* The address space is going away (exit): every range hears it. */
+/* Drops the reference the address space keeps on its subscription, once. */
+static void rdmax_mm_unlist(struct rdmax_mm *m)
+{
+	bool listed;
+
+	mutex_lock(&mms_mutex);
+	listed = m->listed;
+	if (listed) {
+		list_del(&m->link);
+		m->listed = false;
+	}
+	mutex_unlock(&mms_mutex);
+	if (listed)
+		mmu_notifier_put(&m->notifier);
+}
+
+/* The address space is going away (exit): every range hears it, and the
+ * subscription goes with its last file.
+ */
 static void rdmax_mm_release(struct mmu_notifier *mn, struct mm_struct *mm)
 {
 	struct rdmax_mm *m = container_of(mn, struct rdmax_mm, notifier);
 
 	spin_lock(&m->lock);
-	hit_overlapping_locked(m, 0, ULONG_MAX, RDMAX_EVENT_RELEASE);
+	hit_overlapping_locked(m, 0, ULONG_MAX, RDMAX_EVENT_RELEASE, true);
 	spin_unlock(&m->lock);
+	rdmax_mm_unlist(m);
 }
 
 static struct mmu_notifier *rdmax_mm_alloc(struct mm_struct *mm)
@@ -523,6 +678,8 @@ static struct mmu_notifier *rdmax_mm_alloc(struct mm_struct *mm)
 	spin_lock_init(&m->lock);
 	m->tree = RB_ROOT_CACHED;
 	init_waitqueue_head(&m->idle);
+	INIT_LIST_HEAD(&m->link);
+	count_alloc();
 	return &m->notifier;
 }
 
@@ -597,6 +754,16 @@ static void region_free(struct rdmax_file *f, struct rdmax_region *r)
 	uncharge(f->user, RDMAX_REGIONS, 1);
 }
 
+static bool monitor_busy(struct rdmax_mm *m, const struct rdmax_region *r)
+{
+	bool busy;
+
+	spin_lock(&m->lock);
+	busy = active_overlaps_locked(m, r->start, r->end);
+	spin_unlock(&m->lock);
+	return busy;
+}
+
 static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 {
 	struct rdmax_monitor req;
@@ -663,16 +830,15 @@ static long rdmax_do_monitor(struct rdmax_file *f, void __user *arg)
 	spin_lock(&f->watch->lock);
 	interval_tree_insert(&r->node, &f->watch->tree);
 	r->in_tree = true;
-	busy = f->watch->active != 0;
+	busy = active_overlaps_locked(f->watch, r->start, r->end);
 	spin_unlock(&f->watch->lock);
 	race_gate_wait();
 	/* One that started before may still be replacing pages it did not
-	 * tell r about: wait until none is in progress (as
-	 * mmu_interval_read_begin() does), a bounded time.
+	 * tell r about: wait, a bounded time, until none that may overlap r is
+	 * in progress (invalidations elsewhere do not hold MONITOR up).
 	 */
-	if (busy &&
-	    !wait_event_timeout(f->watch->idle, !READ_ONCE(f->watch->active),
-				HZ / 10)) {
+	if (busy && !wait_event_timeout(f->watch->idle,
+					!monitor_busy(f->watch, r), HZ / 10)) {
 		ret = -EAGAIN;
 		goto undo;
 	}
@@ -772,10 +938,11 @@ static long rdmax_do_query(struct rdmax_file *f, void __user *arg)
 	/* Module-wide figures tell when other users register RDMA buffers:
 	 * for the administrator only; other callers see zero there.
 	 */
-	if (capable(CAP_SYS_ADMIN)) {
+	if (ns_capable_noaudit(&init_user_ns, CAP_SYS_ADMIN)) {
 		/* the region budget counts every region from its MONITOR on */
 		q.module_live_regions =
-			atomic_long_read(&total_used[RDMAX_REGIONS]);
+			atomic_long_read(&total_used[RDMAX_REGIONS]) +
+			atomic_long_read(&reserve_used[RDMAX_REGIONS]);
 		q.module_files = atomic64_read(&files_open);
 	}
 	return copy_to_user(arg, &q, sizeof(q)) ? -EFAULT : 0;
@@ -917,12 +1084,14 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 
 	if (foreign(f))
 		return -EBADF;
-	if (vma->vm_flags & (VM_WRITE | VM_EXEC))
+	if (vma->vm_flags & VM_WRITE)
 		return -EPERM; /* data, the module's to write */
 	if (vma->vm_pgoff != 0 ||
 	    vma->vm_end - vma->vm_start > PAGE_ALIGN(f->status_bytes))
 		return -EINVAL;
-	/* Nor may mprotect() make it writable or executable later. Pages are
+	/* Never executable: VM_EXEC is cleared (a 32-bit program with
+	 * READ_IMPLIES_EXEC asks for it with every PROT_READ), and mprotect()
+	 * may not make it writable or executable later. Pages are
 	 * inserted as they are touched (VM_MIXEDMAP must be set here, under
 	 * mmap_lock held for writing, for vm_insert_page() at fault time). A
 	 * forked child does not get the mapping (VM_DONTCOPY): the area shows
@@ -933,7 +1102,7 @@ static int rdmax_mmap(struct file *file, struct vm_area_struct *vma)
 	rdmax_vm_flags_mod(vma,
 			   VM_MIXEDMAP | VM_DONTEXPAND | VM_DONTDUMP |
 				   VM_DONTCOPY | VM_IO,
-			   VM_MAYWRITE | VM_MAYEXEC);
+			   VM_EXEC | VM_MAYWRITE | VM_MAYEXEC);
 	vma->vm_ops = &rdmax_status_vm_ops;
 	vma->vm_private_data = f; /* the vma holds the file, so f lives */
 	return 0;
@@ -996,6 +1165,19 @@ static int rdmax_open(struct inode *inode, struct file *file)
 		return PTR_ERR(watch);
 	}
 	f->watch = container_of(watch, struct rdmax_mm, notifier);
+	/* The address space keeps its subscription from its first file on
+	 * (a reference of its own, dropped at exit or module unload), so that
+	 * open/close loops do not register it again and again.
+	 */
+	mutex_lock(&mms_mutex);
+	if (!f->watch->listed && mmget_not_zero(current->mm)) {
+		mmu_notifier_get(&rdmax_mm_ops,
+				 current->mm); /* found: no fail */
+		f->watch->listed = true;
+		list_add(&f->watch->link, &rdmax_mms);
+		mmput(current->mm);
+	}
+	mutex_unlock(&mms_mutex);
 	f->status_bytes = PAGE_ALIGN(RDMAX_STATUS_GENERATIONS +
 				     (size_t)max_regions * sizeof(__u64));
 	ret = status_alloc(f);
@@ -1100,7 +1282,22 @@ static int __init rdmax_init(void)
 
 static void __exit rdmax_exit(void)
 {
+	struct rdmax_mm *m;
+
 	misc_deregister(&rdmax_misc);
+	/* the subscriptions address spaces kept after their last file */
+	for (;;) {
+		mutex_lock(&mms_mutex);
+		m = list_first_entry_or_null(&rdmax_mms, struct rdmax_mm, link);
+		if (m) {
+			list_del(&m->link);
+			m->listed = false;
+		}
+		mutex_unlock(&mms_mutex);
+		if (!m)
+			break;
+		mmu_notifier_put(&m->notifier);
+	}
 	/* the trees of address spaces whose last file closed are freed by
 	 * rdmax_mm_free() after a grace period: before this module goes
 	 */

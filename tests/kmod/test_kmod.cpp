@@ -24,6 +24,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/personality.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1006,15 +1007,16 @@ bool unchroot() {
            mount(".", "/", nullptr, MS_MOVE, nullptr) == 0 && chroot(".") == 0 && chdir("/") == 0;
 }
 
-TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
-    if (geteuid() != 0) {
-        WARN("not root: cannot map uids into a user namespace; not run");
-        return;
-    }
+struct namespace_counts {
+    long root_count = -1, uid1_count = -1, status = -1;
+};
+
+/// A user namespace made by `owner` (nobody, or root), mapping 16 uids from
+/// kuid `base` (as newuidmap does for a user's subordinate range, or a
+/// container runtime for a container): its root (kuid base) watches until
+/// refused, then its uid 1 (kuid base + 1). Budget: 8 ranges per user.
+namespace_counts namespace_budgets(uid_t owner, unsigned base) {
     const module_param limit("max_user_regions", "8");
-    // nobody's own user namespace, mapping 16 uids (as newuidmap does for a
-    // user's subordinate range): its root (kuid 300000) holds 8 ranges, then
-    // its uid 1 (kuid 300001) asks for more.
     // Debian's switch for user namespaces of unprivileged users, on for the test.
     const char* const userns_knob = "/proc/sys/kernel/unprivileged_userns_clone";
     std::string userns_was;
@@ -1028,13 +1030,11 @@ TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
                 std::ofstream(knob) << was << std::flush;
         }
     } const restore_userns{userns_knob, userns_was};
-    struct result {
-        long root_count = -1, uid1_count = -1, status = -1;
-    };
-    auto* r = static_cast<result*>(
-        mmap(nullptr, sizeof(result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    auto* r = static_cast<namespace_counts*>(mmap(nullptr, sizeof(namespace_counts),
+                                                  PROT_READ | PROT_WRITE,
+                                                  MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     REQUIRE(r != MAP_FAILED);
-    *r = result{};
+    *r = namespace_counts{};
     int unshared[2], mapped[2];
     REQUIRE(pipe(unshared) == 0);
     REQUIRE(pipe(mapped) == 0);
@@ -1048,7 +1048,8 @@ TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
         char c = 1;
         if (!unchroot())
             _exit(6);
-        if (setgid(65534) != 0 || setuid(65534) != 0 || unshare(CLONE_NEWUSER) != 0)
+        if ((owner != 0 && (setgid(owner) != 0 || setuid(owner) != 0)) ||
+            unshare(CLONE_NEWUSER) != 0)
             _exit(2);
         if (::write(unshared[1], &c, 1) != 1 || ::read(mapped[0], &c, 1) != 1)
             _exit(3);
@@ -1081,7 +1082,7 @@ TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
     }
     for (const char* which : {"uid_map", "gid_map"}) {
         std::ofstream out(fmt::format("/proc/{}/{}", pid, which));
-        out << "0 300000 16\n" << std::flush;
+        out << fmt::format("0 {} 16\n", base) << std::flush;
         CHECK(out); // and on: the child then fails to become root, and exits
     }
     REQUIRE(::write(mapped[1], &c, 1) == 1);
@@ -1090,12 +1091,37 @@ TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
     REQUIRE(waitpid(pid, &status, 0) == pid);
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 0);
+    const namespace_counts out = *r;
+    munmap(r, sizeof(namespace_counts));
+    return out;
+}
+
+TEST_CASE("kmod: the uids of a user namespace share its owner's budget") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot map uids into a user namespace; not run");
+        return;
+    }
+    const namespace_counts r = namespace_budgets(65534, 300000);
     fmt::print("user namespace of nobody, budget 8: its root watched {}, its uid 1 {} more\n",
-               r->root_count, r->uid1_count);
-    CHECK(r->status == 0);
-    CHECK(r->root_count == 8);
-    CHECK(r->uid1_count == 0); // the owner's budget is spent: not a new one per uid
-    munmap(r, sizeof(result));
+               r.root_count, r.uid1_count);
+    CHECK(r.status == 0);
+    CHECK(r.root_count == 8);
+    CHECK(r.uid1_count == 0); // the owner's budget is spent: not a new one per uid
+}
+
+TEST_CASE("kmod: the uids of a user namespace root made are budgets of their own") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot make a user namespace as root; not run");
+        return;
+    }
+    // A container runtime's namespace: not one tenant of root's budget, so
+    // one container cannot spend every other's (nor root's own).
+    const namespace_counts r = namespace_budgets(0, 400000);
+    fmt::print("user namespace of root, budget 8: its root watched {}, its uid 1 {}\n",
+               r.root_count, r.uid1_count);
+    CHECK(r.status == 0);
+    CHECK(r.root_count == 8);
+    CHECK(r.uid1_count == 8);
 }
 
 TEST_CASE("kmod: users who fill the module's budget leave every other user its minimum") {
@@ -1105,15 +1131,40 @@ TEST_CASE("kmod: users who fill the module's budget leave every other user its m
     }
     const module_param user("max_user_regions", "32");
     const module_param total("max_total_regions", "40");
-    const module_param_if_any floor("min_user_regions", "8");
+    const module_param floor("min_user_regions", "8");
+    const module_param reserve("max_reserved_regions", "64");
     const holder a(65534, [] { return watch_until_refused(64); });
     const holder b(65533, [] { return watch_until_refused(64); });
     const holder c(65532, [] { return watch_until_refused(64); });
-    fmt::print("module budget 40, user budget 32, minimum 8: users watched {}, {}, {}\n", a.count(),
-               b.count(), c.count());
-    CHECK(a.count() == 32);
-    CHECK(b.count() == 8); // the module's budget is spent...
-    CHECK(c.count() == 8); // ...and a third user still has its minimum
+    fmt::print(
+        "module budget 40, reserve 64, user budget 32, minimum 8: users watched {}, {}, {}\n",
+        a.count(), b.count(), c.count());
+    CHECK(a.count() == 32); // 8 of the reserve, 24 of the module's budget
+    CHECK(b.count() == 24); // 8 of the reserve, the module's last 16
+    CHECK(c.count() == 8);  // the module's budget is spent: a third user has its minimum
+}
+
+TEST_CASE("kmod: however many uids ask, the module holds at most its budget and its reserve") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot run as other users; not run");
+        return;
+    }
+    // Subordinate uids run outside any namespace (setuid binaries) are
+    // separate users: each has a minimum, but all minimums come out of one
+    // reserve.
+    const module_param user("max_user_regions", "32");
+    const module_param total("max_total_regions", "40");
+    const module_param floor("min_user_regions", "8");
+    const module_param reserve("max_reserved_regions", "8");
+    std::vector<std::unique_ptr<holder>> users;
+    long held = 0;
+    for (uid_t uid = 500000; uid < 500006; ++uid) {
+        users.push_back(std::make_unique<holder>(uid, [] { return watch_until_refused(64); }));
+        held += users.back()->count();
+    }
+    fmt::print("module budget 40, reserve 8, 6 users: {} ranges watched\n", held);
+    CHECK(users[0]->count() == 32);
+    CHECK(held == 48);
 }
 
 TEST_CASE("kmod: QUERY shows module-wide figures to root only") {
@@ -1179,17 +1230,117 @@ TEST_CASE("kmod: an unmap inside MONITOR's window gets EAGAIN, never a token alr
         const int e = d.monitor(p, page, m);
         h.join();
         REQUIRE(dropped.load() == 0); // the drop ran inside MONITOR
-        if (e == 0) {
-            CHECK(m.generation % 2 == 0);
-            CHECK(d.valid(m)); // a token MONITOR answers was valid when it answered
-            d.unwatch(m);
-        } else {
-            CHECK(e == EAGAIN);
-        }
+        // after MONITOR's watch was in place, before it answered: never a token
+        REQUIRE(e == EAGAIN);
         d.events();
         munmap(p, page);
     }
     CHECK(d.query().live_regions == 0);
+}
+
+/// A test hook's counter; FAILs where the module has none.
+long hook(const std::string& name) {
+    const long v = param_or(name);
+    if (v < 0)
+        FAIL("the module has no test hook " + name + ": build it with kmod/build --test-hooks");
+    return v;
+}
+
+TEST_CASE("kmod: MONITOR waits only for an invalidation in progress that overlaps its range") {
+    if (geteuid() != 0) {
+        WARN("not root: cannot set the module's end_gate test hook; not run");
+        return;
+    }
+    device d;
+    std::byte* x = map(1);
+    std::byte* y = map(1);
+    const long entered = hook("end_entered");
+    helpers h;
+    std::atomic<int> dropped{-1};
+    {
+        const module_param gate("end_gate", "1");
+        // A drop of x that stays in progress (held at its end) until released.
+        h.start([&] { dropped.store(madvise(x, page, MADV_DONTNEED), std::memory_order_release); });
+        REQUIRE(spin_until([&] { return param_or("end_entered") > entered; }, h.stop));
+    } // no further invalidation is held; the one of x still is
+    rdmax_monitor mx{}, my{};
+    const auto t0 = std::chrono::steady_clock::now();
+    const int ey = d.monitor(y, page, my); // unrelated to x's drop: no wait
+    const auto waited_y = std::chrono::steady_clock::now() - t0;
+    const int ex = d.monitor(x, page, mx); // may lose pages x's drop replaces
+    const bool still_held = dropped.load(std::memory_order_acquire) == -1;
+    std::ofstream("/sys/module/rdmax/parameters/end_release")
+        << param_or("end_release") + 1 << std::flush;
+    h.join();
+    fmt::print("MONITOR during another range's invalidation: {} after {} ms; during its own: {}\n",
+               ey, std::chrono::duration_cast<std::chrono::milliseconds>(waited_y).count(), ex);
+    REQUIRE(still_held);
+    CHECK(dropped.load() == 0);
+    CHECK(ey == 0);
+    CHECK(waited_y < std::chrono::milliseconds(100));
+    CHECK(ex == EAGAIN); // waited its bounded time for x's drop to end
+    if (ey == 0)
+        CHECK(d.unwatch(my) == 0);
+    const auto again = d.watch(x, page); // over: x is watched as usual
+    CHECK(d.unwatch(again) == 0);
+    munmap(x, page);
+    munmap(y, page);
+}
+
+TEST_CASE("kmod: open and close again keep one subscription per address space") {
+    if (geteuid() != 0) {
+        WARN("not root: the module's test counters are not read; not run");
+        return;
+    }
+    // Each registration of an address space's notifier takes every lock of
+    // its mappings (mm_take_all_locks): not once per open/close cycle.
+    std::fflush(nullptr);
+    const pid_t pid = fork(); // an address space the module has not seen
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        const long before = param_or("notifier_allocs");
+        for (int i = 0; i < 100; ++i) {
+            const int fd = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC);
+            if (fd < 0)
+                _exit(2);
+            close(fd);
+        }
+        _exit(static_cast<int>(std::min(param_or("notifier_allocs") - before, 100L)));
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    fmt::print("100 opens and closes in a new address space: {} subscriptions made\n",
+               WEXITSTATUS(status));
+    CHECK(hook("notifier_allocs") >= 0);
+    CHECK(WEXITSTATUS(status) == 1);
+}
+
+TEST_CASE("kmod: a blockable invalidation of many watches lets the CPU go between them") {
+    if (geteuid() != 0) {
+        WARN("not root: the module's test counters are not read; not run");
+        return;
+    }
+    device d;
+    std::byte* p = map(1);
+    std::vector<rdmax_monitor> all;
+    all.reserve(1024);
+    for (int i = 0; i < 1024; ++i)
+        all.push_back(d.watch(p, page));
+    const long r0 = hook("resched_points");
+    REQUIRE(madvise(p, page, MADV_DONTNEED) == 0);
+    const long points = hook("resched_points") - r0;
+    fmt::print("1024 watches dropped by one MADV_DONTNEED: {} points to reschedule\n", points);
+    CHECK(points >= 1024 / 64 - 1);
+    std::size_t invalid = 0;
+    for (const auto& m : all)
+        invalid += !d.valid(m);
+    CHECK(invalid == all.size()); // each still heard it
+    CHECK(d.events().size() == all.size());
+    for (const auto& m : all)
+        CHECK(d.unwatch(m) == 0);
+    munmap(p, page);
 }
 
 sigjmp_buf segv_jump;
@@ -1276,14 +1427,48 @@ TEST_CASE("kmod: fork: the child's cache with the kmod monitor is inert and touc
     munmap(p, 4 * page);
 }
 
+/// The permissions /proc/self/maps shows for the mapping at p ("" if none).
+std::string maps_perms(const void* p) {
+    std::ifstream in("/proc/self/maps");
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    for (std::string line; std::getline(in, line);) {
+        std::uintptr_t lo = 0, hi = 0;
+        char perms[5] = {};
+        if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) == 3 && lo <= at && at < hi)
+            return perms;
+    }
+    return "";
+}
+
 TEST_CASE("kmod: the status area cannot be made executable") {
     device d;
-    errno = 0;
-    CHECK(mmap(nullptr, d.bytes, PROT_READ | PROT_EXEC, MAP_SHARED, d.fd, 0) == MAP_FAILED);
-    CHECK(errno == EPERM);
+    CHECK(maps_perms(d.status) == "r--s");
     errno = 0;
     CHECK(mprotect(const_cast<rdmax_status*>(d.status), page, PROT_READ | PROT_EXEC) != 0);
     CHECK(errno == EACCES);
+    // A program with READ_IMPLIES_EXEC (old 32-bit ones) asks for PROT_EXEC with
+    // every PROT_READ: it gets the area, not executable.
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        alarm(60);
+        if (personality(READ_IMPLIES_EXEC) < 0)
+            _exit(2);
+        const int fd = open(RDMAX_KMOD_DEVICE, O_RDWR | O_CLOEXEC);
+        void* p = fd < 0 ? MAP_FAILED : mmap(nullptr, page, PROT_READ, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+            _exit(3);
+        if (maps_perms(p) != "r--s")
+            _exit(4);
+        if (mprotect(p, page, PROT_READ | PROT_EXEC) == 0 || errno != EACCES)
+            _exit(5);
+        _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
 }
 
 /// A system call through the 32-bit entry (int $0x80) from this 64-bit

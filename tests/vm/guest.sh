@@ -82,13 +82,16 @@ mapped_gid=$(echo "$RDMAX_TEST_ADDR" | awk -F. '{ printf "ffff:%02x%02x:%02x%02x
 has_gid() { cat /sys/class/infiniband/"$RDMAX_TEST_DEVICE"/ports/1/gids/* 2>/dev/null | grep -q "$mapped_gid$"; }
 wait_until has_gid || not_ready "no GID for $RDMAX_TEST_ADDR on $RDMAX_TEST_DEVICE"
 
-# kmod/build leaves the module at build/kmod/KVER/rdmax.ko.
-module=$RDMAX_VM_PROJECT/build/kmod/$(uname -r)/rdmax.ko
+# kmod/build leaves the module at build/kmod/KVER/rdmax.ko; with --test-hooks
+# (the kmod suite's, RDMAX_VM_TEST_HOOKS=1) at build/kmod-test/KVER/rdmax.ko.
+kmod_dir=kmod
+[ "${RDMAX_VM_TEST_HOOKS:-}" != 1 ] || kmod_dir=kmod-test
+module=$RDMAX_VM_PROJECT/build/$kmod_dir/$(uname -r)/rdmax.ko
 if [ -f "$module" ]; then
     step insmod "$module"
-    echo "rdmax-vm: loaded the rdmax module"
+    echo "rdmax-vm: loaded the rdmax module ($kmod_dir)"
 else
-    echo "rdmax-vm: no build/kmod/$(uname -r)/rdmax.ko (kmod/build); the module is not loaded"
+    echo "rdmax-vm: no build/$kmod_dir/$(uname -r)/rdmax.ko (kmod/build); the module is not loaded"
 fi
 
 cd "$RDMAX_VM_PROJECT" || exit 125

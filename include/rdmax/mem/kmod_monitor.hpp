@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <rdmax/mem/fork_policy.hpp>
+
 namespace rdmax {
 
 namespace detail {
@@ -50,15 +52,20 @@ public:
     void unwatch(token t) noexcept;
     /// One acquire load of the range's generation in the status area, through
     /// the token's own pointer (the area stays mapped while the monitor lives),
-    /// and a compare: no base pointer to reload, no branch.
+    /// and a compare: no base pointer to reload, no branch. Not in a forked
+    /// child, where the area is not mapped: the cache checks the fork
+    /// generation before it looks at a token.
     [[nodiscard]] static bool valid(token t) noexcept {
         return __atomic_load_n(t.where, __ATOMIC_ACQUIRE) == t.generation;
     }
     /// Reports the ranges the module saw go away as sink(ctx, start, end).
     void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept;
-    /// True when the module has queued events (one load).
+    /// True when the module has queued events (one load of the status area;
+    /// in a forked child, where the area is not mapped, false without
+    /// reading it).
     [[nodiscard]] bool pending() const noexcept {
-        return __atomic_load_n(pending_, __ATOMIC_ACQUIRE) != 0;
+        return fork_generation_ == fork_generation() &&
+               __atomic_load_n(pending_, __ATOMIC_ACQUIRE) != 0;
     }
 
     /// The file descriptor, for tests and for poll().

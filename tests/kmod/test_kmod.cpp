@@ -1289,7 +1289,18 @@ TEST_CASE("kmod: fork: the child's cache with the kmod monitor is inert and touc
             c->flush();
             held.reset();
             munmap(p, 4 * page); // the child's own unmap: nothing of the parent's
+            // The child's own memory where the parent's status area is (not
+            // mapped here): the inherited cache's end must leave it alone.
+            void* const q = mmap(area, page, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+            if (q != area)
+                _exit(64);
+            static_cast<volatile char*>(q)[0] = 42;
             s.reset();
+            c.reset();
+            unsigned char vec = 0;
+            if (mincore(q, page, &vec) != 0 || static_cast<volatile char*>(q)[0] != 42)
+                bad |= 16; // the monitor unmapped the child's memory
             _exit(bad);
         }
         int status = 0;

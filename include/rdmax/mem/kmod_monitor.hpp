@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <sys/types.h>
 
 #include <rdmax/mem/fork_policy.hpp>
 
@@ -81,6 +82,7 @@ private:
     const unsigned long long* generations_ = nullptr;
     const unsigned long long* pending_ = nullptr;
     std::uint32_t fork_generation_ = 0;
+    dev_t rdev_ = 0; ///< the device fd_ is, for a child's close
 };
 
 } // namespace rdmax

@@ -1,5 +1,6 @@
 // The process's userfaultfd, its reader thread, and the uffd_monitor
 // subscriptions it feeds. See uffd_monitor.hpp for the contract.
+#include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -120,6 +121,10 @@ struct vma_span {
     std::uintptr_t lo = 0;
     std::uintptr_t hi = 0;
     bool cacheable = false;
+    /// The mappings, in order (the first max_pieces; n counts them all).
+    static constexpr std::size_t max_pieces = 32;
+    std::array<std::pair<std::uintptr_t, std::uintptr_t>, max_pieces> pieces{};
+    std::size_t n = 0;
 };
 
 /// Folds one mapping into a span being built over [start, end); false when
@@ -134,6 +139,9 @@ bool fold(vma_span& s, std::uintptr_t& at, std::uintptr_t end, const vma_info& v
     if (s.hi == 0)
         s.lo = v.start;
     s.hi = v.end;
+    if (s.n < vma_span::max_pieces)
+        s.pieces[s.n] = {v.start, v.end};
+    ++s.n;
     at = v.end;
     if (at >= end) {
         s.cacheable = true;
@@ -348,6 +356,8 @@ public:
         std::lock_guard lock(pieces_mutex_);
         if (dead())
             return {}; // fd_ is not the userfaultfd any more
+        if (auto* hook = detail::uffd_test_hooks().before_register)
+            hook();
         uffdio_register reg{};
         reg.range.start = s.lo;
         reg.range.len = s.hi - s.lo;
@@ -360,8 +370,11 @@ public:
         // The mappings may have been replaced between the look and the
         // registration: what is registered now is what counts. (The kernel
         // may have merged them with watched neighbours: a wider span is fine.)
+        // UFFDIO_REGISTER passes over holes, so a mapping unmapped before it
+        // and replaced after it (same bounds) would look the same and not be
+        // registered: ask the kernel whether each mapping now there is.
         const vma_span now = span_of(maps_fd_, start, end);
-        if (!now.cacheable || now.lo > s.lo || now.hi < s.hi) {
+        if (!now.cacheable || now.lo > s.lo || now.hi < s.hi || !all_registered(now)) {
             add(s.lo, s.hi, -1);
             return {};
         }
@@ -387,6 +400,40 @@ private:
         std::uintptr_t end;
         long count;
     };
+
+    /// Whether every mapping of the span is registered with this
+    /// userfaultfd now. Mappings are registered only here, under
+    /// pieces_mutex_, so while it is held a mapping that is registered was
+    /// there, registered, since UFFDIO_REGISTER: then every page the span
+    /// saw was registered when it was seen, and replacing any of them later
+    /// is an unmap that reaches the reader. UFFDIO_WRITEPROTECT (mode 0:
+    /// resolve, a no-op here since nothing is ever protected) answers ENOENT
+    /// for a mapping that is not, and for a hole; it is asked of one page
+    /// of each mapping, or of one aligned 2 MiB block where the mapping
+    /// holds one (so that a transparent huge page is not split). Any doubt
+    /// (a mapping of 1 GiB pages, too many mappings) says no: per use.
+    [[nodiscard]] bool all_registered(const vma_span& s) const noexcept {
+        if (s.n > vma_span::max_pieces)
+            return false;
+        constexpr std::uintptr_t huge = std::uintptr_t{2} << 20;
+        const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+        for (std::size_t i = 0; i < s.n; ++i) {
+            const auto [lo, hi] = s.pieces[i];
+            const std::uintptr_t block = (lo + huge - 1) & ~(huge - 1);
+            uffdio_writeprotect wp{};
+            wp.range.start = block >= lo && block + huge <= hi ? block : lo;
+            wp.range.len = block >= lo && block + huge <= hi ? huge : page;
+            wp.mode = 0;
+            int tries = 0;
+            while (ioctl(fd_, UFFDIO_WRITEPROTECT, &wp) != 0) {
+                // EAGAIN: an event of this userfaultfd is being delivered.
+                if (errno != EAGAIN || ++tries == 1000)
+                    return false;
+                std::this_thread::yield();
+            }
+        }
+        return true;
+    }
 
     bool start(std::string& why) {
         fd_ = open_uffd(why);

@@ -620,6 +620,45 @@ TEST_CASE("uffd: a range across two private anonymous mappings is cached; one wi
     }
 }
 
+namespace {
+std::byte* race_at = nullptr; ///< the second mapping of the race below
+void unmap_race_at() {
+    munmap(race_at, 2 * page);
+}
+void remap_race_at() {
+    mmap(race_at, 2 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+}
+} // namespace
+
+TEST_CASE("uffd: a mapping unmapped before UFFDIO_REGISTER and mapped again after it is not "
+          "cached") {
+    // The first look sees [0, 2) and [2, 4); [2, 4) goes before the
+    // registration (which passes over the hole) and comes back, with the same
+    // bounds and unregistered, before the second look. It used to be cached,
+    // and its next munmap, which no one hears, left the registration stale.
+    mapping m(4);
+    REQUIRE(mprotect(m.at(2), 2 * page, PROT_READ) == 0); // two mappings
+    race_at = m.at(2);
+    cache_t c{counting_registrar{}};
+    detail::uffd_test_hooks().before_register = &unmap_race_at;
+    detail::uffd_test_hooks().after_register = &remap_race_at;
+    c.get<rights::local_read>(m.at(1), 2 * page).reset();
+    detail::uffd_test_hooks().before_register = nullptr;
+    detail::uffd_test_hooks().after_register = nullptr;
+    CHECK(c.counters().registered_count == 0);
+    CHECK(c.counters().uncached == 1);
+    // What it would have served stale: the second mapping replaced in silence.
+    REQUIRE(munmap(m.at(2), 2 * page) == 0);
+    REQUIRE(mmap(m.at(2), 2 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+            m.at(2));
+    const auto regs = c.registrar_ref().regs;
+    c.get<rights::local_read>(m.at(1), 2 * page).reset();
+    CHECK(c.registrar_ref().regs == regs + 1);
+    // Without the race the same request is cached.
+    c.get<rights::local_read>(m.at(1), 2 * page).reset();
+    CHECK(c.counters().registered_count == 1);
+}
+
 // ---- Watching does not change what the application's mremap does (issue 23, item 8).
 
 TEST_CASE("uffd: a fixed mremap of a mapping part of which is cached moves it whole, as without "

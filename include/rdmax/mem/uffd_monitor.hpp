@@ -76,6 +76,8 @@ template <class Word>
 struct uffd_hooks {
     /// Replaces poll() in the reader thread.
     int (*poll)(pollfd* fds, unsigned long n, int timeout) = nullptr;
+    /// Runs in watch() between the first look at the mappings and UFFDIO_REGISTER.
+    void (*before_register)() = nullptr;
     /// Runs in watch() between UFFDIO_REGISTER and counting the range watched.
     void (*after_register)() = nullptr;
     /// Reads /proc/self/maps as text even where PROCMAP_QUERY exists.
@@ -106,7 +108,12 @@ public:
     /// Registers the mappings that [start, start + len) lies in, whole, with
     /// the userfaultfd; the token holds their span. A range it cannot watch
     /// (or whose memory can change behind its back: see above) gives a token
-    /// for which valid() is false.
+    /// for which valid() is false. UFFDIO_REGISTER passes over holes, so
+    /// after it watch() looks at the mappings again and asks the kernel
+    /// (UFFDIO_WRITEPROTECT of one page or aligned 2 MiB of each, a no-op)
+    /// whether each is registered: one unmapped before the registration and
+    /// mapped again after it is not, and is never cached. Doubt (more than 32
+    /// mappings, 1 GiB hugetlb pages) also says not valid: per use.
     [[nodiscard]] token watch(std::uintptr_t start, std::size_t len);
     void unwatch(token t) noexcept;
     [[nodiscard]] bool valid(token t) const noexcept { return t.end != 0; }

@@ -55,6 +55,15 @@ struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
     [[nodiscard]] bool ours() const noexcept { return fork_generation == rdmax::fork_generation(); }
 };
 
+bool detail::uffd_sees_everything(bool shared, unsigned long inode,
+                                  std::string_view name) noexcept {
+    if (shared)
+        return false;
+    // Private hugetlb memory (MAP_HUGETLB) is named "/anon_hugepage" by the
+    // kernel, "(deleted)" after it; a file whose path merely starts so is a file.
+    return inode == 0 || name == "/anon_hugepage" || name == "/anon_hugepage (deleted)";
+}
+
 detail::uffd_hooks& detail::uffd_test_hooks() noexcept {
     static uffd_hooks hooks;
     return hooks;
@@ -110,9 +119,7 @@ struct vma_info {
 /// private anonymous memory (no file behind it that another mapping, another
 /// process or ftruncate could change), and private anonymous hugetlb.
 bool sees_everything(const vma_info& v) noexcept {
-    if (v.shared)
-        return false;
-    return v.inode == 0 || v.name.starts_with("/anon_hugepage");
+    return detail::uffd_sees_everything(v.shared, v.inode, v.name);
 }
 
 /// The mappings [start, end) lies in: [lo, hi), their union, when they cover

@@ -659,6 +659,19 @@ TEST_CASE("uffd: a mapping unmapped before UFFDIO_REGISTER and mapped again afte
     CHECK(c.counters().registered_count == 1);
 }
 
+TEST_CASE("uffd: only anonymous memory and the kernel's own /anon_hugepage count as seen in "
+          "full; a file named like it does not") {
+    CHECK(detail::uffd_sees_everything(false, 0, ""));
+    CHECK(detail::uffd_sees_everything(false, 0, "[heap]"));
+    CHECK(detail::uffd_sees_everything(false, 123, "/anon_hugepage"));
+    CHECK(detail::uffd_sees_everything(false, 123, "/anon_hugepage (deleted)"));
+    CHECK_FALSE(detail::uffd_sees_everything(true, 0, ""));
+    CHECK_FALSE(detail::uffd_sees_everything(true, 123, "/anon_hugepage"));
+    CHECK_FALSE(detail::uffd_sees_everything(false, 123, "/anon_hugepage_files/data"));
+    CHECK_FALSE(detail::uffd_sees_everything(false, 123, "/anon_hugepages.db"));
+    CHECK_FALSE(detail::uffd_sees_everything(false, 123, "/anon_hugepage (deleted)x"));
+}
+
 // ---- Watching does not change what the application's mremap does (issue 23, item 8).
 
 TEST_CASE("uffd: a fixed mremap of a mapping part of which is cached moves it whole, as without "

@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 struct pollfd;
 
@@ -84,6 +85,12 @@ struct uffd_hooks {
     bool no_procmap_query = false;
 };
 [[nodiscard]] uffd_hooks& uffd_test_hooks() noexcept;
+
+/// Whether userfaultfd sees everything that can take a mapping's pages away,
+/// from /proc/self/maps's fields: private anonymous memory, and private
+/// hugetlb memory (named exactly "/anon_hugepage", or "/anon_hugepage (deleted)").
+[[nodiscard]] bool uffd_sees_everything(bool shared, unsigned long inode,
+                                        std::string_view name) noexcept;
 
 } // namespace detail
 

@@ -20,6 +20,14 @@
 // `uncached`). The kernel module (kmod_monitor) watches all of it. Nothing is
 // reported for page migration or swap, which pinned pages do not undergo.
 //
+// What it misses even in private anonymous memory (the module sees all of it,
+// and auto_monitor prefers the module): MADV_GUARD_INSTALL (Linux 6.13+,
+// allowed on registered VMAs; glibc 2.41 thread stacks) zaps pages with no
+// event, and shmat(SHM_REMAP) maps over a range with no UNMAP event. And
+// MADV_DONTNEED / MADV_FREE deliver REMOVE before the zap (userfaultfd_remove
+// waits for the reader, then madvise zaps): a miss that pins those very pages
+// in that window registers the old pages, and the registration stays cached.
+//
 // What it changes for the application. Registering part of a mapping with
 // userfaultfd splits its VMA, and a later mremap that moves a range spanning
 // a registered VMA and an unregistered one fails (EFAULT; from Linux 6.17 on
@@ -31,7 +39,11 @@
 // at the first watched VMA that is not the first; the kernel module changes
 // nothing, and auto_monitor prefers it.
 //
-// munmap() (or MADV_DONTNEED) anywhere in a watched mapping blocks until the
+// In a watched mapping the kernel allocates no mTHP (sub-PMD huge pages,
+// 6.8+: userfaultfd_armed) at fault, and khugepaged collapses no 2 MiB range
+// with an unpopulated page.
+//
+// munmap() (or MADV_DONTNEED, MADV_FREE) anywhere in a watched mapping blocks until the
 // reader thread has read the event, so that thread never takes a lock that a thread calling munmap
 // could hold: it takes only the monitors' queue locks, which are never held around anything that
 // can unmap memory. If the reader fails for good (poll fails with something other than EINTR,

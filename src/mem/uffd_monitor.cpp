@@ -3,6 +3,7 @@
 #include <array>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fcntl.h>
@@ -335,7 +336,7 @@ public:
     }
     [[nodiscard]] std::string failure() const {
         std::lock_guard lock(failure_mutex_);
-        return failure_;
+        return failure_text_;
     }
 
     void subscribe(uffd_monitor::subscription& sub) {
@@ -496,12 +497,18 @@ private:
                     nanosleep(&ms, nullptr);
                     continue;
                 }
-                die(fmt::format("poll: {}", std::strerror(e)));
+                die("poll", e, true);
                 return;
             }
             failures = 0;
             if ((fds[1].revents & POLLIN) != 0)
                 return;
+            if ((fds[0].revents & POLLNVAL) != 0) {
+                // The application closed our descriptor: the number is not
+                // ours any more (it may be reused already).
+                die("poll: the userfaultfd descriptor was closed (POLLNVAL)", EBADF, false);
+                return;
+            }
             // Set before read(): the munmap that produced the event returns
             // once read() took it, and from then on pending() must say so
             // until the range is in every queue (deliver() sets the queue's
@@ -513,10 +520,15 @@ private:
                 if (n < 0 && errno == EINTR)
                     continue;
                 if (n < 0 && errno != EAGAIN) {
-                    die(fmt::format("read: {}", std::strerror(errno)));
+                    const int e = errno;
+                    die("read", e, e != EBADF);
                     return;
                 }
-                if (n <= 0)
+                if (n == 0) { // a userfaultfd never says end of file: the number was reused
+                    die("read: the descriptor is not the userfaultfd any more", EBADF, false);
+                    return;
+                }
+                if (n < 0)
                     break;
                 for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(uffd_msg); ++i)
                     deliver(msgs[i]);
@@ -525,28 +537,38 @@ private:
         }
     }
 
-    /// The reader cannot go on: say so once, mark every monitor's pending()
-    /// true for good (their drain() then reports everything), and release the
-    /// userfaultfd so that no munmap waits for an event nobody reads (the
-    /// kernel wakes them when the file is released). fd_ becomes a copy of
-    /// the eventfd in one step, so a racing ioctl on fd_ fails harmlessly
-    /// instead of reaching whatever file a closed number would be reused for.
-    void die(const std::string& why) noexcept {
-        try {
-            std::lock_guard lock(failure_mutex_);
-            failure_ = why;
-        } catch (...) {
+    /// The reader cannot go on: mark every monitor's pending() true for good
+    /// (their drain() then reports everything), release the userfaultfd so
+    /// that no munmap waits for an event nobody reads (the kernel wakes them
+    /// when the file is released), and say so once. fd_ becomes a copy of the
+    /// eventfd in one step, so a racing ioctl on fd_ fails harmlessly instead
+    /// of reaching whatever file a closed number would be reused for; when
+    /// the number is not ours any more (`ours` false: the application closed
+    /// it, and may have reused it), it is left alone. Nothing here allocates
+    /// or takes a lock before the release: an application thread may hold
+    /// malloc's lock, or ours, while its munmap waits for this thread.
+    void die(const char* what, int err, bool ours) noexcept {
+        reading_.store(dead_bit, std::memory_order_seq_cst); // before any munmap is let go
+        if (ours) {
+            while (dup3(stop_fd_, fd_, O_CLOEXEC) < 0 && errno == EBUSY) {
+            }
         }
-        reading_.store(dead_bit, std::memory_order_seq_cst);
+        char why[sizeof failure_text_];
+        const char* desc = strerrordesc_np(err); // no locale, no allocation
+        std::snprintf(why, sizeof why, "%s: %s", what, desc != nullptr ? desc : "unknown error");
+        {
+            std::lock_guard lock(failure_mutex_);
+            std::memcpy(failure_text_, why, sizeof why);
+        }
+        char line[sizeof why + 200];
+        std::snprintf(line, sizeof line,
+                      "the userfaultfd reader failed (%s): registration caches on userfaultfd "
+                      "drop what they hold and register per use from now on",
+                      why);
         static std::once_flag said;
         try {
-            notice_once(said, fmt::format("the userfaultfd reader failed ({}): registration "
-                                          "caches on userfaultfd drop what they hold and "
-                                          "register per use from now on",
-                                          why));
+            notice_once(said, line);
         } catch (...) {
-        }
-        while (dup3(stop_fd_, fd_, O_CLOEXEC) < 0 && errno == EBUSY) {
         }
     }
 
@@ -593,7 +615,8 @@ private:
             at = it->second.end;
             if (it->second.count <= 0) {
                 uffdio_range r{it->first, it->second.end - it->first};
-                ioctl(fd_, UFFDIO_UNREGISTER, &r); // unmapped already: nothing to undo
+                if (!dead()) // else fd_ may be a number the application reused
+                    ioctl(fd_, UFFDIO_UNREGISTER, &r); // unmapped already: nothing to undo
                 it = pieces_.erase(it);
             } else {
                 ++it;
@@ -620,7 +643,7 @@ private:
     std::atomic<std::uint32_t> reading_{0};
     std::atomic<std::uint64_t> retries_{0};
     mutable std::mutex failure_mutex_;
-    std::string failure_;
+    char failure_text_[128] = {}; ///< why the reader died (empty while it works)
     std::mutex subs_mutex_;
     boost::intrusive::list<uffd_monitor::subscription> subs_;
     std::mutex pieces_mutex_;

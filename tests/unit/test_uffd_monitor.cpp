@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <string>
+#include <string_view>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <thread>
@@ -415,10 +416,21 @@ std::atomic<int> poll_failures_left{0};
 std::atomic<bool> poll_fail_now{false};
 std::atomic<int> poll_errno{ENOMEM};
 
+/// Set: the next poll closes the userfaultfd's number and reports POLLNVAL,
+/// as when the application closes a descriptor it does not own.
+std::atomic<bool> poll_close_fd{false};
+
 int failing_poll(pollfd* fds, unsigned long n, int timeout) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!poll_fail_now.load() && std::chrono::steady_clock::now() < deadline)
         std::this_thread::yield();
+    if (poll_close_fd.exchange(false)) {
+        close(fds[0].fd);
+        fds[0].revents = POLLNVAL;
+        for (unsigned long i = 1; i < n; ++i)
+            fds[i].revents = 0;
+        return 1;
+    }
     if (poll_failures_left.load() > 0) {
         --poll_failures_left;
         errno = poll_errno.load();
@@ -525,6 +537,46 @@ TEST_CASE("uffd child: a poll error the reader cannot go on after", "[.child]") 
     CHECK(c.counters().registered_count == 0);
     CHECK(c.registrar_ref().live == 0);
     CHECK(c.monitor_ref().pending());
+}
+
+/// The number of this process's userfaultfd descriptor, or -1.
+int uffd_number() {
+    for (int fd = 0; fd < 1024; ++fd) {
+        char path[64], target[128] = {};
+        std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        const ssize_t n = readlink(path, target, sizeof target - 1);
+        if (n > 0 &&
+            std::string_view(target, static_cast<std::size_t>(n)) == "anon_inode:[userfaultfd]")
+            return fd;
+    }
+    return -1;
+}
+
+TEST_CASE("uffd child: a closed descriptor", "[.child]") {
+    REQUIRE(detail::uffd_test_hooks().poll == &failing_poll);
+    mapping m(4);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(m.at(0), page).reset();
+    const int number = uffd_number();
+    REQUIRE(number >= 0);
+    poll_close_fd = true; // the application closes the number under the reader
+    poll_fail_now = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (c.monitor_ref().failed().empty() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+    CHECK(c.monitor_ref().failed().find("POLLNVAL") != std::string::npos);
+    // The reader did not take the number back (it used to dup3 its eventfd
+    // there, over whatever the application had opened since).
+    CHECK(fcntl(number, F_GETFD) == -1);
+    CHECK(c.monitor_ref().pending());
+    REQUIRE(munmap(m.at(0), page) == 0);
+    c.get<lw>(m.at(2), page).reset();
+    c.get<lw>(m.at(2), page).reset();
+    CHECK(c.counters().uncached == 2);
+}
+
+TEST_CASE("uffd: a reader whose descriptor the application closed does not take its number back") {
+    CHECK(in_child("uffd child: a closed descriptor", std::chrono::seconds(20)) == 0);
 }
 
 TEST_CASE("uffd: the reader retries poll's ENOMEM; munmaps go on being seen") {

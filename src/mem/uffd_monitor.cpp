@@ -314,9 +314,25 @@ public:
     /// The service of this process, created on first use; nullptr (and why)
     /// when userfaultfd is unavailable. A forked child gets a service of its own.
     static uffd_service* get(std::string& why) {
-        static std::mutex m;
+        // One mutex per process: in a forked child the parent's may have
+        // been held at fork by a thread that is not there, so a child takes
+        // a fresh one (the parent's is left, as the parent's service is).
+        struct guard {
+            std::uint32_t generation;
+            std::mutex m;
+        };
+        static std::atomic<guard*> current{nullptr};
+        guard* g = current.load(std::memory_order_acquire);
+        while (g == nullptr || g->generation != fork_generation()) {
+            auto* fresh = new guard{fork_generation(), {}};
+            if (current.compare_exchange_strong(g, fresh, std::memory_order_acq_rel)) {
+                g = fresh;
+                break;
+            }
+            delete fresh; // another thread of this process won: g is its guard
+        }
         static uffd_service* s = nullptr;
-        std::lock_guard lock(m);
+        std::lock_guard lock(g->m);
         if (s != nullptr && s->fork_generation_ != fork_generation())
             s = nullptr; // the parent's: its fd refers to the parent's memory, leave it be
         if (s == nullptr) {
@@ -747,15 +763,15 @@ std::uint64_t uffd_monitor::events() const noexcept {
 }
 
 std::uint64_t uffd_monitor::overflow_merges() const noexcept {
-    if (!sub_)
-        return 0;
+    if (!sub_ || !sub_->ours())
+        return 0; // in a child, the reader may have held the mutex at fork
     std::lock_guard lock(sub_->mutex);
     return sub_->queue.overflow_merges();
 }
 
 std::size_t uffd_monitor::queued() const noexcept {
-    if (!sub_)
-        return 0;
+    if (!sub_ || !sub_->ours())
+        return 0; // in a child, the reader may have held the mutex at fork
     std::lock_guard lock(sub_->mutex);
     return sub_->queue.size();
 }

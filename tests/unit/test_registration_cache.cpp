@@ -519,6 +519,26 @@ TEST_CASE("fork: a child whose parent held the cache's mutex at fork does not ha
     CHECK(c->registrar_ref().live == 0);
 }
 
+TEST_CASE("a refused registration looks its mappings up when the message is read, not when "
+          "thrown") {
+    // Registrars throw under the cache's mutex, and the cache drops some
+    // refusals (a merged union it then registers alone): reading
+    // /proc/self/maps and statfs there (a hung NFS path) was wasted, and held
+    // the mutex. The message now describes the mappings when it is read.
+    void* p = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    try {
+        throw_registration_error("ibv_reg_mr", EFAULT, p, page, lw);
+    } catch (const rdmax::error& e) {
+        CHECK(e.code().value() == EFAULT);
+        CHECK(e.verb() == "ibv_reg_mr");
+        REQUIRE(munmap(p, page) == 0); // after the throw
+        CHECK_THAT(e.what(), Catch::Matchers::Contains(fmt::format("{} bytes at {}", page, p)));
+        CHECK_THAT(e.what(), Catch::Matchers::Contains("part of the range is not mapped"));
+        CHECK(std::string(e.what()) == e.what()); // the same text each time
+    }
+}
+
 TEST_CASE("a refused registration says which mapping and what to do instead") {
     // ibv_reg_mr of a MAP_SHARED mapping of a file on a disk file system
     // fails with EFAULT on recent kernels (issue 23, item 9); the error said

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <utility>
 
@@ -41,6 +42,8 @@ kmod_monitor::kmod_monitor()
         throw_error("open", errno,
                     errno == ENOSPC ? RDMAX_KMOD_DEVICE " (this user's module budget is spent)"
                                     : RDMAX_KMOD_DEVICE " (load kmod/rdmax.ko)");
+    if (struct stat st{}; fstat(fd_, &st) == 0)
+        rdev_ = st.st_rdev;
     rdmax_query q{};
     if (ioctl(fd_, RDMAX_IOC_QUERY, &q) != 0) {
         const int e = errno;
@@ -73,7 +76,8 @@ kmod_monitor::kmod_monitor(kmod_monitor&& o) noexcept
     , map_bytes_(std::exchange(o.map_bytes_, 0))
     , generations_(std::exchange(o.generations_, nullptr))
     , pending_(std::exchange(o.pending_, nullptr))
-    , fork_generation_(o.fork_generation_) {}
+    , fork_generation_(o.fork_generation_)
+    , rdev_(o.rdev_) {}
 
 kmod_monitor& kmod_monitor::operator=(kmod_monitor&& o) noexcept {
     if (this != &o) {
@@ -84,6 +88,7 @@ kmod_monitor& kmod_monitor::operator=(kmod_monitor&& o) noexcept {
         generations_ = std::exchange(o.generations_, nullptr);
         pending_ = std::exchange(o.pending_, nullptr);
         fork_generation_ = o.fork_generation_;
+        rdev_ = o.rdev_;
     }
     return *this;
 }
@@ -93,6 +98,19 @@ kmod_monitor::~kmod_monitor() {
 }
 
 void kmod_monitor::close_all() noexcept {
+    if (fork_generation() != fork_generation_) {
+        // A forked child: the status area was never mapped here
+        // (VM_DONTCOPY), so whatever the child has at map_ now is its own
+        // and stays. The descriptor is the child's copy, closed so that the
+        // parent's watches end with the parent's file -- unless the child
+        // closed it and the number is now something else.
+        struct stat st {};
+        if (fd_ >= 0 && fstat(fd_, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == rdev_)
+            close(fd_);
+        map_ = nullptr;
+        fd_ = -1;
+        return;
+    }
     if (map_ != nullptr)
         munmap(const_cast<void*>(map_), map_bytes_);
     if (fd_ >= 0)

@@ -2,6 +2,8 @@
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <sys/vfs.h>
 
@@ -123,10 +125,55 @@ std::string registration_failure_detail(int err, const void* addr, std::size_t l
     return d;
 }
 
+namespace {
+
+/// A refused registration whose explanation (from /proc/self/maps and
+/// statfs, which can block on a hung network file system) is looked up when
+/// what() is first read, not when it is thrown: registrars throw under the
+/// cache's mutex, and the cache swallows some refusals (a merged union it
+/// then registers alone, per use) whose message no one reads.
+class registration_refused final : public error {
+public:
+    registration_refused(std::string_view verb, int err, const void* addr, std::size_t len,
+                         rights granted)
+        : error(verb, err, fmt::format("{} bytes at {}", len, addr))
+        , lazy_(std::make_shared<lazy>(addr, len, granted)) {}
+
+    [[nodiscard]] const char* what() const noexcept override {
+        std::call_once(lazy_->once, [this] {
+            try {
+                lazy_->text = error(verb(), code().value(),
+                                    registration_failure_detail(code().value(), lazy_->addr,
+                                                                lazy_->len, lazy_->granted))
+                                  .what();
+            } catch (...) { // out of memory: the short message
+            }
+        });
+        return lazy_->text.empty() ? error::what() : lazy_->text.c_str();
+    }
+
+private:
+    struct lazy {
+        lazy(const void* a, std::size_t n, rights g) noexcept
+            : addr(a)
+            , len(n)
+            , granted(g) {}
+        const void* addr;
+        std::size_t len;
+        rights granted;
+        std::once_flag once;
+        std::string text;
+    };
+    std::shared_ptr<lazy> lazy_; ///< shared by the copies the exception is thrown as
+};
+
+} // namespace
+
 void throw_registration_error(std::string_view verb, int err, const void* addr, std::size_t len,
                               rights granted) {
-    // errno first: reading /proc/self/maps must not change what is reported.
-    throw_error(verb, err, registration_failure_detail(err, addr, len, granted));
+    if (err != EFAULT) // nothing to look up
+        throw_error(verb, err, registration_failure_detail(err, addr, len, granted));
+    throw registration_refused(verb, err, addr, len, granted);
 }
 
 } // namespace rdmax

@@ -1,7 +1,9 @@
 // The process's userfaultfd, its reader thread, and the uffd_monitor
 // subscriptions it feeds. See uffd_monitor.hpp for the contract.
+#include <array>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fcntl.h>
@@ -53,6 +55,15 @@ struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
     /// False in a forked child: the service is the parent's.
     [[nodiscard]] bool ours() const noexcept { return fork_generation == rdmax::fork_generation(); }
 };
+
+bool detail::uffd_sees_everything(bool shared, unsigned long inode,
+                                  std::string_view name) noexcept {
+    if (shared)
+        return false;
+    // Private hugetlb memory (MAP_HUGETLB) is named "/anon_hugepage" by the
+    // kernel, "(deleted)" after it; a file whose path merely starts so is a file.
+    return inode == 0 || name == "/anon_hugepage" || name == "/anon_hugepage (deleted)";
+}
 
 detail::uffd_hooks& detail::uffd_test_hooks() noexcept {
     static uffd_hooks hooks;
@@ -109,9 +120,7 @@ struct vma_info {
 /// private anonymous memory (no file behind it that another mapping, another
 /// process or ftruncate could change), and private anonymous hugetlb.
 bool sees_everything(const vma_info& v) noexcept {
-    if (v.shared)
-        return false;
-    return v.inode == 0 || v.name.starts_with("/anon_hugepage");
+    return detail::uffd_sees_everything(v.shared, v.inode, v.name);
 }
 
 /// The mappings [start, end) lies in: [lo, hi), their union, when they cover
@@ -120,6 +129,10 @@ struct vma_span {
     std::uintptr_t lo = 0;
     std::uintptr_t hi = 0;
     bool cacheable = false;
+    /// The mappings, in order (the first max_pieces; n counts them all).
+    static constexpr std::size_t max_pieces = 32;
+    std::array<std::pair<std::uintptr_t, std::uintptr_t>, max_pieces> pieces{};
+    std::size_t n = 0;
 };
 
 /// Folds one mapping into a span being built over [start, end); false when
@@ -134,6 +147,9 @@ bool fold(vma_span& s, std::uintptr_t& at, std::uintptr_t end, const vma_info& v
     if (s.hi == 0)
         s.lo = v.start;
     s.hi = v.end;
+    if (s.n < vma_span::max_pieces)
+        s.pieces[s.n] = {v.start, v.end};
+    ++s.n;
     at = v.end;
     if (at >= end) {
         s.cacheable = true;
@@ -298,9 +314,25 @@ public:
     /// The service of this process, created on first use; nullptr (and why)
     /// when userfaultfd is unavailable. A forked child gets a service of its own.
     static uffd_service* get(std::string& why) {
-        static std::mutex m;
+        // One mutex per process: in a forked child the parent's may have
+        // been held at fork by a thread that is not there, so a child takes
+        // a fresh one (the parent's is left, as the parent's service is).
+        struct guard {
+            std::uint32_t generation;
+            std::mutex m;
+        };
+        static std::atomic<guard*> current{nullptr};
+        guard* g = current.load(std::memory_order_acquire);
+        while (g == nullptr || g->generation != fork_generation()) {
+            auto* fresh = new guard{fork_generation(), {}};
+            if (current.compare_exchange_strong(g, fresh, std::memory_order_acq_rel)) {
+                g = fresh;
+                break;
+            }
+            delete fresh; // another thread of this process won: g is its guard
+        }
         static uffd_service* s = nullptr;
-        std::lock_guard lock(m);
+        std::lock_guard lock(g->m);
         if (s != nullptr && s->fork_generation_ != fork_generation())
             s = nullptr; // the parent's: its fd refers to the parent's memory, leave it be
         if (s == nullptr) {
@@ -320,7 +352,7 @@ public:
     }
     [[nodiscard]] std::string failure() const {
         std::lock_guard lock(failure_mutex_);
-        return failure_;
+        return failure_text_;
     }
 
     void subscribe(uffd_monitor::subscription& sub) {
@@ -348,6 +380,8 @@ public:
         std::lock_guard lock(pieces_mutex_);
         if (dead())
             return {}; // fd_ is not the userfaultfd any more
+        if (auto* hook = detail::uffd_test_hooks().before_register)
+            hook();
         uffdio_register reg{};
         reg.range.start = s.lo;
         reg.range.len = s.hi - s.lo;
@@ -360,8 +394,11 @@ public:
         // The mappings may have been replaced between the look and the
         // registration: what is registered now is what counts. (The kernel
         // may have merged them with watched neighbours: a wider span is fine.)
+        // UFFDIO_REGISTER passes over holes, so a mapping unmapped before it
+        // and replaced after it (same bounds) would look the same and not be
+        // registered: ask the kernel whether each mapping now there is.
         const vma_span now = span_of(maps_fd_, start, end);
-        if (!now.cacheable || now.lo > s.lo || now.hi < s.hi) {
+        if (!now.cacheable || now.lo > s.lo || now.hi < s.hi || !all_registered(now)) {
             add(s.lo, s.hi, -1);
             return {};
         }
@@ -387,6 +424,40 @@ private:
         std::uintptr_t end;
         long count;
     };
+
+    /// Whether every mapping of the span is registered with this
+    /// userfaultfd now. Mappings are registered only here, under
+    /// pieces_mutex_, so while it is held a mapping that is registered was
+    /// there, registered, since UFFDIO_REGISTER: then every page the span
+    /// saw was registered when it was seen, and replacing any of them later
+    /// is an unmap that reaches the reader. UFFDIO_WRITEPROTECT (mode 0:
+    /// resolve, a no-op here since nothing is ever protected) answers ENOENT
+    /// for a mapping that is not, and for a hole; it is asked of one page
+    /// of each mapping, or of one aligned 2 MiB block where the mapping
+    /// holds one (so that a transparent huge page is not split). Any doubt
+    /// (a mapping of 1 GiB pages, too many mappings) says no: per use.
+    [[nodiscard]] bool all_registered(const vma_span& s) const noexcept {
+        if (s.n > vma_span::max_pieces)
+            return false;
+        constexpr std::uintptr_t huge = std::uintptr_t{2} << 20;
+        const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+        for (std::size_t i = 0; i < s.n; ++i) {
+            const auto [lo, hi] = s.pieces[i];
+            const std::uintptr_t block = (lo + huge - 1) & ~(huge - 1);
+            uffdio_writeprotect wp{};
+            wp.range.start = block >= lo && block + huge <= hi ? block : lo;
+            wp.range.len = block >= lo && block + huge <= hi ? huge : page;
+            wp.mode = 0;
+            int tries = 0;
+            while (ioctl(fd_, UFFDIO_WRITEPROTECT, &wp) != 0) {
+                // EAGAIN: an event of this userfaultfd is being delivered.
+                if (errno != EAGAIN || ++tries == 1000)
+                    return false;
+                std::this_thread::yield();
+            }
+        }
+        return true;
+    }
 
     bool start(std::string& why) {
         fd_ = open_uffd(why);
@@ -442,12 +513,18 @@ private:
                     nanosleep(&ms, nullptr);
                     continue;
                 }
-                die(fmt::format("poll: {}", std::strerror(e)));
+                die("poll", e, true);
                 return;
             }
             failures = 0;
             if ((fds[1].revents & POLLIN) != 0)
                 return;
+            if ((fds[0].revents & POLLNVAL) != 0) {
+                // The application closed our descriptor: the number is not
+                // ours any more (it may be reused already).
+                die("poll: the userfaultfd descriptor was closed (POLLNVAL)", EBADF, false);
+                return;
+            }
             // Set before read(): the munmap that produced the event returns
             // once read() took it, and from then on pending() must say so
             // until the range is in every queue (deliver() sets the queue's
@@ -459,10 +536,15 @@ private:
                 if (n < 0 && errno == EINTR)
                     continue;
                 if (n < 0 && errno != EAGAIN) {
-                    die(fmt::format("read: {}", std::strerror(errno)));
+                    const int e = errno;
+                    die("read", e, e != EBADF);
                     return;
                 }
-                if (n <= 0)
+                if (n == 0) { // a userfaultfd never says end of file: the number was reused
+                    die("read: the descriptor is not the userfaultfd any more", EBADF, false);
+                    return;
+                }
+                if (n < 0)
                     break;
                 for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(uffd_msg); ++i)
                     deliver(msgs[i]);
@@ -471,28 +553,38 @@ private:
         }
     }
 
-    /// The reader cannot go on: say so once, mark every monitor's pending()
-    /// true for good (their drain() then reports everything), and release the
-    /// userfaultfd so that no munmap waits for an event nobody reads (the
-    /// kernel wakes them when the file is released). fd_ becomes a copy of
-    /// the eventfd in one step, so a racing ioctl on fd_ fails harmlessly
-    /// instead of reaching whatever file a closed number would be reused for.
-    void die(const std::string& why) noexcept {
-        try {
-            std::lock_guard lock(failure_mutex_);
-            failure_ = why;
-        } catch (...) {
+    /// The reader cannot go on: mark every monitor's pending() true for good
+    /// (their drain() then reports everything), release the userfaultfd so
+    /// that no munmap waits for an event nobody reads (the kernel wakes them
+    /// when the file is released), and say so once. fd_ becomes a copy of the
+    /// eventfd in one step, so a racing ioctl on fd_ fails harmlessly instead
+    /// of reaching whatever file a closed number would be reused for; when
+    /// the number is not ours any more (`ours` false: the application closed
+    /// it, and may have reused it), it is left alone. Nothing here allocates
+    /// or takes a lock before the release: an application thread may hold
+    /// malloc's lock, or ours, while its munmap waits for this thread.
+    void die(const char* what, int err, bool ours) noexcept {
+        reading_.store(dead_bit, std::memory_order_seq_cst); // before any munmap is let go
+        if (ours) {
+            while (dup3(stop_fd_, fd_, O_CLOEXEC) < 0 && errno == EBUSY) {
+            }
         }
-        reading_.store(dead_bit, std::memory_order_seq_cst);
+        char why[sizeof failure_text_];
+        const char* desc = strerrordesc_np(err); // no locale, no allocation
+        std::snprintf(why, sizeof why, "%s: %s", what, desc != nullptr ? desc : "unknown error");
+        {
+            std::lock_guard lock(failure_mutex_);
+            std::memcpy(failure_text_, why, sizeof why);
+        }
+        char line[sizeof why + 200];
+        std::snprintf(line, sizeof line,
+                      "the userfaultfd reader failed (%s): registration caches on userfaultfd "
+                      "drop what they hold and register per use from now on",
+                      why);
         static std::once_flag said;
         try {
-            notice_once(said, fmt::format("the userfaultfd reader failed ({}): registration "
-                                          "caches on userfaultfd drop what they hold and "
-                                          "register per use from now on",
-                                          why));
+            notice_once(said, line);
         } catch (...) {
-        }
-        while (dup3(stop_fd_, fd_, O_CLOEXEC) < 0 && errno == EBUSY) {
         }
     }
 
@@ -539,7 +631,8 @@ private:
             at = it->second.end;
             if (it->second.count <= 0) {
                 uffdio_range r{it->first, it->second.end - it->first};
-                ioctl(fd_, UFFDIO_UNREGISTER, &r); // unmapped already: nothing to undo
+                if (!dead()) // else fd_ may be a number the application reused
+                    ioctl(fd_, UFFDIO_UNREGISTER, &r); // unmapped already: nothing to undo
                 it = pieces_.erase(it);
             } else {
                 ++it;
@@ -566,7 +659,7 @@ private:
     std::atomic<std::uint32_t> reading_{0};
     std::atomic<std::uint64_t> retries_{0};
     mutable std::mutex failure_mutex_;
-    std::string failure_;
+    char failure_text_[128] = {}; ///< why the reader died (empty while it works)
     std::mutex subs_mutex_;
     boost::intrusive::list<uffd_monitor::subscription> subs_;
     std::mutex pieces_mutex_;
@@ -670,15 +763,15 @@ std::uint64_t uffd_monitor::events() const noexcept {
 }
 
 std::uint64_t uffd_monitor::overflow_merges() const noexcept {
-    if (!sub_)
-        return 0;
+    if (!sub_ || !sub_->ours())
+        return 0; // in a child, the reader may have held the mutex at fork
     std::lock_guard lock(sub_->mutex);
     return sub_->queue.overflow_merges();
 }
 
 std::size_t uffd_monitor::queued() const noexcept {
-    if (!sub_)
-        return 0;
+    if (!sub_ || !sub_->ours())
+        return 0; // in a child, the reader may have held the mutex at fork
     std::lock_guard lock(sub_->mutex);
     return sub_->queue.size();
 }

@@ -1386,13 +1386,29 @@ TEST_CASE("kmod: a forked child has no view of the parent's status area") {
     munmap(p, page);
 }
 
+/// Where this process maps /dev/rdmax (the first such mapping), or nullptr.
+void* rdmax_status_address() {
+    std::ifstream in("/proc/self/maps");
+    for (std::string line; std::getline(in, line);)
+        if (line.find(RDMAX_KMOD_DEVICE) != std::string::npos)
+            return reinterpret_cast<void*>(
+                std::stoull(line.substr(0, line.find('-')), nullptr, 16));
+    return nullptr;
+}
+
 TEST_CASE("kmod: fork: the child's cache with the kmod monitor is inert and touches no status") {
     using cache_t = rdmax::registration_cache<rdmax::counting_registrar, rdmax::kmod_monitor>;
     std::byte* p = map(4);
     {
-        cache_t c{rdmax::counting_registrar{}};
-        c.get<rdmax::rights::local_write>(p, 2 * page).reset();
-        auto held = c.get<rdmax::rights::local_write>(p + 2 * page, page);
+        std::optional<cache_t> c;
+        c.emplace(rdmax::counting_registrar{});
+        c->get<rdmax::rights::local_write>(p, 2 * page).reset();
+        auto held = c->get<rdmax::rights::local_write>(p + 2 * page, page);
+        std::optional<cache_t::session> s;
+        s.emplace(*c);
+        s->get<rdmax::rights::local_write>(p, page).reset(); // a slot holds it
+        void* const area = rdmax_status_address();
+        REQUIRE(area != nullptr);
         std::fflush(nullptr);
         const pid_t pid = fork();
         REQUIRE(pid >= 0);
@@ -1400,29 +1416,58 @@ TEST_CASE("kmod: fork: the child's cache with the kmod monitor is inert and touc
             alarm(10);
             int bad = 0;
             try {
-                c.get<rdmax::rights::local_write>(p, page).reset();
+                c->get<rdmax::rights::local_write>(p, page).reset();
                 bad |= 1;
             } catch (const rdmax::error& e) {
                 bad |= e.code().value() == EPERM ? 0 : 2;
             }
-            c.invalidate(p, page);
-            c.flush();
+            // The session made before fork, and one made in the child: they
+            // throw as the cache does, before any look at the status area.
+            try {
+                s->get<rdmax::rights::local_write>(p, page).reset();
+                bad |= 4;
+            } catch (const rdmax::error& e) {
+                bad |= e.code().value() == EPERM ? 0 : 8;
+            }
+            try {
+                cache_t::session mine(*c);
+                mine.get<rdmax::rights::local_write>(p + page, page).reset();
+                bad |= 4;
+            } catch (const rdmax::error& e) {
+                bad |= e.code().value() == EPERM ? 0 : 8;
+            }
+            c->invalidate(p, page);
+            c->flush();
             held.reset();
             munmap(p, 4 * page); // the child's own unmap: nothing of the parent's
-            _exit(bad);          // and ~cache_t in the parent only
+            // The child's own memory where the parent's status area is (not
+            // mapped here): the inherited cache's end must leave it alone.
+            void* const q = mmap(area, page, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+            if (q != area)
+                _exit(64);
+            static_cast<volatile char*>(q)[0] = 42;
+            s.reset();
+            c.reset();
+            unsigned char vec = 0;
+            if (mincore(q, page, &vec) != 0 || static_cast<volatile char*>(q)[0] != 42)
+                bad |= 16; // the monitor unmapped the child's memory
+            _exit(bad);
         }
         int status = 0;
         REQUIRE(waitpid(pid, &status, 0) == pid);
         REQUIRE(WIFEXITED(status)); // no SIGSEGV from a status page the child lacks
         CHECK(WEXITSTATUS(status) == 0);
         // The parent's cache still hits, and still sees its own unmaps.
-        c.get<rdmax::rights::local_write>(p, page).reset();
-        CHECK(c.registrar_ref().regs == 2);
+        c->get<rdmax::rights::local_write>(p, page).reset();
+        s->get<rdmax::rights::local_write>(p, page).reset();
+        CHECK(c->registrar_ref().regs == 2);
         held.reset();
         REQUIRE(munmap(p, page) == 0);
         map(1, p);
-        c.get<rdmax::rights::local_write>(p, page).reset();
-        CHECK(c.registrar_ref().regs == 3);
+        c->get<rdmax::rights::local_write>(p, page).reset();
+        CHECK(c->registrar_ref().regs == 3);
+        s.reset();
     }
     munmap(p, 4 * page);
 }

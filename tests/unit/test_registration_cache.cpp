@@ -35,6 +35,9 @@ namespace {
 extern thread_local bool fail_big_alloc;
 extern thread_local void (*fail_hook)(void*);
 extern thread_local void* fail_hook_ctx;
+/// Sized deletes of exactly this many bytes are counted in deleted_sized (0: none).
+std::size_t count_size = 0;
+std::size_t deleted_sized = 0;
 } // namespace
 
 void* operator new(std::size_t n) {
@@ -54,7 +57,9 @@ void* operator new(std::size_t n) {
 void operator delete(void* p) noexcept {
     std::free(p);
 }
-void operator delete(void* p, std::size_t) noexcept {
+void operator delete(void* p, std::size_t n) noexcept {
+    if (count_size != 0 && n == count_size)
+        ++deleted_sized;
     std::free(p);
 }
 // The nothrow pair too (Catch2 uses it), so that a sanitizer's own never meets ours.
@@ -448,6 +453,9 @@ TEST_CASE("fork: a child whose parent held the cache's mutex at fork does not ha
         auto h = session->get<lw>(a.at(4), page); // the session's slot keeps a reference
     }
     c->invalidate(a.at(4), page);
+    c->get<lw>(a.at(2), page).reset(); // idle in the cache: its tree, ring and page table
+    c->get<lw>(a.at(6), page).reset();
+    c->invalidate(a.at(6), page); // on the free list
 
     stepper st;
     c->registrar_ref().inside_reg = [&] {
@@ -478,7 +486,12 @@ TEST_CASE("fork: a child whose parent held the cache's mutex at fork does not ha
             if (e.code().value() != EPERM)
                 bad |= 2;
         }
+        // The parent's thread holds the mutex, maybe half-way through a
+        // change: the child's end walks nothing it guards, and frees no entry.
+        count_size = hooked_cache::entry_bytes;
         c.reset();
+        if (deleted_sized != 0)
+            bad |= 4;
         _exit(bad);
     }
     REQUIRE(pid > 0);
@@ -499,11 +512,31 @@ TEST_CASE("fork: a child whose parent held the cache's mutex at fork does not ha
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
     // The parent is untouched: its registrations are deregistered here only.
-    CHECK(c->registrar_ref().live == 3);
+    CHECK(c->registrar_ref().live == 4);
     dead_held.reset();
     session.reset();
     c->flush();
     CHECK(c->registrar_ref().live == 0);
+}
+
+TEST_CASE("a refused registration looks its mappings up when the message is read, not when "
+          "thrown") {
+    // Registrars throw under the cache's mutex, and the cache drops some
+    // refusals (a merged union it then registers alone): reading
+    // /proc/self/maps and statfs there (a hung NFS path) was wasted, and held
+    // the mutex. The message now describes the mappings when it is read.
+    void* p = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    try {
+        throw_registration_error("ibv_reg_mr", EFAULT, p, page, lw);
+    } catch (const rdmax::error& e) {
+        CHECK(e.code().value() == EFAULT);
+        CHECK(e.verb() == "ibv_reg_mr");
+        REQUIRE(munmap(p, page) == 0); // after the throw
+        CHECK_THAT(e.what(), Catch::Matchers::Contains(fmt::format("{} bytes at {}", page, p)));
+        CHECK_THAT(e.what(), Catch::Matchers::Contains("part of the range is not mapped"));
+        CHECK(std::string(e.what()) == e.what()); // the same text each time
+    }
 }
 
 TEST_CASE("a refused registration says which mapping and what to do instead") {

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <string>
+#include <string_view>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <thread>
@@ -415,10 +416,21 @@ std::atomic<int> poll_failures_left{0};
 std::atomic<bool> poll_fail_now{false};
 std::atomic<int> poll_errno{ENOMEM};
 
+/// Set: the next poll closes the userfaultfd's number and reports POLLNVAL,
+/// as when the application closes a descriptor it does not own.
+std::atomic<bool> poll_close_fd{false};
+
 int failing_poll(pollfd* fds, unsigned long n, int timeout) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!poll_fail_now.load() && std::chrono::steady_clock::now() < deadline)
         std::this_thread::yield();
+    if (poll_close_fd.exchange(false)) {
+        close(fds[0].fd);
+        fds[0].revents = POLLNVAL;
+        for (unsigned long i = 1; i < n; ++i)
+            fds[i].revents = 0;
+        return 1;
+    }
     if (poll_failures_left.load() > 0) {
         --poll_failures_left;
         errno = poll_errno.load();
@@ -527,6 +539,46 @@ TEST_CASE("uffd child: a poll error the reader cannot go on after", "[.child]") 
     CHECK(c.monitor_ref().pending());
 }
 
+/// The number of this process's userfaultfd descriptor, or -1.
+int uffd_number() {
+    for (int fd = 0; fd < 1024; ++fd) {
+        char path[64], target[128] = {};
+        std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        const ssize_t n = readlink(path, target, sizeof target - 1);
+        if (n > 0 &&
+            std::string_view(target, static_cast<std::size_t>(n)) == "anon_inode:[userfaultfd]")
+            return fd;
+    }
+    return -1;
+}
+
+TEST_CASE("uffd child: a closed descriptor", "[.child]") {
+    REQUIRE(detail::uffd_test_hooks().poll == &failing_poll);
+    mapping m(4);
+    cache_t c{counting_registrar{}};
+    c.get<lw>(m.at(0), page).reset();
+    const int number = uffd_number();
+    REQUIRE(number >= 0);
+    poll_close_fd = true; // the application closes the number under the reader
+    poll_fail_now = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (c.monitor_ref().failed().empty() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+    CHECK(c.monitor_ref().failed().find("POLLNVAL") != std::string::npos);
+    // The reader did not take the number back (it used to dup3 its eventfd
+    // there, over whatever the application had opened since).
+    CHECK(fcntl(number, F_GETFD) == -1);
+    CHECK(c.monitor_ref().pending());
+    REQUIRE(munmap(m.at(0), page) == 0);
+    c.get<lw>(m.at(2), page).reset();
+    c.get<lw>(m.at(2), page).reset();
+    CHECK(c.counters().uncached == 2);
+}
+
+TEST_CASE("uffd: a reader whose descriptor the application closed does not take its number back") {
+    CHECK(in_child("uffd child: a closed descriptor", std::chrono::seconds(20)) == 0);
+}
+
 TEST_CASE("uffd: the reader retries poll's ENOMEM; munmaps go on being seen") {
     CHECK(in_child("uffd child: transient poll errors", std::chrono::seconds(20)) == 0);
 }
@@ -618,6 +670,58 @@ TEST_CASE("uffd: a range across two private anonymous mappings is cached; one wi
         CHECK(c.counters().registered_count == 0);
         CHECK(c.counters().uncached == 1);
     }
+}
+
+namespace {
+std::byte* race_at = nullptr; ///< the second mapping of the race below
+void unmap_race_at() {
+    munmap(race_at, 2 * page);
+}
+void remap_race_at() {
+    mmap(race_at, 2 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+}
+} // namespace
+
+TEST_CASE("uffd: a mapping unmapped before UFFDIO_REGISTER and mapped again after it is not "
+          "cached") {
+    // The first look sees [0, 2) and [2, 4); [2, 4) goes before the
+    // registration (which passes over the hole) and comes back, with the same
+    // bounds and unregistered, before the second look. It used to be cached,
+    // and its next munmap, which no one hears, left the registration stale.
+    mapping m(4);
+    REQUIRE(mprotect(m.at(2), 2 * page, PROT_READ) == 0); // two mappings
+    race_at = m.at(2);
+    cache_t c{counting_registrar{}};
+    detail::uffd_test_hooks().before_register = &unmap_race_at;
+    detail::uffd_test_hooks().after_register = &remap_race_at;
+    c.get<rights::local_read>(m.at(1), 2 * page).reset();
+    detail::uffd_test_hooks().before_register = nullptr;
+    detail::uffd_test_hooks().after_register = nullptr;
+    CHECK(c.counters().registered_count == 0);
+    CHECK(c.counters().uncached == 1);
+    // What it would have served stale: the second mapping replaced in silence.
+    REQUIRE(munmap(m.at(2), 2 * page) == 0);
+    REQUIRE(mmap(m.at(2), 2 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+            m.at(2));
+    const auto regs = c.registrar_ref().regs;
+    c.get<rights::local_read>(m.at(1), 2 * page).reset();
+    CHECK(c.registrar_ref().regs == regs + 1);
+    // Without the race the same request is cached.
+    c.get<rights::local_read>(m.at(1), 2 * page).reset();
+    CHECK(c.counters().registered_count == 1);
+}
+
+TEST_CASE("uffd: only anonymous memory and the kernel's own /anon_hugepage count as seen in "
+          "full; a file named like it does not") {
+    CHECK(detail::uffd_sees_everything(false, 0, ""));
+    CHECK(detail::uffd_sees_everything(false, 0, "[heap]"));
+    CHECK(detail::uffd_sees_everything(false, 123, "/anon_hugepage"));
+    CHECK(detail::uffd_sees_everything(false, 123, "/anon_hugepage (deleted)"));
+    CHECK_FALSE(detail::uffd_sees_everything(true, 0, ""));
+    CHECK_FALSE(detail::uffd_sees_everything(true, 123, "/anon_hugepage"));
+    CHECK_FALSE(detail::uffd_sees_everything(false, 123, "/anon_hugepage_files/data"));
+    CHECK_FALSE(detail::uffd_sees_everything(false, 123, "/anon_hugepages.db"));
+    CHECK_FALSE(detail::uffd_sees_everything(false, 123, "/anon_hugepage (deleted)x"));
 }
 
 // ---- Watching does not change what the application's mremap does (issue 23, item 8).

@@ -49,12 +49,16 @@ public:
     [[nodiscard]] handle get(const void* addr, std::size_t len) {
         const auto a = reinterpret_cast<std::uintptr_t>(addr);
         registration_cache& c = *cache_;
+        // In a forked child, before anything of the monitor's is read (the
+        // kmod status area is not mapped there): the cache's get() throws.
+        if (c.forked()) [[unlikely]]
+            return c.get<A>(addr, len);
         if (c.mon_.pending() || c.removals_.load(std::memory_order_relaxed) != seen_) [[unlikely]]
             sweep();
         slot& s = table_[(a >> c.page_shift_) % slots];
         if (s.e != nullptr && s.start <= a && len != 0 && a + len <= s.end && a + len > a &&
-            c.usable(*s.e, A) && (s.e->state.load(std::memory_order_relaxed) & dead) == 0 &&
-            c.fork_generation_ == fork_generation()) [[likely]] {
+            c.usable(*s.e, A) && (s.e->state.load(std::memory_order_relaxed) & dead) == 0)
+            [[likely]] {
             ++s.users;
             if (++hits_ == 1024) [[unlikely]]
                 flush_hits();
@@ -93,6 +97,8 @@ private:
     /// whose registration left the cache.
     void sweep() noexcept {
         registration_cache& c = *cache_;
+        if (c.forked())
+            return; // the monitor's news and the entries are the parent's
         if (c.mon_.pending())
             c.drain_monitor();
         seen_ = c.removals_.load(std::memory_order_relaxed);

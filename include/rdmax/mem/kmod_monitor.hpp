@@ -15,6 +15,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <sys/types.h>
+
+#include <rdmax/mem/fork_policy.hpp>
 
 namespace rdmax {
 
@@ -50,15 +53,20 @@ public:
     void unwatch(token t) noexcept;
     /// One acquire load of the range's generation in the status area, through
     /// the token's own pointer (the area stays mapped while the monitor lives),
-    /// and a compare: no base pointer to reload, no branch.
+    /// and a compare: no base pointer to reload, no branch. Not in a forked
+    /// child, where the area is not mapped: the cache checks the fork
+    /// generation before it looks at a token.
     [[nodiscard]] static bool valid(token t) noexcept {
         return __atomic_load_n(t.where, __ATOMIC_ACQUIRE) == t.generation;
     }
     /// Reports the ranges the module saw go away as sink(ctx, start, end).
     void drain(void (*sink)(void*, std::uintptr_t, std::uintptr_t), void* ctx) noexcept;
-    /// True when the module has queued events (one load).
+    /// True when the module has queued events (one load of the status area;
+    /// in a forked child, where the area is not mapped, false without
+    /// reading it).
     [[nodiscard]] bool pending() const noexcept {
-        return __atomic_load_n(pending_, __ATOMIC_ACQUIRE) != 0;
+        return fork_generation_ == fork_generation() &&
+               __atomic_load_n(pending_, __ATOMIC_ACQUIRE) != 0;
     }
 
     /// The file descriptor, for tests and for poll().
@@ -74,6 +82,7 @@ private:
     const unsigned long long* generations_ = nullptr;
     const unsigned long long* pending_ = nullptr;
     std::uint32_t fork_generation_ = 0;
+    dev_t rdev_ = 0; ///< the device fd_ is, for a child's close
 };
 
 } // namespace rdmax

@@ -46,6 +46,15 @@ public:
         clear_free();
     }
 
+    /// Forgets every node without freeing or reading any (a forked child's
+    /// cache, whose table a parent thread may have been changing at fork).
+    void abandon() noexcept {
+        for (auto& slot : root_.slot)
+            slot.store(0, std::memory_order_relaxed);
+        root_.used = 0;
+        free_ = nullptr;
+    }
+
     /// Whether [start, end) lies inside the space this table can hold.
     [[nodiscard]] bool covers(std::uintptr_t start, std::uintptr_t end) const noexcept {
         return ((end - 1) >> page_shift_) < (std::uintptr_t{1} << (levels * bits_per_level)) &&

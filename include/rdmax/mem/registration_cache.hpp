@@ -107,11 +107,17 @@ public:
         // In a forked child the mutex may have been held by a parent thread
         // at fork (inside ibv_reg_mr in a miss, say), and stays locked there
         // for good: never wait for it.
+        // Nor walk what it guards then: that thread may have been half-way
+        // through changing the tree, the ring or the page table. The child
+        // leaks them all (the hooks are normal_link, so the containers' own
+        // ends touch no entry either).
         std::unique_lock lock(mutex_, std::defer_lock);
-        if (forked())
-            (void)lock.try_lock();
-        else
+        if (!forked())
             lock.lock();
+        else if (!lock.try_lock()) {
+            pages_.abandon();
+            return;
+        }
         while (!ring_.empty())
             remove_locked(ring_.front());
         while (!free_.empty()) {
@@ -239,8 +245,13 @@ private:
     template <rights A>
     static held<remote_buffer<A>> hold_remote(handle h, const void* addr, std::size_t len);
 
-    using ring_hook = boost::intrusive::list_base_hook<>;
-    using tree_hook = boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>>;
+    // normal_link, not the default safe_link: a container's destructor then
+    // does not walk its elements, which a forked child's must not (~registration_cache).
+    using ring_hook = boost::intrusive::list_base_hook<
+        boost::intrusive::link_mode<boost::intrusive::normal_link>>;
+    using tree_hook =
+        boost::intrusive::set_base_hook<boost::intrusive::optimize_size<true>,
+                                        boost::intrusive::link_mode<boost::intrusive::normal_link>>;
 
     // The state word: reference count in bits 0-30, the dead bit (set once
     // the entry left the tree, or never entered it), hits in bits 32-63.

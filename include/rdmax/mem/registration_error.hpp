@@ -36,7 +36,10 @@ struct mapping_facts {
 [[nodiscard]] std::string registration_failure_detail(int err, const void* addr, std::size_t len,
                                                       rights granted);
 
-/// Throws rdmax::error(verb, err, registration_failure_detail(...)).
+/// Throws rdmax::error(verb, err, registration_failure_detail(...)). For
+/// EFAULT the detail (which reads /proc/self/maps and may statfs a file) is
+/// looked up when what() is first called, so it describes the mappings as
+/// they are then; a caught-and-dropped refusal costs no lookup.
 [[noreturn]] void throw_registration_error(std::string_view verb, int err, const void* addr,
                                            std::size_t len, rights granted);
 

@@ -20,6 +20,14 @@
 // `uncached`). The kernel module (kmod_monitor) watches all of it. Nothing is
 // reported for page migration or swap, which pinned pages do not undergo.
 //
+// What it misses even in private anonymous memory (the module sees all of it,
+// and auto_monitor prefers the module): MADV_GUARD_INSTALL (Linux 6.13+,
+// allowed on registered VMAs; glibc 2.41 thread stacks) zaps pages with no
+// event, and shmat(SHM_REMAP) maps over a range with no UNMAP event. And
+// MADV_DONTNEED / MADV_FREE deliver REMOVE before the zap (userfaultfd_remove
+// waits for the reader, then madvise zaps): a miss that pins those very pages
+// in that window registers the old pages, and the registration stays cached.
+//
 // What it changes for the application. Registering part of a mapping with
 // userfaultfd splits its VMA, and a later mremap that moves a range spanning
 // a registered VMA and an unregistered one fails (EFAULT; from Linux 6.17 on
@@ -31,7 +39,11 @@
 // at the first watched VMA that is not the first; the kernel module changes
 // nothing, and auto_monitor prefers it.
 //
-// munmap() (or MADV_DONTNEED) anywhere in a watched mapping blocks until the
+// In a watched mapping the kernel allocates no mTHP (sub-PMD huge pages,
+// 6.8+: userfaultfd_armed) at fault, and khugepaged collapses no 2 MiB range
+// with an unpopulated page.
+//
+// munmap() (or MADV_DONTNEED, MADV_FREE) anywhere in a watched mapping blocks until the
 // reader thread has read the event, so that thread never takes a lock that a thread calling munmap
 // could hold: it takes only the monitors' queue locks, which are never held around anything that
 // can unmap memory. If the reader fails for good (poll fails with something other than EINTR,
@@ -49,6 +61,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 struct pollfd;
 
@@ -76,12 +89,20 @@ template <class Word>
 struct uffd_hooks {
     /// Replaces poll() in the reader thread.
     int (*poll)(pollfd* fds, unsigned long n, int timeout) = nullptr;
+    /// Runs in watch() between the first look at the mappings and UFFDIO_REGISTER.
+    void (*before_register)() = nullptr;
     /// Runs in watch() between UFFDIO_REGISTER and counting the range watched.
     void (*after_register)() = nullptr;
     /// Reads /proc/self/maps as text even where PROCMAP_QUERY exists.
     bool no_procmap_query = false;
 };
 [[nodiscard]] uffd_hooks& uffd_test_hooks() noexcept;
+
+/// Whether userfaultfd sees everything that can take a mapping's pages away,
+/// from /proc/self/maps's fields: private anonymous memory, and private
+/// hugetlb memory (named exactly "/anon_hugepage", or "/anon_hugepage (deleted)").
+[[nodiscard]] bool uffd_sees_everything(bool shared, unsigned long inode,
+                                        std::string_view name) noexcept;
 
 } // namespace detail
 
@@ -106,7 +127,12 @@ public:
     /// Registers the mappings that [start, start + len) lies in, whole, with
     /// the userfaultfd; the token holds their span. A range it cannot watch
     /// (or whose memory can change behind its back: see above) gives a token
-    /// for which valid() is false.
+    /// for which valid() is false. UFFDIO_REGISTER passes over holes, so
+    /// after it watch() looks at the mappings again and asks the kernel
+    /// (UFFDIO_WRITEPROTECT of one page or aligned 2 MiB of each, a no-op)
+    /// whether each is registered: one unmapped before the registration and
+    /// mapped again after it is not, and is never cached. Doubt (more than 32
+    /// mappings, 1 GiB hugetlb pages) also says not valid: per use.
     [[nodiscard]] token watch(std::uintptr_t start, std::size_t len);
     void unwatch(token t) noexcept;
     [[nodiscard]] bool valid(token t) const noexcept { return t.end != 0; }

@@ -326,6 +326,15 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::u
     l.free_blocks.pop_back();
     ss.body_at = at;
     const arena_block& blk = l.blocks[at];
+    if (abandoned_locally(l, slot)) {
+        // Checked again right before the CMA read (the block's allocation
+        // came between): the caller gave the call up, its memory is not
+        // read. Dropped unanswered, as a late immediate is.
+        ss.body_at = no_block;
+        ss.busy = false;
+        release_block(l, at);
+        return;
+    }
     ++counters_.external_bodies;
     switch (l.wire->read_body(sched::priority{ss.prio}, blk.local(0, d.length), d,
                               make_wr_id(tag_read, at, slot))) {
@@ -419,8 +428,18 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
             }
         }
         if (blk != nullptr) {
-            const std::uint16_t at = l.free_blocks.back();
             std::memcpy(blk->data(), body.data(), body.size());
+            if (abandoned_locally(l, slot)) {
+                // Checked again right before the CMA write (the copy came
+                // between): only the header goes, which the caller drops.
+                blk->reset();
+                blk = nullptr;
+            }
+        }
+        if (blk == nullptr) {
+            h.status = static_cast<std::uint32_t>(call_status::reply_too_large);
+        } else {
+            const std::uint16_t at = l.free_blocks.back();
             switch (l.wire->write_body(p, blk->local(0, body.size()), *ss.reply_buffer,
                                        make_wr_id(tag_external, at, slot))) {
             case transfer::started:
@@ -438,8 +457,6 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
             h.flags = flag_external_reply;
             h.body_bytes = static_cast<std::uint32_t>(body.size());
             counters_.bytes_out += body.size();
-        } else {
-            h.status = static_cast<std::uint32_t>(call_status::reply_too_large);
         }
     } else {
         h.status = static_cast<std::uint32_t>(call_status::reply_too_large);

@@ -543,22 +543,26 @@ void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
         ++counters_.late_replies;
         return;
     }
+    // The header's call_seq before the strict parse: a late immediate taken
+    // against the bytes of this slot's next reply (or of a call two epochs
+    // back, the same bit) disagrees in length or call_seq; it is late, not
+    // malformed (check_imm let through a header's bytes at least).
+    if (detail::load<message_header>(l.wire->inbound(f.slot, sizeof(message_header)).data())
+            .call_seq != ss.seq) {
+        if (ss.late == 0) {
+            bad(violation::malformed);
+            return;
+        }
+        --ss.late;
+        ++counters_.late_replies;
+        return;
+    }
     parsed_reply pr;
     const auto offered =
         static_cast<std::uint32_t>(std::min<std::size_t>(ss.reply_into.size(), UINT32_MAX));
     if (const violation v = parse_reply(l.wire->inbound(f.slot, f.bytes), offered, pr);
         v != violation::none) {
         bad(v);
-        return;
-    }
-    if (pr.header.call_seq != ss.seq) {
-        if (ss.late == 0) {
-            bad(violation::malformed);
-            return;
-        }
-        // A call two epochs back (the same bit): late too, dropped.
-        --ss.late;
-        ++counters_.late_replies;
         return;
     }
     counters_.bytes_in += f.bytes;

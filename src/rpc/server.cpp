@@ -271,7 +271,18 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::u
     // next call already (whose own immediate follows, and whose length this
     // one does not say), or a call the caller gave up. Dropped unread.
     const std::span<const std::byte> in = l.wire->inbound(slot, bytes);
-    if (((detail::load<message_header>(in.data()).flags & flag_epoch) != 0) != epoch)
+    const auto head = detail::load<message_header>(in.data());
+    if (((head.flags & flag_epoch) != 0) != epoch)
+        return;
+    // The epoch is one bit: an immediate two calls back carries the same
+    // one. Its byte count differs from the header's (dropped as stale), or
+    // the slot's bytes are the call's whose own immediate follows: it runs
+    // now, and that immediate then finds its call_seq taken already (the
+    // caller's call_seq grows per link, so per slot too). Neither counts as
+    // the peer's fault.
+    if (request_bytes(head) != bytes)
+        return;
+    if (ss.accepted_any && static_cast<std::int32_t>(head.call_seq - ss.last_seq) <= 0)
         return;
     parsed_request pr;
     if (const violation v = parse_request(in, pr); v != violation::none) {
@@ -292,6 +303,8 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::u
         ss.body_at = no_block;
     }
     counters_.bytes_in += bytes;
+    ss.accepted_any = true;
+    ss.last_seq = pr.header.call_seq;
     ss.busy = true;
     ss.epoch = epoch;
     ss.seq = pr.header.call_seq;

@@ -1034,7 +1034,7 @@ TEST_CASE("a reply body stays the server's until its WRITE completes: a slot reu
 // carries the same one. A client gave up A (epoch 1) and B (epoch 0) in slot
 // 0, then called C (epoch 1, A's length); the server, stalled, takes A's
 // immediate against C's bytes. C must run once, not once per immediate.
-TEST_CASE("[i23-1] a stale immediate of the same epoch does not run a call twice") {
+TEST_CASE("a stale immediate of the same epoch does not run a call twice", "[rpccall][i23-1]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     rpc::rpc_options o = small_options();

@@ -650,6 +650,44 @@ TEST_CASE("after timed_out, a slow server's late reply does not reach the caller
     CHECK(std::count(reply_into.begin(), reply_into.end(), std::byte{0x55}) == 0);
 }
 
+// [i23-2] A call's windows must be dead before its cache handles go: a
+// region with a window still bound cannot be deregistered (rxe: EINVAL),
+// which leaked it. Reply buffers unmapped right after each call (the cache
+// drops their entries), timeouts among them: no deregistration fails.
+TEST_CASE("no deregistration fails across calls whose buffers are unmapped after",
+          "[rpccall][i23-2]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    const std::uint64_t failed = verbs_registrar::failed_deregs();
+    {
+        rpc::server s(pd, test_addr(), 0, small_options());
+        handlers h;
+        h.install(s);
+        connected_client c(pd, s);
+        std::vector<std::byte> req(16 * 1024);
+        fill_pattern(req, 9);
+        constexpr std::size_t len = 64 * 1024;
+        for (int i = 0; i < 24; ++i) {
+            void* m =
+                ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            REQUIRE(m != MAP_FAILED);
+            const std::span<std::byte> into(static_cast<std::byte*>(m), len);
+            if (i % 4 == 3) {
+                const answer t =
+                    call_once(s, c, m_defer, req,
+                              {.timeout = std::chrono::milliseconds(20), .reply_into = into});
+                CHECK(t.status == rpc::call_status::timed_out);
+            } else {
+                const answer a = call_once(s, c, m_echo, req, {.reply_into = into});
+                CHECK(a.status == rpc::call_status::ok);
+                CHECK(a.reply == req);
+            }
+            REQUIRE(::munmap(m, len) == 0);
+        }
+    }
+    CHECK(verbs_registrar::failed_deregs() == failed);
+}
+
 TEST_CASE("priorities: an urgent call overtakes bulk calls on the same connection") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);

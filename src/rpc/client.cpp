@@ -543,22 +543,26 @@ void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
         ++counters_.late_replies;
         return;
     }
+    // The header's call_seq before the strict parse: a late immediate taken
+    // against the bytes of this slot's next reply (or of a call two epochs
+    // back, the same bit) disagrees in length or call_seq; it is late, not
+    // malformed (check_imm let through a header's bytes at least).
+    if (detail::load<message_header>(l.wire->inbound(f.slot, sizeof(message_header)).data())
+            .call_seq != ss.seq) {
+        if (ss.late == 0) {
+            bad(violation::malformed);
+            return;
+        }
+        --ss.late;
+        ++counters_.late_replies;
+        return;
+    }
     parsed_reply pr;
     const auto offered =
         static_cast<std::uint32_t>(std::min<std::size_t>(ss.reply_into.size(), UINT32_MAX));
     if (const violation v = parse_reply(l.wire->inbound(f.slot, f.bytes), offered, pr);
         v != violation::none) {
         bad(v);
-        return;
-    }
-    if (pr.header.call_seq != ss.seq) {
-        if (ss.late == 0) {
-            bad(violation::malformed);
-            return;
-        }
-        // A call two epochs back (the same bit): late too, dropped.
-        --ss.late;
-        ++counters_.late_replies;
         return;
     }
     counters_.bytes_in += f.bytes;
@@ -570,8 +574,18 @@ void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
     finish(l, index, f.slot, static_cast<call_status>(pr.header.status), body);
 }
 
-void client::end_exposure(link& l, std::uint32_t slot) noexcept {
+void client::end_exposure(link& l, std::uint32_t slot, bool now) noexcept {
     slot_state& ss = l.slots[slot];
+    if (now && ss.windows && l.wire) {
+        // Timed out: the caller reuses its buffers as soon as it sees that,
+        // so the windows die before (a LOCAL_INV could wait behind a stalled
+        // send queue); then the registrations can go at once.
+        ss.windows = false;
+        l.wire->revoke_now(2 * slot, 2);
+        ss.body_reg.reset();
+        ss.reply_reg.reset();
+        return;
+    }
     if (!ss.windows) {
         // Registrations' own keys (no windows): nothing to revoke; the
         // registration goes back to the cache.
@@ -638,7 +652,7 @@ void client::housekeeping() noexcept {
             ss.phase = slot_phase::free;
             // The server is fenced out of the call's buffers from now on: a
             // late READ or WRITE fails at the device (and ends the link).
-            end_exposure(l, s);
+            end_exposure(l, s, true);
             if (l.wire->is_local()) {
                 // The request is in the server's ring, in shared memory:
                 // flip its epoch there, which the server checks before it

@@ -135,6 +135,13 @@ void peer_link::revoke(std::uint32_t first, std::uint32_t count) noexcept {
     }
 }
 
+void peer_link::revoke_now(std::uint32_t first, std::uint32_t count) noexcept {
+    // Every window of the range, bound or not: one whose LOCAL_INV an
+    // earlier revoke() posted may not have executed yet.
+    for (std::uint32_t w = first; w < first + count && w < windows_.size(); ++w)
+        replace_window(w);
+}
+
 void peer_link::replace_window(std::uint32_t w) noexcept {
     window& win = windows_[w];
     ibv_pd* pd = win.mw->pd;

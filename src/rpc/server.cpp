@@ -271,7 +271,18 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::u
     // next call already (whose own immediate follows, and whose length this
     // one does not say), or a call the caller gave up. Dropped unread.
     const std::span<const std::byte> in = l.wire->inbound(slot, bytes);
-    if (((detail::load<message_header>(in.data()).flags & flag_epoch) != 0) != epoch)
+    const auto head = detail::load<message_header>(in.data());
+    if (((head.flags & flag_epoch) != 0) != epoch)
+        return;
+    // The epoch is one bit: an immediate two calls back carries the same
+    // one. Its byte count differs from the header's (dropped as stale), or
+    // the slot's bytes are the call's whose own immediate follows: it runs
+    // now, and that immediate then finds its call_seq taken already (the
+    // caller's call_seq grows per link, so per slot too). Neither counts as
+    // the peer's fault.
+    if (request_bytes(head) != bytes)
+        return;
+    if (ss.accepted_any && static_cast<std::int32_t>(head.call_seq - ss.last_seq) <= 0)
         return;
     parsed_request pr;
     if (const violation v = parse_request(in, pr); v != violation::none) {
@@ -292,6 +303,8 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::u
         ss.body_at = no_block;
     }
     counters_.bytes_in += bytes;
+    ss.accepted_any = true;
+    ss.last_seq = pr.header.call_seq;
     ss.busy = true;
     ss.epoch = epoch;
     ss.seq = pr.header.call_seq;
@@ -326,6 +339,15 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::u
     l.free_blocks.pop_back();
     ss.body_at = at;
     const arena_block& blk = l.blocks[at];
+    if (abandoned_locally(l, slot)) {
+        // Checked again right before the CMA read (the block's allocation
+        // came between): the caller gave the call up, its memory is not
+        // read. Dropped unanswered, as a late immediate is.
+        ss.body_at = no_block;
+        ss.busy = false;
+        release_block(l, at);
+        return;
+    }
     ++counters_.external_bodies;
     switch (l.wire->read_body(sched::priority{ss.prio}, blk.local(0, d.length), d,
                               make_wr_id(tag_read, at, slot))) {
@@ -419,8 +441,18 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
             }
         }
         if (blk != nullptr) {
-            const std::uint16_t at = l.free_blocks.back();
             std::memcpy(blk->data(), body.data(), body.size());
+            if (abandoned_locally(l, slot)) {
+                // Checked again right before the CMA write (the copy came
+                // between): only the header goes, which the caller drops.
+                blk->reset();
+                blk = nullptr;
+            }
+        }
+        if (blk == nullptr) {
+            h.status = static_cast<std::uint32_t>(call_status::reply_too_large);
+        } else {
+            const std::uint16_t at = l.free_blocks.back();
             switch (l.wire->write_body(p, blk->local(0, body.size()), *ss.reply_buffer,
                                        make_wr_id(tag_external, at, slot))) {
             case transfer::started:
@@ -438,8 +470,6 @@ void server::answer(link& l, std::uint32_t index, std::uint32_t slot, call_statu
             h.flags = flag_external_reply;
             h.body_bytes = static_cast<std::uint32_t>(body.size());
             counters_.bytes_out += body.size();
-        } else {
-            h.status = static_cast<std::uint32_t>(call_status::reply_too_large);
         }
     } else {
         h.status = static_cast<std::uint32_t>(call_status::reply_too_large);

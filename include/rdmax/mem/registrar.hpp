@@ -2,10 +2,12 @@
 // Registrar: what the registration cache registers memory with. A C++20
 // concept, so that production plugs in verbs and tests plug in a counter.
 
+#include <atomic>
 #include <cerrno>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <utility>
 
 #include <infiniband/verbs.h>
@@ -50,10 +52,22 @@ public:
             throw_registration_error("ibv_reg_mr", errno, addr, len, granted);
         return mr;
     }
-    void dereg(handle mr) noexcept { ibv_dereg_mr(mr); }
+    /// A failed ibv_dereg_mr (e.g. rxe's EINVAL while a memory window is
+    /// still bound to the region) leaks the registration: counted here
+    /// (process-wide), and the first one said on stderr.
+    void dereg(handle mr) noexcept {
+        const int rc = ibv_dereg_mr(mr);
+        if (rc != 0 && failed_deregs_.fetch_add(1, std::memory_order_relaxed) == 0)
+            std::fprintf(stderr, "rdmax: ibv_dereg_mr failed (%d): a registration leaks\n", rc);
+    }
+    /// Deregistrations that failed in this process so far.
+    [[nodiscard]] static std::uint64_t failed_deregs() noexcept {
+        return failed_deregs_.load(std::memory_order_relaxed);
+    }
     [[nodiscard]] static mr_keys keys(handle mr) noexcept { return {mr->lkey, mr->rkey}; }
 
 private:
+    inline static std::atomic<std::uint64_t> failed_deregs_{0};
     const verbs::protection_domain* pd_;
     int extra_;
 };

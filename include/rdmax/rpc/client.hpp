@@ -184,7 +184,8 @@ private:
     void finish(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
                 std::span<const std::byte> reply) noexcept;
     /// The call in `slot` ended: the peer loses its access to the call's buffers.
-    static void end_exposure(link& l, std::uint32_t slot) noexcept;
+    /// Ends a call's windows; `now` (a timeout): revoked before it returns.
+    static void end_exposure(link& l, std::uint32_t slot, bool now = false) noexcept;
     void release_handed_out() noexcept;
     void teardown_idle() noexcept;
     [[nodiscard]] link* find(peer_id p) noexcept;

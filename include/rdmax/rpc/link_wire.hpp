@@ -141,6 +141,13 @@ public:
     virtual void revoke(std::uint32_t first, std::uint32_t count) noexcept {
         (void)first, (void)count;
     }
+    /// As revoke(), but done when it returns: the windows are deallocated
+    /// (a verbs call, not queued behind the send queue) and fresh ones take
+    /// their place. For a call that timed out, whose caller takes its
+    /// buffers back at once.
+    virtual void revoke_now(std::uint32_t first, std::uint32_t count) noexcept {
+        (void)first, (void)count;
+    }
     [[nodiscard]] virtual bool is_local() const noexcept { return false; }
     /// A large body needs a registration the peer can use (RDMA), or none (CMA).
     [[nodiscard]] virtual bool needs_registration() const noexcept { return true; }

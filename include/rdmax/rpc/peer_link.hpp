@@ -138,6 +138,7 @@ public:
     /// the request that names its key) and a local invalidation per use.
     [[nodiscard]] bool expose(std::span<exposure> e) noexcept override;
     void revoke(std::uint32_t first, std::uint32_t count) noexcept override;
+    void revoke_now(std::uint32_t first, std::uint32_t count) noexcept override;
     [[nodiscard]] bool has_windows() const noexcept override { return !windows_.empty(); }
     /// Allocates the windows (after attach; the device must have type 2).
     /// False if it could not: then none.

@@ -169,6 +169,11 @@ private:
         std::uint16_t body_at = no_block;
         /// The epoch of the call in the slot, as its immediate said.
         bool epoch = false;
+        /// The call_seq of the last request accepted into the slot (valid
+        /// once accepted_any): a request not newer is a replay of one taken
+        /// already (a late immediate against its bytes), dropped.
+        std::uint32_t last_seq = 0;
+        bool accepted_any = false;
     };
     static constexpr std::uint16_t no_block = 0xffff;
     struct link {

@@ -207,6 +207,19 @@ template <class T>
     return violation::none;
 }
 
+/// The bytes a request with header `h` takes in its slot (what its own
+/// immediate says), by the header's flags and body length.
+[[nodiscard]] constexpr std::uint64_t request_bytes(const message_header& h) noexcept {
+    std::uint64_t n = sizeof(message_header);
+    if ((h.flags & flag_reply_buffer) != 0)
+        n += sizeof(buffer_descriptor);
+    if ((h.flags & flag_external_body) != 0)
+        n += sizeof(buffer_descriptor);
+    else
+        n += h.body_bytes;
+    return n;
+}
+
 /// Parses the `bytes` (from the immediate, already checked) written at the
 /// start of a request slot.
 [[nodiscard]] inline violation parse_request(std::span<const std::byte> bytes,

@@ -1846,6 +1846,7 @@ TEST_CASE("one user's silent node-local handshakes leave room for another's",
         if (setgid(65534) != 0 || setuid(65534) != 0)
             return 2;
         std::vector<local::unix_channel> silent;
+        silent.reserve(8);
         for (int i = 0; i < 8; ++i)
             silent.push_back(local::unix_channel::connect(name)); // never a hello
         if (::write(ready[1], "r", 1) != 1)
@@ -1889,6 +1890,7 @@ TEST_CASE("a client whose node-local handshake is refused takes the device",
     // This user holds its share of handshakes (a fifth is refused): the
     // client's own is refused, the socket closed without a welcome.
     std::vector<local::unix_channel> silent;
+    silent.reserve(5);
     for (int i = 0; i < 5; ++i)
         silent.push_back(local::unix_channel::connect(rpc::local_name(test_addr(), s.port())));
     REQUIRE(serve_until(s, [&] { return s.counters().refused == 1; }));

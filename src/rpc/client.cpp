@@ -577,8 +577,8 @@ void client::on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept {
 void client::end_exposure(link& l, std::uint32_t slot, bool now) noexcept {
     slot_state& ss = l.slots[slot];
     if (now && ss.windows && l.wire) {
-        // Timed out: the caller reuses its buffers as soon as it sees that,
-        // so the windows die before (a LOCAL_INV could wait behind a stalled
+        // The caller reuses its buffers as soon as it sees the result, so
+        // the windows die before (a LOCAL_INV could wait behind a stalled
         // send queue); then the registrations can go at once.
         ss.windows = false;
         l.wire->revoke_now(2 * slot, 2);
@@ -603,7 +603,11 @@ void client::finish(link& l, std::uint32_t index, std::uint32_t slot, call_statu
                     std::span<const std::byte> reply) noexcept {
     slot_state& ss = l.slots[slot];
     ss.phase = slot_phase::done;
-    end_exposure(l, slot);
+    // The caller owns its buffers again once it sees the result: the windows
+    // die now, not at a LOCAL_INV that may run later (7.x soft-RoCE posts
+    // from a work queue; a stalled send queue holds it for as long as it
+    // stalls). The reply came, so the request and the binds before it ran.
+    end_exposure(l, slot, true);
     --l.in_flight;
     ++l.held;
     if (st == call_status::ok)

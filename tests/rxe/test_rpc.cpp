@@ -591,9 +591,9 @@ TEST_CASE("slots whose calls all timed out against a silent server are taken bac
     // the slot holding the caller's next call already. It runs that call
     // once, under the next call's own immediate, not twice.
     constexpr std::uint16_t m_count = 7;
-    int runs = 0;
+    std::vector<std::vector<std::byte>> ran; // the bodies the handler saw
     s.on(m_count, [&](rpc::request_context& cx) {
-        ++runs;
+        ran.emplace_back(cx.body().begin(), cx.body().end());
         cx.reply(cx.body());
     });
     c1.cli.release(); // the last result's slot
@@ -611,7 +611,13 @@ TEST_CASE("slots whose calls all timed out against a silent server are taken bac
     INFO(fmt::format("server: {}", s.counters()));
     CHECK(again.status == rpc::call_status::ok);
     CHECK(again.reply == fresh);
-    CHECK(runs == 1);
+    // Each call runs at most once, the answered one exactly once. Where the
+    // device delivers the next call's WRITE only after the server took the
+    // late immediate (7.x soft-RoCE posts from a work queue), the timed-out
+    // call runs too, once; never the next call twice.
+    CHECK(std::count(ran.begin(), ran.end(), fresh) == 1);
+    CHECK(std::count(ran.begin(), ran.end(), req) <= 1);
+    CHECK(ran.size() <= 2);
     CHECK(c1.cli.connected(c1.peer));
 }
 

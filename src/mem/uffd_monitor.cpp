@@ -390,7 +390,9 @@ public:
             return {}; // EINVAL: not anonymous/shmem/hugetlbfs; ENOMEM: a hole
         if (auto* hook = detail::uffd_test_hooks().after_register)
             hook();
-        add(s.lo, s.hi, +1);
+        if (!add(s.lo, s.hi, +1))
+            return {}; // no memory to count it: registered per use (the
+                       // registration left behind only over-watches)
         // The mappings may have been replaced between the look and the
         // registration: what is registered now is what counts. (The kernel
         // may have merged them with watched neighbours: a wider span is fine.)
@@ -399,17 +401,18 @@ public:
         // registered: ask the kernel whether each mapping now there is.
         const vma_span now = span_of(maps_fd_, start, end);
         if (!now.cacheable || now.lo > s.lo || now.hi < s.hi || !all_registered(now)) {
-            add(s.lo, s.hi, -1);
+            (void)add(s.lo, s.hi, -1); // failing, it over-watches: never stale
             return {};
         }
         return {s.lo, s.hi};
     }
 
     /// Counts [start, end) watched once less; unregisters the pages that no
-    /// one watches any more.
+    /// one watches any more. Without memory for a split it leaves the count
+    /// as it is: the pages stay watched (extra invalidations, never stale).
     void unwatch(std::uintptr_t start, std::uintptr_t end) noexcept {
         std::lock_guard lock(pieces_mutex_);
-        add(start, end, -1);
+        (void)add(start, end, -1);
     }
 
     /// Waits until the reader thread is not between reading an event and
@@ -424,6 +427,7 @@ private:
         std::uintptr_t end;
         long count;
     };
+    using piece_map = std::map<std::uintptr_t, piece>;
 
     /// Whether every mapping of the span is registered with this
     /// userfaultfd now. Mappings are registered only here, under
@@ -613,9 +617,29 @@ private:
 
     /// Adds `delta` to the watch count of every page of [start, end), keeping
     /// the pieces disjoint; pieces whose count drops to zero are unregistered.
-    void add(std::uintptr_t start, std::uintptr_t end, long delta) noexcept {
-        split_at(start);
-        split_at(end);
+    /// Every map node the update needs is allocated first, so a failed
+    /// allocation changes nothing (false); the update itself allocates nothing.
+    [[nodiscard]] bool add(std::uintptr_t start, std::uintptr_t end, long delta) noexcept {
+        piece_map spare;
+        try {
+            // A split where an end falls inside a piece and, counting up, a
+            // piece per gap: at most one more gap than the pieces it meets.
+            std::size_t need = std::size_t{splits(start)} + std::size_t{splits(end)};
+            if (delta > 0) {
+                ++need;
+                auto it = pieces_.upper_bound(start);
+                if (it != pieces_.begin() && std::prev(it)->second.end > start)
+                    ++need;
+                for (; it != pieces_.end() && it->first < end; ++it)
+                    ++need;
+            }
+            for (std::size_t i = 0; i < need; ++i)
+                spare.emplace(i, piece{});
+        } catch (...) {
+            return false;
+        }
+        split_at(start, spare);
+        split_at(end, spare);
         std::uintptr_t at = start;
         auto it = pieces_.lower_bound(start);
         while (at < end) {
@@ -623,7 +647,7 @@ private:
                 const std::uintptr_t gap_end =
                     it == pieces_.end() || it->first > end ? end : it->first;
                 if (delta > 0)
-                    pieces_.emplace_hint(it, at, piece{gap_end, delta});
+                    insert_piece(it, at, piece{gap_end, delta}, spare);
                 at = gap_end;
                 continue;
             }
@@ -638,16 +662,39 @@ private:
                 ++it;
             }
         }
+        return true;
     }
 
-    void split_at(std::uintptr_t at) {
+    /// Puts a node of `spare` (never empty here: add() counted) into pieces_.
+    // GCC cannot see that the node a non-empty map gives up holds one.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnull-dereference"
+    void insert_piece(piece_map::iterator hint, std::uintptr_t at, piece p,
+                      piece_map& spare) noexcept {
+        if (spare.empty())
+            std::abort(); // add() counted wrong: never go on with a count missing
+        auto node = spare.extract(spare.begin());
+        node.key() = at;
+        node.mapped() = p;
+        pieces_.insert(hint, std::move(node));
+    }
+#pragma GCC diagnostic pop
+
+    /// Whether `at` falls strictly inside a piece (which split_at then cuts).
+    [[nodiscard]] bool splits(std::uintptr_t at) const noexcept {
+        auto it = pieces_.upper_bound(at);
+        return it != pieces_.begin() && std::prev(it)->first < at && at < std::prev(it)->second.end;
+    }
+
+    void split_at(std::uintptr_t at, piece_map& spare) noexcept {
         auto it = pieces_.upper_bound(at);
         if (it == pieces_.begin())
             return;
         --it;
         if (it->first < at && at < it->second.end) {
-            pieces_.emplace(at, piece{it->second.end, it->second.count});
+            const piece upper{it->second.end, it->second.count};
             it->second.end = at;
+            insert_piece(std::next(it), at, upper, spare);
         }
     }
 
@@ -663,7 +710,7 @@ private:
     std::mutex subs_mutex_;
     boost::intrusive::list<uffd_monitor::subscription> subs_;
     std::mutex pieces_mutex_;
-    std::map<std::uintptr_t, piece> pieces_;
+    piece_map pieces_;
 };
 
 const std::atomic<std::uint32_t> never{0};

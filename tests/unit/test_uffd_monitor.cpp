@@ -30,6 +30,36 @@
 #include "../support/catch.hpp"
 #include "../support/skip_reason.hpp"
 
+// Replaced for the whole test binary, to fail the allocations of one
+// thread on demand (the reader thread's never fail).
+namespace {
+thread_local bool fail_allocations = false;
+} // namespace
+
+void* operator new(std::size_t n) {
+    if (fail_allocations)
+        throw std::bad_alloc();
+    if (void* p = std::malloc(n == 0 ? 1 : n))
+        return p;
+    throw std::bad_alloc();
+}
+// The pairs of the malloc above (GCC cannot tell that they are replaced together).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+    std::free(p);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+    return fail_allocations ? nullptr : std::malloc(n == 0 ? 1 : n);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
+#pragma GCC diagnostic pop
+
 using namespace rdmax;
 using cache_t = registration_cache<counting_registrar, uffd_monitor>;
 constexpr rdmax::rights lw = rights::local_write;
@@ -228,6 +258,31 @@ TEST_CASE("fork: the child's cache is inert; the parent's keeps its registration
     CHECK(cached(c, m.at(2), page));
     held.reset();
     CHECK(c.registrar_ref().live == 2);
+}
+
+TEST_CASE("uffd: a watch with no memory for its count is refused, and changes nothing") {
+    mapping m(8);
+    const auto at = [&](std::size_t p) { return reinterpret_cast<std::uintptr_t>(m.at(p)); };
+    uffd_monitor mon;
+    // The old code ended the process here (an allocation under noexcept).
+    fail_allocations = true;
+    const auto lost = mon.watch(at(0), page);
+    fail_allocations = false;
+    CHECK(lost.end == 0); // not cacheable: the caller registers per use
+    // The counts were left as they were: one watch and one unwatch leave
+    // nothing watched (an unwatch splits nothing: no allocation there).
+    const auto t = mon.watch(at(0), 8 * page);
+    REQUIRE(t.end == at(8));
+    fail_allocations = true;
+    mon.unwatch(t);
+    fail_allocations = false;
+    const auto again = mon.watch(at(0), page);
+    CHECK(again.end == at(8));
+    const auto before = mon.events();
+    REQUIRE(madvise(m.at(0), page, MADV_DONTNEED) == 0);
+    mon.drain([](void*, std::uintptr_t, std::uintptr_t) {}, nullptr);
+    CHECK(mon.events() > before);
+    mon.unwatch(again);
 }
 
 TEST_CASE("auto_monitor: resolves names, and none turns caching off") {

@@ -37,11 +37,13 @@ class uffd_service;
 
 // The subscription's state word: bit 0 while its queue is not empty; the
 // drains in progress above it. The reader's word: bit 0 while it is between
-// poll and queueing, bit 1 once it died.
+// poll and queueing, bit 1 once it died, above them the batches it queued
+// (so that settle() waits for one batch, not for the reader to be idle).
 constexpr std::uint32_t queued_bit = 1;
 constexpr std::uint32_t one_drain = 2;
 constexpr std::uint32_t reading_bit = 1;
 constexpr std::uint32_t dead_bit = 2;
+constexpr std::uint32_t one_batch = 4;
 } // namespace
 
 struct uffd_monitor::subscription : boost::intrusive::list_base_hook<> {
@@ -415,10 +417,14 @@ public:
         (void)add(start, end, -1);
     }
 
-    /// Waits until the reader thread is not between reading an event and
-    /// queueing it.
+    /// Waits until every event the reader took by now is queued: the batch
+    /// it is reading, if any, is queued (or it went idle, or died). Not until
+    /// it is idle: under unmaps that never pause, it may never be.
     void settle() const noexcept {
-        while ((reading_.load(std::memory_order_acquire) & reading_bit) != 0)
+        const std::uint32_t seen = reading_.load(std::memory_order_acquire);
+        if ((seen & reading_bit) == 0)
+            return;
+        while (reading_.load(std::memory_order_acquire) == seen)
             std::this_thread::yield();
     }
 
@@ -552,6 +558,7 @@ private:
                     break;
                 for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(uffd_msg); ++i)
                     deliver(msgs[i]);
+                reading_.fetch_add(one_batch, std::memory_order_release); // settle() may go
             }
             reading_.fetch_and(~reading_bit, std::memory_order_release);
         }

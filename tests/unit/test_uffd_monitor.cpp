@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <memory>
 #include <poll.h>
 #include <string>
 #include <string_view>
@@ -283,6 +284,43 @@ TEST_CASE("uffd: a watch with no memory for its count is refused, and changes no
     mon.drain([](void*, std::uintptr_t, std::uintptr_t) {}, nullptr);
     CHECK(mon.events() > before);
     mon.unwatch(again);
+}
+
+TEST_CASE("uffd: a drain returns while other threads unmap watched memory without pause") {
+    // settle() waited for the reader to be idle; with munmaps coming as fast
+    // as it reads them it never was, and every get() after one spun in it.
+    constexpr std::size_t threads = 3;
+    std::vector<std::unique_ptr<mapping>> ms;
+    for (std::size_t i = 0; i < threads; ++i)
+        ms.push_back(std::make_unique<mapping>(16));
+    uffd_monitor mon;
+    for (const auto& m : ms)
+        REQUIRE(mon.watch(reinterpret_cast<std::uintptr_t>(m->base), m->len).end != 0);
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> unmappers;
+    for (std::size_t i = 0; i < threads; ++i)
+        unmappers.emplace_back([&, i] {
+            for (std::size_t n = 0; !stop.load(std::memory_order_relaxed); ++n)
+                (void)madvise(ms[i]->at(n % 16), page, MADV_DONTNEED);
+        });
+    using clock = std::chrono::steady_clock;
+    const auto until = clock::now() + std::chrono::seconds(2);
+    clock::duration longest{};
+    std::size_t drains = 0;
+    while (clock::now() < until) {
+        const auto t0 = clock::now();
+        mon.drain([](void*, std::uintptr_t, std::uintptr_t) {}, nullptr);
+        longest = std::max(longest, clock::now() - t0);
+        ++drains;
+    }
+    stop = true;
+    for (auto& t : unmappers)
+        t.join();
+    INFO("drains " << drains << ", longest "
+                   << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count()
+                   << " ms, events " << mon.events());
+    CHECK(mon.events() > 100);
+    CHECK(longest < std::chrono::milliseconds(250));
 }
 
 TEST_CASE("auto_monitor: resolves names, and none turns caching off") {

@@ -73,13 +73,14 @@ namespace detail {
 /// makes it true from the moment a munmap of watched memory returns until the
 /// cache has dropped the range (the sink has returned). `reading` is the
 /// reader's word (bit 0: between poll and queueing; bit 1: dead), `state` the
-/// monitor's (bit 0: its queue is not empty; above it: drains in progress).
+/// monitor's (bit 0: its queue is not empty; above it: drains in progress);
+/// the reader's word counts the batches it queued above its two bits.
 /// An event moves from `reading` to the queue bit to a drain and out, so the
 /// words are loaded in that order: a load that finds a stage over finds the
 /// next one begun. A template so that a test can interleave the loads.
 template <class Word>
 [[nodiscard]] inline bool uffd_pending(const Word& reading, const Word& state) noexcept {
-    if (reading.load(std::memory_order_acquire) != 0)
+    if ((reading.load(std::memory_order_acquire) & 3U) != 0)
         return true;
     return state.load(std::memory_order_acquire) != 0;
 }

@@ -189,37 +189,45 @@ message_reader::state message_reader::read_some(int fd) noexcept {
         if (r < 0)
             return fail(errno);
         // Taken before anything else can fail, so that they are closed with the rest.
-        bool over = false;
-        for (cmsghdr* c = m.msg_control != nullptr ? CMSG_FIRSTHDR(&m) : nullptr; c != nullptr;
-             c = CMSG_NXTHDR(&m, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                continue;
-            const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (std::size_t i = 0; i < k; ++i) {
-                int got = -1;
-                std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
-                if (fds_.size() < most_fds_) {
-                    fds_.push_back(got); // within the capacity reserved: no throw
-                } else {
-                    close(got);
-                    over = true;
-                }
-            }
-        }
-        if (over || (m.msg_flags & MSG_CTRUNC) != 0)
+        if (!keep_fds(m) || (m.msg_flags & MSG_CTRUNC) != 0)
             return fail(EPROTO); // more descriptors than this message may carry
         if (r == 0)
             return fail(ECONNRESET);
-        got_ += static_cast<std::size_t>(r);
-        if (want_ == UINT32_MAX && got_ == sizeof want_) {
-            std::memcpy(&want_, buf_.data(), sizeof want_);
-            if (want_ == 0 || want_ > most_bytes || want_ > room_)
-                return fail(EMSGSIZE);
-        } else if (want_ != UINT32_MAX && got_ == sizeof want_ + want_) {
-            state_ = state::done;
-        }
+        took(static_cast<std::size_t>(r));
     }
     return state_;
+}
+
+bool message_reader::keep_fds(msghdr& m) noexcept {
+    bool over = false;
+    for (cmsghdr* c = m.msg_control != nullptr ? CMSG_FIRSTHDR(&m) : nullptr; c != nullptr;
+         c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < k; ++i) {
+            int got = -1;
+            std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
+            if (fds_.size() < most_fds_) {
+                fds_.push_back(got); // within the capacity reserved: no throw
+            } else {
+                close(got);
+                over = true;
+            }
+        }
+    }
+    return !over;
+}
+
+void message_reader::took(std::size_t bytes) noexcept {
+    got_ += bytes;
+    if (want_ == UINT32_MAX && got_ == sizeof want_) {
+        std::memcpy(&want_, buf_.data(), sizeof want_);
+        if (want_ == 0 || want_ > most_bytes || want_ > room_)
+            (void)fail(EMSGSIZE);
+    } else if (want_ != UINT32_MAX && got_ == sizeof want_ + want_) {
+        state_ = state::done;
+    }
 }
 
 std::size_t unix_channel::receive(std::span<std::byte> bytes, std::vector<int>& fds,

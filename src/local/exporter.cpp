@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
+#include <optional>
 #include <string>
 #include <unistd.h>
 
@@ -116,56 +117,41 @@ std::size_t exporter::live() const {
     return table_.live();
 }
 
-bool exporter::answer(unix_channel& peer, std::chrono::milliseconds timeout) {
+namespace {
+
+/// One request of the peer, or none: nothing asked in time (`gone` false),
+/// or the peer closed the channel (`gone` true). Throws on a malformed one.
+std::optional<export_wire::request> read_request(unix_channel& peer,
+                                                 std::chrono::milliseconds timeout, bool& gone) {
     export_wire::request q;
     std::vector<int> fds;
     std::size_t got = 0;
     try {
         got = peer.receive(std::as_writable_bytes(std::span(&q, 1)), fds, timeout);
     } catch (const error& e) {
-        if (e.code().value() == ETIMEDOUT)
-            return true; // nothing asked: the peer is still there
-        if (e.code().value() == ECONNRESET)
-            return false;
-        throw;
+        if (e.code().value() != ETIMEDOUT && e.code().value() != ECONNRESET)
+            throw;
+        gone = e.code().value() == ECONNRESET;
+        return std::nullopt;
     }
     for (const int fd : fds) // a peer sends none: close what came anyway
         close(fd);
     if (got != sizeof q || q.magic != export_wire::magic)
         throw_error("exporter::answer", EPROTO,
                     fmt::format("a request of {} bytes, magic {:#x}", got, q.magic));
+    return q;
+}
+
+} // namespace
+
+bool exporter::answer(unix_channel& peer, std::chrono::milliseconds timeout) {
+    bool gone = false;
+    const std::optional<export_wire::request> q = read_request(peer, timeout, gone);
+    if (!q)
+        return !gone; // nothing asked: the peer is still there
     export_wire::reply r;
-    int fd = -1;
     bool close_fd = false;
-    {
-        std::lock_guard g(mutex_);
-        switch (q.what) {
-        case export_wire::kind::hello:
-            r.slots = table_.slots();
-            r.bytes = table_.control().size();
-            fd = table_.control().fd();
-            break;
-        case export_wire::kind::attach: {
-            const published* p = q.id < by_id_.size() ? &by_id_[q.id] : nullptr;
-            if (p == nullptr || p->fd < 0 || p->notice.generation != q.generation) {
-                r.error = ENOENT; // revoked, replaced, or never published
-                break;
-            }
-            r.bytes = p->notice.bytes;
-            r.writable = p->writable ? 1 : 0;
-            if (p->writable) {
-                fd = p->fd;
-            } else {
-                fd = reopen_read_only(p->fd);
-                close_fd = true;
-            }
-            break;
-        }
-        default:
-            throw_error("exporter::answer", EPROTO,
-                        fmt::format("request kind {}", static_cast<std::uint32_t>(q.what)));
-        }
-    }
+    const int fd = reply_to(*q, r, close_fd);
     bool sent = true;
     try {
         peer.send(std::as_bytes(std::span(&r, 1)),
@@ -181,6 +167,32 @@ bool exporter::answer(unix_channel& peer, std::chrono::milliseconds timeout) {
     if (close_fd)
         close(fd);
     return sent;
+}
+
+int exporter::reply_to(const export_wire::request& q, export_wire::reply& r, bool& close_fd) {
+    std::lock_guard g(mutex_);
+    switch (q.what) {
+    case export_wire::kind::hello:
+        r.slots = table_.slots();
+        r.bytes = table_.control().size();
+        return table_.control().fd();
+    case export_wire::kind::attach: {
+        const published* p = q.id < by_id_.size() ? &by_id_[q.id] : nullptr;
+        if (p == nullptr || p->fd < 0 || p->notice.generation != q.generation) {
+            r.error = ENOENT; // revoked, replaced, or never published
+            return -1;
+        }
+        r.bytes = p->notice.bytes;
+        r.writable = p->writable ? 1 : 0;
+        if (p->writable)
+            return p->fd;
+        close_fd = true;
+        return reopen_read_only(p->fd);
+    }
+    default:
+        throw_error("exporter::answer", EPROTO,
+                    fmt::format("request kind {}", static_cast<std::uint32_t>(q.what)));
+    }
 }
 
 } // namespace rdmax::local

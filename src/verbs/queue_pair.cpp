@@ -56,7 +56,6 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
     , recv_cq_(cfg_.recv_cq != nullptr ? cfg_.recv_cq : own_recv_cq_.get())
     , type_(type)
     , slots_(1) {
-    const context& ctx = pd.device();
     ibv_qp_init_attr attr{};
     attr.send_cq = send_cq_.get();
     attr.recv_cq = recv_cq_->get();
@@ -68,29 +67,7 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
     attr.cap.max_send_sge = cfg_.max_send_sge;
     attr.cap.max_recv_sge = cfg_.max_recv_sge;
     attr.cap.max_inline_data = cfg_.max_inline;
-
-    const char* verb = cm_id != nullptr ? "rdma_create_qp" : "ibv_create_qp";
-    for (;;) {
-        if (cm_id != nullptr) {
-            if (rdma_create_qp(cm_id, pd.get(), &attr) == 0)
-                qp_ = cm_id->qp;
-        } else {
-            qp_ = ibv_create_qp(pd.get(), &attr);
-        }
-        if (qp_ != nullptr)
-            break;
-        const int err = errno;
-        // Devices differ in how much inline data they take: halve the request
-        // until the device agrees, rather than fail over an optimisation.
-        if (err == EINVAL && attr.cap.max_inline_data > 0) {
-            attr.cap.max_inline_data /= 2;
-            continue;
-        }
-        throw_error(verb, err,
-                    fmt::format("{} send x{} sge, {} recv x{} sge, inline {} on {}",
-                                cfg_.send_depth, cfg_.max_send_sge, cfg_.recv_depth,
-                                cfg_.max_recv_sge, cfg_.max_inline, ctx.name()));
-    }
+    create(attr, cm_id);
     cm_id_ = cm_id;
     state_ = cm_id != nullptr ? IBV_QPS_INIT : IBV_QPS_RESET;
     // 0 asked means "never inline", whatever minimum the device grants anyway.
@@ -104,26 +81,54 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
     kept_ = kept_completions(slots_.depth());
     wrs_.resize(cfg_.max_batch);
     sges_.resize(static_cast<std::size_t>(cfg_.max_batch) * max_send_sge_);
-
     try {
-        const port_info port = ctx.port(cfg_.port);
-        max_msg_ = port.max_msg_size;
-        mtu_ = port.active_mtu;
-        lid_ = port.lid;
-        if (auto g = ctx.preferred_gid(cfg_.port)) {
-            gid_index_ = static_cast<std::uint8_t>(g->index);
-            gid_ = g->value;
-        }
-        const auto& lim = ctx.limits();
-        rd_atomic_ = static_cast<std::uint8_t>(
-            std::clamp<std::uint32_t>(std::min({std::uint32_t{cfg_.max_rd_atomic},
-                                                lim.max_qp_init_rd_atom, lim.max_qp_rd_atom}),
-                                      1, 255));
-        psn_ = random_psn();
+        learn_port();
     } catch (...) {
         destroy();
         throw;
     }
+}
+
+void queue_pair_base::create(ibv_qp_init_attr& attr, rdma_cm_id* cm_id) {
+    const char* verb = cm_id != nullptr ? "rdma_create_qp" : "ibv_create_qp";
+    for (;;) {
+        if (cm_id != nullptr) {
+            if (rdma_create_qp(cm_id, pd_->get(), &attr) == 0)
+                qp_ = cm_id->qp;
+        } else {
+            qp_ = ibv_create_qp(pd_->get(), &attr);
+        }
+        if (qp_ != nullptr)
+            return;
+        const int err = errno;
+        // Devices differ in how much inline data they take: halve the request
+        // until the device agrees, rather than fail over an optimisation.
+        if (err == EINVAL && attr.cap.max_inline_data > 0) {
+            attr.cap.max_inline_data /= 2;
+            continue;
+        }
+        throw_error(verb, err,
+                    fmt::format("{} send x{} sge, {} recv x{} sge, inline {} on {}",
+                                cfg_.send_depth, cfg_.max_send_sge, cfg_.recv_depth,
+                                cfg_.max_recv_sge, cfg_.max_inline, pd_->device().name()));
+    }
+}
+
+void queue_pair_base::learn_port() {
+    const context& ctx = pd_->device();
+    const port_info port = ctx.port(cfg_.port);
+    max_msg_ = port.max_msg_size;
+    mtu_ = port.active_mtu;
+    lid_ = port.lid;
+    if (auto g = ctx.preferred_gid(cfg_.port)) {
+        gid_index_ = static_cast<std::uint8_t>(g->index);
+        gid_ = g->value;
+    }
+    const auto& lim = ctx.limits();
+    rd_atomic_ = static_cast<std::uint8_t>(std::clamp<std::uint32_t>(
+        std::min({std::uint32_t{cfg_.max_rd_atomic}, lim.max_qp_init_rd_atom, lim.max_qp_rd_atom}),
+        1, 255));
+    psn_ = random_psn();
 }
 
 void queue_pair_base::destroy() noexcept {

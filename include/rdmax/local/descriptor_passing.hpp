@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+struct msghdr; // <sys/socket.h>
+
 namespace rdmax::local {
 
 /// Who is at the other end of a connected Unix socket.
@@ -65,6 +67,10 @@ public:
 private:
     state fail(int err) noexcept;
     void close_fds() noexcept;
+    /// Keeps the descriptors `m` brought, closing any past most_fds_ (then false).
+    bool keep_fds(msghdr& m) noexcept;
+    /// Counts `bytes` more read: the prefix once whole (checked), then done.
+    void took(std::size_t bytes) noexcept;
 
     std::size_t room_;
     std::size_t most_fds_;

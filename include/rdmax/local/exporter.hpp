@@ -134,6 +134,9 @@ private:
     export_notice publish_locked(int fd, const std::byte* base, std::size_t bytes, bool writable);
     void revoke_locked(published& p) noexcept;
     void revoke_area(const std::byte* base) noexcept;
+    /// Fills `r` for request `q`; the descriptor to send with it, or -1
+    /// (`close_fd`: a duplicate made for this reply, closed once sent).
+    int reply_to(const export_wire::request& q, export_wire::reply& r, bool& close_fd);
 
     mutable std::mutex mutex_;
     export_table table_;

@@ -423,6 +423,11 @@ protected:
     /// Moves the QP to the error state: outstanding work completes flushed.
     void enter_error() noexcept;
     int translate_send(const ibv_wc* wcs, int n, std::span<completion> out) noexcept;
+    /// Creates qp_ (through cm_id where given), halving inline data until
+    /// the device takes it; throws naming the verb.
+    void create(ibv_qp_init_attr& attr, rdma_cm_id* cm_id);
+    /// The port's MTU, LID, preferred GID and atomic depth; a random PSN.
+    void learn_port();
 
     const protection_domain* pd_;
     qp_config cfg_;

@@ -13,17 +13,18 @@ if ! grep -qs ACTIVE /sys/class/infiniband/*/ports/*/state; then
     exit 77
 fi
 if [ "${RDMAX_RPC_LOCAL:-1}" = 0 ]; then path="through the RDMA device"; else path="through this node's memory"; fi
-errlog=$(mktemp)
-# The server's stdout comes through a pipe, read a line at a time with a
+scratch=$(mktemp -d)
+errlog=$scratch/stderr
+# The server's stdout comes through a FIFO, read a line at a time with a
 # deadline; its stderr goes to errlog, shown on failure. timeout bounds it.
-coproc server { exec timeout 180 "$server_bin" ${RDMAX_TEST_ADDR:+"$RDMAX_TEST_ADDR"} 2>"$errlog"; }
-# shellcheck disable=SC2154 # server_PID: set by coproc
-server_pid=$server_PID
-exec {from_server}<&"${server[0]}"
+mkfifo "$scratch/stdout"
+timeout 180 "$server_bin" ${RDMAX_TEST_ADDR:+"$RDMAX_TEST_ADDR"} >"$scratch/stdout" 2>"$errlog" &
+server_pid=$!
+exec {from_server}<"$scratch/stdout"
 cleanup() {
     kill "$server_pid" 2>/dev/null
     wait "$server_pid" 2>/dev/null
-    rm -f "$errlog"
+    rm -rf "$scratch"
 }
 trap cleanup EXIT
 fail() {

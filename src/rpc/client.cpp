@@ -195,33 +195,28 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
     hello.probe_value = probe_;
     local_welcome w;
     std::vector<int> fds;
+    const auto close_all = [&] {
+        for (int fd : fds)
+            ::close(fd);
+    };
     std::size_t n = 0;
     try {
         ch.send(std::as_bytes(std::span(&hello, 1)));
         n = ch.receive(std::as_writable_bytes(std::span(&w, 1)), fds, opts_.connect_timeout);
     } catch (const error& e) {
-        for (int fd : fds)
-            ::close(fd);
         const int err = e.code().value();
         if (err == ECONNRESET || err == EPIPE) {
             // The server closed without a welcome: it refused this connection
             // (too many handshakes under way, from this user or all). The
             // device may still take it.
-            counters_.count_refusal(err, "the node-local server closed the handshake");
-            rdmax::detail::notice(fmt::format(
-                "rpc::client: {}:{} is on this node, but it closed the node-local handshake "
-                "({}): through the device",
-                addr, port, e.what()));
-            return nullptr;
+            return refuse_local(fds, err, "the node-local server closed the handshake", addr, port,
+                                fmt::format("it closed the node-local handshake ({})", e.what()));
         }
+        close_all();
         throw_error(
             "rpc::client::connect", EPROTO,
             fmt::format("{}:{}: the node-local handshake failed: {}", addr, port, e.what()));
     }
-    const auto close_all = [&] {
-        for (int fd : fds)
-            ::close(fd);
-    };
     if (n == sizeof w && w.magic == protocol_magic && w.status == local_no_cma) {
         close_all();
         rdmax::detail::notice(fmt::format(
@@ -233,15 +228,9 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
                 : "; RDMAX_RPC_PTRACER=any lets every server of this user do it"));
         return nullptr;
     }
-    if (n == sizeof w && w.magic == protocol_magic && w.status == local_refused) {
-        close_all();
-        counters_.count_refusal(EBUSY, "the node-local server refused the connection");
-        rdmax::detail::notice(
-            fmt::format("rpc::client: {}:{} is on this node, but it refused the node-local "
-                        "connection: through the device",
-                        addr, port));
-        return nullptr;
-    }
+    if (n == sizeof w && w.magic == protocol_magic && w.status == local_refused)
+        return refuse_local(fds, EBUSY, "the node-local server refused the connection", addr, port,
+                            "it refused the node-local connection");
     if (n != sizeof w || w.magic != protocol_magic || w.version != protocol_version ||
         w.status != local_ok || fds.size() != 3 || w.slots == 0 || w.slots > opts_.slots ||
         w.slot_bytes < min_slot_bytes || w.slot_bytes > opts_.slot_bytes ||
@@ -255,17 +244,14 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
     try {
         seg = local::shared_segment::attach(fds[0], w.segment_bytes, true, /*require_sealed=*/true);
     } catch (const error& e) {
-        close_all();
-        if (e.code().value() != EPERM)
+        if (e.code().value() != EPERM) {
+            close_all();
             throw;
+        }
         // A server older than sealed segments: its peers could cut the
         // segment under this process. Not node-local, then.
-        counters_.count_refusal(EPERM, "the node-local server's segment is not sealed");
-        rdmax::detail::notice(
-            fmt::format("rpc::client: {}:{} is on this node, but its shared segment is not "
-                        "sealed (an older server): through the device",
-                        addr, port));
-        return nullptr;
+        return refuse_local(fds, EPERM, "the node-local server's segment is not sealed", addr, port,
+                            "its shared segment is not sealed (an older server)");
     } catch (...) {
         close_all();
         throw;
@@ -278,6 +264,18 @@ std::unique_ptr<link_wire> client::connect_local(std::string_view addr, std::uin
         throw_error("rpc::client::connect", EPROTO,
                     fmt::format("{}:{}: the node-local segment is not laid out", addr, port));
     return wire;
+}
+
+std::unique_ptr<link_wire> client::refuse_local(std::vector<int>& fds, int err,
+                                                std::string_view reason, std::string_view addr,
+                                                std::uint16_t port, std::string_view what) {
+    for (int fd : fds)
+        ::close(fd);
+    fds.clear();
+    counters_.count_refusal(err, reason);
+    rdmax::detail::notice(fmt::format(
+        "rpc::client: {}:{} is on this node, but {}: through the device", addr, port, what));
+    return nullptr;
 }
 
 void client::grow_results() {

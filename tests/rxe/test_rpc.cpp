@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <fcntl.h>
 #include <functional>
 #include <new>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "../support/child_process.hpp"
+#include "../support/descriptors.hpp"
 #include "../support/loopback.hpp"
 
 using namespace rdmax;
@@ -1548,41 +1548,12 @@ rpc::rpc_options local_options() {
     return o;
 }
 
-/// Descriptors this process has open.
-std::size_t open_fds() {
-    std::size_t n = 0;
-    if (DIR* d = opendir("/proc/self/fd")) {
-        while (readdir(d) != nullptr)
-            ++n;
-        closedir(d);
-    }
-    return n;
-}
-
 /// The CPU time (user and system) this thread has used.
 std::chrono::microseconds thread_cpu() {
     rusage u{};
     REQUIRE(getrusage(RUSAGE_THREAD, &u) == 0);
     return std::chrono::seconds(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
            std::chrono::microseconds(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-/// `bytes` bytes (a length prefix cut short) with `fds` beside them, by sendmsg of its own.
-void send_raw(int sock, std::size_t bytes, std::span<const int> fds) {
-    std::array<char, 4> data{};
-    iovec iov{data.data(), bytes};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    REQUIRE(sendmsg(sock, &m, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes));
 }
 
 /// A node-local client written by hand: the server's Unix name, a hello as
@@ -1748,20 +1719,7 @@ TEST_CASE("a node-local hello sent a byte at a time with descriptors installs no
     const std::size_t base = open_fds() + 1;
     std::size_t most = 0;
     for (int i = 0; i < 36; ++i) {
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)] = {};
-        char byte = 0;
-        iovec iov{&byte, 1};
-        msghdr m{};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        m.msg_control = control;
-        m.msg_controllen = sizeof control;
-        cmsghdr* c = CMSG_FIRSTHDR(&m);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * 16);
-        std::memcpy(CMSG_DATA(c), sixteen.data(), sizeof sixteen);
-        if (::sendmsg(ch.fd(), &m, MSG_NOSIGNAL) != 1)
+        if (send_with_fds(ch.fd(), 1, sixteen) != 1)
             break; // refused and closed: what the fix does at the first piece
         // Served a while (housekeeping reads the socket when it is readable).
         const auto until = clock_type::now() + std::chrono::milliseconds(20);

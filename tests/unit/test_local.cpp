@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <dirent.h>
 #include <fcntl.h>
 #include <map>
 #include <optional>
@@ -27,9 +26,12 @@
 
 #include "../support/catch.hpp"
 #include "../support/child_process.hpp"
+#include "../support/descriptors.hpp"
 
 using namespace rdmax::local;
+using rdmax::test::open_fds;
 using rdmax::test::reap;
+using rdmax::test::send_raw;
 
 namespace {
 
@@ -38,36 +40,6 @@ std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
     for (std::size_t i = 0; i < n; ++i)
         v[i] = static_cast<std::byte>((i * 7 + seed) % 251);
     return v;
-}
-
-/// Descriptors this process has open.
-std::size_t open_fds() {
-    std::size_t n = 0;
-    if (DIR* d = opendir("/proc/self/fd")) {
-        while (readdir(d) != nullptr)
-            ++n;
-        closedir(d);
-    }
-    return n;
-}
-
-/// What a hostile local peer sends: `bytes` bytes (a length prefix cut
-/// short) and `fds` beside them, through sendmsg of its own.
-void send_raw(int sock, std::size_t bytes, std::span<const int> fds) {
-    std::array<char, 4> data{};
-    iovec iov{data.data(), bytes};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)] = {};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    REQUIRE(sendmsg(sock, &m, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes));
 }
 
 } // namespace

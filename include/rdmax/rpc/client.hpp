@@ -173,6 +173,13 @@ private:
     /// The node-local path to addr:port, if the server is on this node and
     /// may use CMA on this process; nullptr otherwise (take the device).
     std::unique_ptr<link_wire> connect_local(std::string_view addr, std::uint16_t port);
+    /// connect_local() turned down by the server (it closed the handshake,
+    /// refused, or offered a segment that is not sealed): closes `fds`, counts
+    /// the refusal (err, reason), says on stderr that addr:port is on this node
+    /// but `what`, and returns nullptr, so that connect() takes the device.
+    std::unique_ptr<link_wire> refuse_local(std::vector<int>& fds, int err, std::string_view reason,
+                                            std::string_view addr, std::uint16_t port,
+                                            std::string_view what);
     /// Lets the server process `server` use CMA on this one where Yama asks
     /// for it, as rpc_options::ptracer allows.
     void grant_cma(pid_t server) noexcept;

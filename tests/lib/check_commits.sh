@@ -10,7 +10,7 @@
 #
 # tests/run calls it first (CI through .ci/run). Exits 0 when every commit
 # passes; 1 naming each bad commit (hash and subject), or when BASE is not in
-# HEAD's history; a shallow clone checks its commits made after the base); 77 (SKIP) outside
+# HEAD's history (a shallow clone checks its commits made after the base); 77 (SKIP) outside
 # a git checkout (a release tarball).
 set -uo pipefail
 

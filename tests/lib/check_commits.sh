@@ -45,7 +45,7 @@ if ! git -C "$repo" cat-file -e "$base^{commit}" 2>/dev/null; then
     echo "$me: a shallow clone without $base: checking its commits made after $(date -u -d "@$base_time" '+%F %T') UTC"
     range=(--since="@$base_time" HEAD)
 elif ! git -C "$repo" merge-base --is-ancestor "$base" HEAD; then
-    echo "$me: FAIL: HEAD does not contain commit $base (the base): not this project's history"
+    echo "$me: FAIL: commit $base (the base) is not in HEAD's history"
     exit 1
 fi
 

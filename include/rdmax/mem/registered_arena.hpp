@@ -39,15 +39,15 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/mem/area_mapping.hpp>
+#include <rdmax/detail/mem/memory_pressure.hpp>
+#include <rdmax/detail/mem/page_table.hpp>
+#include <rdmax/detail/mem/spin_lock.hpp>
 #include <rdmax/error.hpp>
-#include <rdmax/mem/area_mapping.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/buffer.hpp>
-#include <rdmax/mem/memory_pressure.hpp>
-#include <rdmax/mem/page_table.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/rights.hpp>
-#include <rdmax/mem/spin_lock.hpp>
 
 namespace rdmax {
 

@@ -55,11 +55,11 @@
 #include <boost/intrusive/set.hpp>
 #include <fmt/format.h>
 
+#include <rdmax/detail/mem/page_table.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/mem/fork_policy.hpp>
 #include <rdmax/mem/monitor.hpp>
-#include <rdmax/mem/page_table.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/rights.hpp>

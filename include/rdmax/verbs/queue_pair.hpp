@@ -27,15 +27,15 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <rdmax/detail/verbs/kept_completions.hpp>
+#include <rdmax/detail/verbs/send_slots.hpp>
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/status.hpp>
 #include <rdmax/verbs/completion.hpp>
 #include <rdmax/verbs/completion_queue.hpp>
 #include <rdmax/verbs/gid.hpp>
-#include <rdmax/verbs/kept_completions.hpp>
 #include <rdmax/verbs/port.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
-#include <rdmax/verbs/send_slots.hpp>
 #include <rdmax/verbs/shared_receive_queue.hpp>
 
 namespace rdmax::sched {

@@ -10,7 +10,7 @@
 // and "which overlap [a, b)" walks forward from there: O(log n + k), on a
 // Boost.Intrusive red-black tree whose node is the cache entry itself (one
 // allocation per registration, in the tree and the eviction ring at once).
-// Disjointness also lets a radix page table (page_table.hpp) map each page to
+// Disjointness also lets a radix page table (detail/mem/page_table.hpp) map each page to
 // the one entry covering it: hits look there, in four loads instead of a tree
 // walk (UCX's design).
 //

@@ -60,5 +60,6 @@
 #include <rdmax/verbs/prepared_connection.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 #include <rdmax/verbs/queue_pair.hpp>
+#include <rdmax/verbs/send_batch.hpp>
 #include <rdmax/verbs/shared_receive_queue.hpp>
 #include <rdmax/version.hpp>

@@ -2,7 +2,6 @@
 // Everything rdmax offers, for programs that would rather not pick headers.
 
 #include <rdmax/error.hpp>
-#include <rdmax/mem/area_mapping.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/arena_resource.hpp>
 #include <rdmax/mem/auto_monitor.hpp>
@@ -14,12 +13,9 @@
 #include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/handle_options.hpp>
 #include <rdmax/mem/kmod_monitor.hpp>
-#include <rdmax/mem/memory_pressure.hpp>
 #include <rdmax/mem/memory_region.hpp>
 #include <rdmax/mem/monitor.hpp>
 #include <rdmax/mem/on_demand_check.hpp>
-#include <rdmax/mem/page_table.hpp>
-#include <rdmax/mem/pending_invalidations.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registered_arena.hpp>
 #include <rdmax/mem/registrar.hpp>
@@ -27,7 +23,6 @@
 #include <rdmax/mem/registration_error.hpp>
 #include <rdmax/mem/remote_handle.hpp>
 #include <rdmax/mem/rights.hpp>
-#include <rdmax/mem/spin_lock.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
 #include <rdmax/rpc/call_status.hpp>
@@ -60,12 +55,11 @@
 #include <rdmax/verbs/device_limits.hpp>
 #include <rdmax/verbs/domain_per_device.hpp>
 #include <rdmax/verbs/gid.hpp>
-#include <rdmax/verbs/kept_completions.hpp>
 #include <rdmax/verbs/listener.hpp>
 #include <rdmax/verbs/port.hpp>
 #include <rdmax/verbs/prepared_connection.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 #include <rdmax/verbs/queue_pair.hpp>
-#include <rdmax/verbs/send_slots.hpp>
+#include <rdmax/verbs/send_batch.hpp>
 #include <rdmax/verbs/shared_receive_queue.hpp>
 #include <rdmax/version.hpp>

@@ -3,8 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/local/export_table.hpp>
 #include <rdmax/error.hpp>
-#include <rdmax/local/export_table.hpp>
 
 namespace rdmax::local {
 

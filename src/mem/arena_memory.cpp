@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/mem/area_mapping.hpp>
 #include <rdmax/error.hpp>
-#include <rdmax/mem/area_mapping.hpp>
 
 namespace rdmax::detail {
 

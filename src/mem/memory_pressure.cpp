@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include <rdmax/mem/memory_pressure.hpp>
+#include <rdmax/detail/mem/memory_pressure.hpp>
 
 namespace rdmax {
 

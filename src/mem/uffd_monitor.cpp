@@ -23,9 +23,9 @@
 #include <boost/intrusive/list.hpp>
 #include <fmt/format.h>
 
+#include <rdmax/detail/mem/pending_invalidations.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/mem/fork_policy.hpp>
-#include <rdmax/mem/pending_invalidations.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 
 #include "../notice.hpp"

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <rdmax/verbs/kept_completions.hpp>
+#include <rdmax/detail/verbs/kept_completions.hpp>
 
 #include "../support/catch.hpp"
 

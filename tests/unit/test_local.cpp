@@ -16,9 +16,9 @@
 #include <unistd.h>
 #include <vector>
 
+#include <rdmax/detail/local/export_table.hpp>
 #include <rdmax/local/cma.hpp>
 #include <rdmax/local/descriptor_passing.hpp>
-#include <rdmax/local/export_table.hpp>
 #include <rdmax/local/mapping_cache.hpp>
 #include <rdmax/local/node_address.hpp>
 #include <rdmax/local/shared_segment.hpp>

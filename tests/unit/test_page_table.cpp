@@ -4,7 +4,7 @@
 #include <map>
 #include <random>
 
-#include <rdmax/mem/page_table.hpp>
+#include <rdmax/detail/mem/page_table.hpp>
 
 #include "../support/catch.hpp"
 

@@ -3,7 +3,7 @@
 #include <deque>
 #include <random>
 
-#include <rdmax/verbs/send_slots.hpp>
+#include <rdmax/detail/verbs/send_slots.hpp>
 
 #include "../support/catch.hpp"
 

@@ -22,9 +22,9 @@
 #include <unistd.h>
 #include <vector>
 
+#include <rdmax/detail/mem/pending_invalidations.hpp>
 #include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/kmod_monitor.hpp>
-#include <rdmax/mem/pending_invalidations.hpp>
 #include <rdmax/mem/registration_cache.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 

@@ -27,9 +27,9 @@
 #include <mutex>
 #include <vector>
 
+#include <rdmax/detail/local/export_table.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/local/descriptor_passing.hpp>
-#include <rdmax/local/export_table.hpp>
 #include <rdmax/local/shared_segment.hpp>
 
 namespace rdmax::local {

@@ -27,7 +27,7 @@
 #include <boost/intrusive/list.hpp>
 #include <fmt/format.h>
 
-#include <rdmax/local/export_table.hpp>
+#include <rdmax/detail/local/export_table.hpp>
 #include <rdmax/local/shared_segment.hpp>
 
 namespace rdmax::local {

@@ -7,7 +7,7 @@
 // F_SEAL_GROW, F_SEAL_SEAL), so a peer that maps it keeps valid pages for as
 // long as its mapping lives, and a peer given the descriptor cannot cut the
 // owner's pages either (no SIGBUS on either side; revocation is a generation
-// in a control segment, see export_table.hpp). attach(..., require_sealed)
+// in a control segment, see detail/local/export_table.hpp). attach(..., require_sealed)
 // refuses a descriptor whose size its sender could still cut.
 
 #include <cstddef>

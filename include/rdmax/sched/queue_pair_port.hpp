@@ -4,6 +4,7 @@
 // back through the queue pair's slot accounting.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include <rdmax/sched/send_port.hpp>
@@ -21,23 +22,16 @@ public:
     queue_pair_port& operator=(const queue_pair_port&) = delete;
 
     status stage(const slice_request& s) noexcept {
-        ibv_sge* sges = nullptr;
-        if (status st = batch_.reserve(1, sges); st != status::ok)
-            return st;
-        sges[0] = {reinterpret_cast<std::uint64_t>(s.local), s.length, s.lkey};
         const verbs::send_flags f{
             .signaled = s.signaled, .fence = s.fence, .solicited = s.solicited};
         const std::optional<std::uint32_t> imm =
             s.has_imm ? std::optional<std::uint32_t>(s.imm) : std::nullopt;
-        if (s.opcode == IBV_WR_SEND || s.opcode == IBV_WR_SEND_WITH_IMM)
-            return batch_.stage_message(1, s.length, s.id, f, imm, nullptr);
-        // The scheduler checked the whole remote range; a slice is its own range.
-        return batch_.stage_rdma(s.opcode, 1, s.length, s.remote_addr, s.length, s.rkey, 0, s.id, f,
-                                 imm);
+        return batch_.stage_for_port(s.opcode, s.local, s.length, s.lkey, s.remote_addr, s.rkey,
+                                     s.id, f, imm);
     }
     status post() noexcept { return batch_.post(); }
     [[nodiscard]] std::uint32_t accepted() const noexcept { return batch_.accepted(); }
-    void fail() noexcept { qp_->enter_error(); }
+    void fail() noexcept { qp_->enter_error_for_port(); }
     int poll(std::span<verbs::completion> out) noexcept { return qp_->poll_send(out); }
     [[nodiscard]] std::uint32_t slots_free() const noexcept { return qp_->send_slots_free(); }
     [[nodiscard]] std::uint32_t max_rd_atomic() const noexcept { return qp_->max_rd_atomic(); }

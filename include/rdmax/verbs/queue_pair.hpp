@@ -8,7 +8,7 @@
 // accepts is decided by their access rights at compile time.
 //
 // Completions: the queue pair owns its send completion queue, so that it can
-// account send-queue slots (selective signaling; see send_slots.hpp). Only
+// account send-queue slots (selective signaling; see detail/verbs/send_slots.hpp). Only
 // requests that asked for a completion, and failed ones, are reported, with
 // the caller's wr_id. A queue pair is used by one thread at a time.
 //
@@ -27,20 +27,17 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <rdmax/detail/verbs/kept_completions.hpp>
+#include <rdmax/detail/verbs/send_slots.hpp>
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/status.hpp>
 #include <rdmax/verbs/completion.hpp>
 #include <rdmax/verbs/completion_queue.hpp>
 #include <rdmax/verbs/gid.hpp>
-#include <rdmax/verbs/kept_completions.hpp>
 #include <rdmax/verbs/port.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
-#include <rdmax/verbs/send_slots.hpp>
+#include <rdmax/verbs/send_batch.hpp>
 #include <rdmax/verbs/shared_receive_queue.hpp>
-
-namespace rdmax::sched {
-class queue_pair_port;
-} // namespace rdmax::sched
 
 namespace rdmax::verbs {
 
@@ -86,14 +83,6 @@ struct qp_endpoint {
     std::uint8_t mtu = IBV_MTU_1024; ///< ibv_mtu
 };
 
-/// Per-request options. Defaults: signaled, not fenced, inline when it fits.
-struct send_flags {
-    bool signaled = true;      ///< report a completion (failures are always reported)
-    bool fence = false;        ///< wait for earlier reads/atomics before this one starts
-    bool solicited = false;    ///< wake a peer that sleeps for solicited events
-    bool force_inline = false; ///< refuse rather than fall back when data exceeds max_inline
-};
-
 /// A UD destination: an address handle plus the remote QP's number and key.
 class address_handle {
 public:
@@ -117,180 +106,6 @@ private:
 
 /// Bytes of room ahead of every UD receive: the global route header.
 inline constexpr std::uint32_t ud_grh_bytes = 40;
-
-class queue_pair_base;
-
-/// A chain of work requests posted with one ibv_post_send. Obtained from a
-/// queue pair's batch(); each call checks its request and stages it, or
-/// returns why not; post() rings the doorbell once for all of them.
-class send_batch {
-public:
-    explicit send_batch(queue_pair_base& qp) noexcept;
-    send_batch(const send_batch&) = delete;
-    send_batch& operator=(const send_batch&) = delete;
-    ~send_batch(); ///< an unposted batch is dropped, its slots returned
-
-    [[nodiscard]] std::uint32_t size() const noexcept { return count_; }
-
-    template <rights L, rights R>
-        requires(has(R, rights::remote_write))
-    status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-                 std::uint64_t wr_id, send_flags f = {}) noexcept {
-        return rdma(IBV_WR_RDMA_WRITE, std::span<const local_buffer<L>>(&src, 1), dst, dst_offset,
-                    wr_id, f, std::nullopt);
-    }
-    template <rights L, rights R>
-        requires(has(R, rights::remote_write))
-    status write(std::span<const local_buffer<L>> srcs, remote_buffer<R> dst,
-                 std::uint64_t dst_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
-        return rdma(IBV_WR_RDMA_WRITE, srcs, dst, dst_offset, wr_id, f, std::nullopt);
-    }
-    /// RDMA write whose immediate arrives with a receive completion at the peer.
-    template <rights L, rights R>
-        requires(has(R, rights::remote_write))
-    status write_imm(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
-                     std::uint32_t imm, std::uint64_t wr_id, send_flags f = {}) noexcept {
-        return rdma(IBV_WR_RDMA_WRITE_WITH_IMM, std::span<const local_buffer<L>>(&src, 1), dst,
-                    dst_offset, wr_id, f, imm);
-    }
-    /// RDMA read into local memory, which must allow local writes.
-    template <rights L, rights R>
-        requires(has(L, rights::local_write) && has(R, rights::remote_read))
-    status read(local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
-                std::uint64_t wr_id, send_flags f = {}) noexcept {
-        f.force_inline = false;
-        return rdma(IBV_WR_RDMA_READ, std::span<const local_buffer<L>>(&dst, 1), src, src_offset,
-                    wr_id, f, std::nullopt);
-    }
-    template <rights L, rights R>
-        requires(has(L, rights::local_write) && has(R, rights::remote_read))
-    status read(std::span<const local_buffer<L>> dsts, remote_buffer<R> src,
-                std::uint64_t src_offset, std::uint64_t wr_id, send_flags f = {}) noexcept {
-        f.force_inline = false;
-        return rdma(IBV_WR_RDMA_READ, dsts, src, src_offset, wr_id, f, std::nullopt);
-    }
-    template <rights L>
-    status send(local_buffer<L> src, std::uint64_t wr_id, send_flags f = {}) noexcept {
-        return message(std::span<const local_buffer<L>>(&src, 1), wr_id, f, std::nullopt, nullptr);
-    }
-    template <rights L>
-    status send(std::span<const local_buffer<L>> srcs, std::uint64_t wr_id,
-                send_flags f = {}) noexcept {
-        return message(srcs, wr_id, f, std::nullopt, nullptr);
-    }
-    template <rights L>
-    status send_imm(local_buffer<L> src, std::uint32_t imm, std::uint64_t wr_id,
-                    send_flags f = {}) noexcept {
-        return message(std::span<const local_buffer<L>>(&src, 1), wr_id, f, imm, nullptr);
-    }
-    /// UD send to `to`.
-    template <rights L>
-    status send_to(local_buffer<L> src, const address_handle& to, std::uint64_t wr_id,
-                   send_flags f = {}) noexcept {
-        return message(std::span<const local_buffer<L>>(&src, 1), wr_id, f, std::nullopt, &to);
-    }
-    /// If the 8 bytes at dst + offset equal `expected`, store `desired`; the old
-    /// value lands in `result` (8 bytes) either way.
-    template <rights L, rights R>
-        requires(has(L, rights::local_write) && has(R, rights::remote_atomic))
-    status compare_swap(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                        std::uint64_t expected, std::uint64_t desired, std::uint64_t wr_id,
-                        send_flags f = {}) noexcept {
-        return atomic(IBV_WR_ATOMIC_CMP_AND_SWP, as_sge(result), dst.addr, dst.length, dst.rkey,
-                      dst_offset, expected, desired, wr_id, f);
-    }
-    /// Adds `add` to the 8 bytes at dst + offset; the old value lands in `result`.
-    template <rights L, rights R>
-        requires(has(L, rights::local_write) && has(R, rights::remote_atomic))
-    status fetch_add(local_buffer<L> result, remote_buffer<R> dst, std::uint64_t dst_offset,
-                     std::uint64_t add, std::uint64_t wr_id, send_flags f = {}) noexcept {
-        return atomic(IBV_WR_ATOMIC_FETCH_AND_ADD, as_sge(result), dst.addr, dst.length, dst.rkey,
-                      dst_offset, add, 0, wr_id, f);
-    }
-
-    /// Binds the type-2 memory window `mw` to [addr, addr + length) of `mr`
-    /// (IBV_WR_BIND_MW), granting `rights` (remote ones only) under `rkey`:
-    /// the window's key with a new low byte, ibv_inc_rkey(mw->rkey), so that
-    /// no handle of an earlier binding matches. The window then answers only
-    /// to requests that arrive on this queue pair (type 2 is tied to the QP it
-    /// was bound through). `mr` must have been registered with
-    /// rights::mw_bind, and with local_write when `rights` include remote
-    /// write or atomic: ibv_mr does not say, and the device fails such a bind
-    /// (IBV_WC_MW_BIND_ERR), which takes the queue pair to the error state.
-    /// Once the bind has completed, set mw->rkey = rkey: the provider names
-    /// the window by mw->rkey in the next bind.
-    status bind_mw(ibv_mw* mw, std::uint32_t rkey, ibv_mr* mr, std::uint64_t addr,
-                   std::uint64_t length, rights window_rights, std::uint64_t wr_id,
-                   send_flags f = {}) noexcept;
-    /// Invalidates the memory window whose key is `rkey` (IBV_WR_LOCAL_INV):
-    /// once this completes the device refuses the key, and a type-2 window
-    /// may be bound again (with a new key).
-    status local_invalidate(std::uint32_t rkey, std::uint64_t wr_id, send_flags f = {}) noexcept;
-
-    /// Posts every staged request with one ibv_post_send.
-    status post() noexcept;
-    /// How many requests of the last post()ed chain the device took: all of
-    /// them after a success, those before the refused one after a failure.
-    [[nodiscard]] std::uint32_t accepted() const noexcept { return accepted_; }
-
-private:
-    // The scheduler stages slices it has already checked against typed buffers.
-    friend class rdmax::sched::queue_pair_port;
-
-    template <rights L>
-    static ibv_sge as_sge(const local_buffer<L>& b) noexcept {
-        return {reinterpret_cast<std::uint64_t>(b.addr), b.length, b.lkey};
-    }
-    template <rights L>
-    status rdma(ibv_wr_opcode op, std::span<const local_buffer<L>> locals, const auto& remote,
-                std::uint64_t offset, std::uint64_t wr_id, send_flags f,
-                std::optional<std::uint32_t> imm) noexcept {
-        ibv_sge* sges = nullptr;
-        std::uint64_t total = 0;
-        if (status s = gather(locals, sges, total); s != status::ok)
-            return s;
-        return stage_rdma(op, locals.size(), total, remote.addr, remote.length, remote.rkey, offset,
-                          wr_id, f, imm);
-    }
-    template <rights L>
-    status message(std::span<const local_buffer<L>> locals, std::uint64_t wr_id, send_flags f,
-                   std::optional<std::uint32_t> imm, const address_handle* to) noexcept {
-        ibv_sge* sges = nullptr;
-        std::uint64_t total = 0;
-        if (status s = gather(locals, sges, total); s != status::ok)
-            return s;
-        return stage_message(locals.size(), total, wr_id, f, imm, to);
-    }
-    /// Copies the buffers into the next staging slot's SGEs.
-    template <rights L>
-    status gather(std::span<const local_buffer<L>> locals, ibv_sge*& sges,
-                  std::uint64_t& total) noexcept {
-        if (status s = reserve(locals.size(), sges); s != status::ok)
-            return s;
-        for (std::size_t i = 0; i < locals.size(); ++i) {
-            sges[i] = as_sge(locals[i]);
-            total += locals[i].length;
-        }
-        return status::ok;
-    }
-
-    status reserve(std::size_t nsge, ibv_sge*& sges) noexcept;
-    status stage_rdma(ibv_wr_opcode op, std::size_t nsge, std::uint64_t total, std::uint64_t raddr,
-                      std::uint64_t rlen, std::uint32_t rkey, std::uint64_t offset,
-                      std::uint64_t wr_id, send_flags f, std::optional<std::uint32_t> imm) noexcept;
-    status stage_message(std::size_t nsge, std::uint64_t total, std::uint64_t wr_id, send_flags f,
-                         std::optional<std::uint32_t> imm, const address_handle* to) noexcept;
-    status atomic(ibv_wr_opcode op, ibv_sge result, std::uint64_t raddr, std::uint64_t rlen,
-                  std::uint32_t rkey, std::uint64_t offset, std::uint64_t operand,
-                  std::uint64_t swap, std::uint64_t wr_id, send_flags f) noexcept;
-    status commit(ibv_send_wr& wr, std::uint64_t wr_id, send_flags f, bool inline_ok,
-                  std::uint64_t total) noexcept;
-
-    queue_pair_base& qp_;
-    send_slots::checkpoint start_;
-    std::uint32_t count_ = 0;
-    std::uint32_t accepted_ = 0;
-};
 
 /// What RC and UD queue pairs share: creation, receives, completions.
 class queue_pair_base {
@@ -392,6 +207,13 @@ public:
     /// A chain of requests for one doorbell (one batch at a time per QP).
     [[nodiscard]] send_batch batch() noexcept { return send_batch(*this); }
 
+    /// For send ports (sched::queue_pair_port), not applications: moves the
+    /// queue pair to the error state after the device refused a post that
+    /// the port's scheduler already counted, so that every outstanding
+    /// request completes flushed and the scheduler hears of each. An
+    /// application that wants to stop disconnects instead.
+    void enter_error_for_port() noexcept { enter_error(); }
+
 protected:
     /// One request, staged by `stage` and posted: the single-operation calls.
     template <class Stage>
@@ -411,7 +233,6 @@ protected:
 
     friend class send_batch;
     friend class connection;
-    friend class rdmax::sched::queue_pair_port; // enter_error() when a post is refused
     status post_recv_sges(ibv_sge* sges, std::uint32_t n, std::uint64_t wr_id) noexcept;
     /// ok, or why nothing may be posted: qp_failed (error state), not_connected.
     [[nodiscard]] status can_post() const noexcept {

@@ -77,8 +77,12 @@ std::string number::describe_range(std::uint64_t type_max) const {
                        : multiple_of > 1 ? fmt::format("a multiple of {}", multiple_of)
                        : bytes           ? "a size"
                                          : "a number";
-    what += most == type_max ? fmt::format(" of at least {}", show(lo))
-                             : fmt::format(" from {} to {}", show(lo), show(most));
+    if (most != type_max)
+        what += fmt::format(" from {} to {}", show(lo), show(most));
+    else if (lo != 0)
+        what += fmt::format(" of at least {}", show(lo));
+    else
+        what = bytes ? "any size" : "any number";
     if (bytes)
         what += " (K, M, G, T allowed)";
     if (!zero_word.empty())

@@ -90,19 +90,24 @@ void print_module() {
                    std::strerror(err));
         return;
     }
-    std::string src = "?";
-    if (std::FILE* f = std::fopen("/sys/module/rdmax/srcversion", "r")) {
+    // Set where the module declares a version (MODULE_VERSION) or the kernel records its source's.
+    std::string version;
+    for (const char* file : {"/sys/module/rdmax/version", "/sys/module/rdmax/srcversion"}) {
+        std::FILE* f = std::fopen(file, "r");
+        if (f == nullptr)
+            continue;
         char line[64] = {};
-        if (std::fgets(line, sizeof line, f) != nullptr)
-            src = std::string(line, strcspn(line, "\n"));
+        if (std::fgets(line, sizeof line, f) != nullptr && version.empty())
+            version = fmt::format(", {} {}", std::strrchr(file, '/') + 1,
+                                  std::string_view(line, std::strcspn(line, "\n")));
         std::fclose(f);
     }
-    fmt::print("{}: present, ABI {} ({}), srcversion {}, {} slots per open file\n",
-               RDMAX_KMOD_DEVICE, q.abi_version,
+    fmt::print("{}: present, ABI {} ({}){}, {} slots per open file\n", RDMAX_KMOD_DEVICE,
+               q.abi_version,
                q.abi_version == RDMAX_KMOD_ABI_VERSION
                    ? "this library's"
                    : fmt::format("this library speaks {}", RDMAX_KMOD_ABI_VERSION),
-               src, q.max_regions);
+               version, q.max_regions);
 }
 
 void print_monitor() {

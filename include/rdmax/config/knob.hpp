@@ -246,7 +246,7 @@ void describe_env(const std::tuple<Knobs...>& table, std::vector<knob_row>& out)
             row.from = source::environment;
             try {
                 options set = defaults;
-                k.apply(set, v, k.name);
+                k.apply(set, v, "rdmax::config");
                 row.value = k.format(set);
             } catch (const rdmax::error& e) {
                 row.value = std::string(v);

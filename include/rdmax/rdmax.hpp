@@ -1,6 +1,8 @@
 #pragma once
 // Everything rdmax offers, for programs that would rather not pick headers.
 
+#include <rdmax/config/knob.hpp>
+#include <rdmax/config/knobs.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/arena_resource.hpp>

@@ -4,19 +4,10 @@
 
 #include <rdmax/local/mapping_cache.hpp>
 
-#include "../env_knobs.hpp"
-
 namespace rdmax::local {
 
 mapping_options mapping_options::with_env() const {
-    using namespace rdmax::detail;
-    constexpr const char* who = "mapping_options::with_env";
-    mapping_options o = *this;
-    if (auto v = env("RDMAX_MAPCACHE_MAX_COUNT"); !v.empty())
-        o.max_count = parse_size(who, "RDMAX_MAPCACHE_MAX_COUNT", v);
-    if (auto v = env("RDMAX_MAPCACHE_MAX_BYTES"); !v.empty())
-        o.max_bytes = parse_size(who, "RDMAX_MAPCACHE_MAX_BYTES", v);
-    return o;
+    return config::apply_env(*this, mapping_knobs, "mapping_options::with_env");
 }
 
 mapping_cache::mapping_cache(std::span<const export_slot> table, attach_fn attach,

@@ -69,4 +69,49 @@ auto_monitor::auto_monitor(monitor_kind requested) {
     kind_ = monitor_kind::none;
 }
 
+namespace {
+
+/// Why userfaultfd cannot be had, or empty when it can.
+std::string why_no_uffd() {
+    if (uffd_monitor::available())
+        return {};
+    try {
+        const uffd_monitor probe;
+        return "userfaultfd refused";
+    } catch (const rdmax::error& e) {
+        return e.what();
+    }
+}
+
+} // namespace
+
+monitor_choice predict_monitor(monitor_kind requested) {
+    const bool kmod_loaded = ::access(kmod_device, F_OK) == 0;
+    const bool kmod_usable = kmod_monitor::available();
+    switch (requested) {
+    case monitor_kind::manual: return {requested, "asked for: the application calls invalidate()"};
+    case monitor_kind::none: return {requested, "asked for: nothing is cached"};
+    case monitor_kind::kmod:
+        if (kmod_usable)
+            return {requested, fmt::format("asked for, and {} answers", kmod_device)};
+        return {monitor_kind::none,
+                fmt::format("asked for, but {} {}: caches would throw", kmod_device,
+                            kmod_loaded ? "cannot be used (ABI or permission)" : "is missing")};
+    case monitor_kind::uffd:
+        if (const std::string why = why_no_uffd(); !why.empty())
+            return {monitor_kind::none, fmt::format("asked for, but {}: caches would throw", why)};
+        return {requested, "asked for, and userfaultfd is available"};
+    case monitor_kind::automatic: break;
+    }
+    if (kmod_usable)
+        return {monitor_kind::kmod,
+                fmt::format("{} is loaded and speaks this library's ABI", kmod_device)};
+    const std::string no_kmod =
+        fmt::format("{} {}", kmod_device, kmod_loaded ? "cannot be used" : "is not loaded");
+    if (const std::string why = why_no_uffd(); !why.empty())
+        return {monitor_kind::none,
+                fmt::format("{}, and {}: registrations are not cached", no_kmod, why)};
+    return {monitor_kind::uffd, fmt::format("{}; userfaultfd is available", no_kmod)};
+}
+
 } // namespace rdmax

@@ -19,12 +19,6 @@
 namespace rdmax::rpc {
 
 namespace {
-arena_options rpc_arena_options() {
-    arena_options a = arena_options{}.with_env();
-    a.area_rights = rights::local_write; // the ring's own key is all a peer gets
-    a.area_bytes = std::max<std::size_t>(a.area_bytes, std::size_t{2} << 20);
-    return a;
-}
 handle_options ring_key_options() {
     handle_options h;
     h.revoke = revoke_by::memory_region; // the key goes in the connect request
@@ -36,7 +30,7 @@ constexpr std::uint32_t no_slot = UINT32_MAX;
 client::client(const verbs::protection_domain& pd, rpc_options opts)
     : pd_(&pd)
     , opts_((opts.check("rpc::client"), opts))
-    , arena_(verbs_registrar(pd), rpc_arena_options())
+    , arena_(verbs_registrar(pd), opts_.ring_arena())
     , issuer_(pd, ring_key_options())
     , inbox_(pd, std::clamp<std::uint32_t>(std::uint32_t{opts_.slots} * 8U, 256, 8192)) {}
 
@@ -54,7 +48,7 @@ verbs_cache& client::cache() {
     // cannot take make_verbs_cache's result: new builds it in place.
     if (!cache_) {
         // NOLINTNEXTLINE(modernize-make-unique)
-        cache_ = std::unique_ptr<verbs_cache>(new verbs_cache(make_verbs_cache(*pd_)));
+        cache_ = std::unique_ptr<verbs_cache>(new verbs_cache(make_verbs_cache(*pd_, opts_.cache)));
     }
     return *cache_;
 }
@@ -111,7 +105,7 @@ peer_id client::connect(std::string_view addr, std::uint16_t port) {
     }
     wire->attach(std::move(conn), *granted, opts_.scheduler);
     // Windows need type 2 and a pinned registration to bind to (not ODP).
-    if (pd_->device().limits().memory_windows && !rcache_options{}.with_env().on_demand)
+    if (pd_->device().limits().memory_windows && !opts_.cache.on_demand)
         (void)wire->enable_windows();
     peer_link* v = wire.get();
     const peer_id id = add_link(std::move(wire));

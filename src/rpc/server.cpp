@@ -30,14 +30,6 @@ std::uint32_t inbox_depth(const rpc_options& o) {
     return std::clamp<std::uint32_t>(std::uint32_t{o.slots} * 16U, 256, 16384);
 }
 
-arena_options rpc_arena_options() {
-    arena_options a = arena_options{}.with_env();
-    // The areas' own keys open nothing to a peer: each ring gets a key of its own.
-    a.area_rights = rights::local_write;
-    a.area_bytes = std::max<std::size_t>(a.area_bytes, std::size_t{2} << 20);
-    return a;
-}
-
 handle_options ring_key_options() {
     handle_options h;
     // A registration of each ring alone, made before the connection is up
@@ -95,7 +87,7 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
                rpc_options opts)
     : pd_(&pd)
     , opts_((opts.check("rpc::server"), opts))
-    , arena_(verbs_registrar(pd), rpc_arena_options())
+    , arena_(verbs_registrar(pd), opts_.ring_arena())
     , issuer_(pd, ring_key_options())
     , inbox_(pd, inbox_depth(opts_))
     , listener_(addr, port) {

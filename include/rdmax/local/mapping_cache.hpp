@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include <rdmax/detail/local/export_table.hpp>
+#include <rdmax/local/mapping_options.hpp>
 #include <rdmax/local/shared_segment.hpp>
 
 namespace rdmax::local {
@@ -50,14 +51,6 @@ enum class map_status : std::uint8_t {
     }
     return "unknown";
 }
-
-struct mapping_options {
-    std::size_t max_count = 256;                  ///< mappings kept at most
-    std::size_t max_bytes = std::size_t{1} << 30; ///< bytes mapped at most
-    /// RDMAX_MAPCACHE_MAX_COUNT and RDMAX_MAPCACHE_MAX_BYTES (K/M/G) applied;
-    /// a malformed value throws rdmax::error naming the variable.
-    [[nodiscard]] mapping_options with_env() const;
-};
 
 struct mapping_counters {
     std::uint64_t hits = 0;

@@ -1,12 +1,14 @@
 #pragma once
-// Options and counters of registered_arena, with their RDMAX_ARENA_*
-// environment overrides.
+// Options and counters of registered_arena, with their knobs (arena_knobs,
+// RDMAX_ARENA_*).
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
 
 #include <fmt/format.h>
 
+#include <rdmax/config/knob.hpp>
 #include <rdmax/mem/rights.hpp>
 
 namespace rdmax {
@@ -37,11 +39,23 @@ struct arena_options {
     /// private memory would be copied: share with care.
     bool shareable = false;
 
-    /// These options with RDMAX_ARENA_AREA_BYTES, RDMAX_ARENA_HIGH_WATERMARK
-    /// (sizes, K/M/G/T suffixes allowed), RDMAX_ARENA_HUGE_PAGES and
-    /// RDMAX_ARENA_PSI (0/1) applied; a malformed value throws rdmax::error
-    /// naming the variable.
+    /// These options with the variables of arena_knobs that are set applied;
+    /// a malformed or out-of-range value throws rdmax::error naming the
+    /// variable, the value and what it accepts, and nothing is applied.
     [[nodiscard]] arena_options with_env() const;
+};
+
+/// RDMAX_ARENA_*: read by with_env() only.
+inline constexpr std::tuple arena_knobs{
+    config::knob{"RDMAX_ARENA_AREA_BYTES", &arena_options::area_bytes,
+                 config::number{.lo = std::size_t{2} << 20, .bytes = true, .power_of_two = true},
+                 "bytes per registered area"},
+    config::knob{"RDMAX_ARENA_HIGH_WATERMARK", &arena_options::high_watermark,
+                 config::number{.bytes = true}, "idle registered bytes kept for reuse"},
+    config::knob{"RDMAX_ARENA_HUGE_PAGES", &arena_options::huge_pages, config::flag{},
+                 "back areas with 2 MiB pages where allowed"},
+    config::knob{"RDMAX_ARENA_PSI", &arena_options::trim_under_pressure, config::flag{},
+                 "trim arenas under memory pressure (`/proc/pressure/memory`)"},
 };
 
 struct arena_counters {

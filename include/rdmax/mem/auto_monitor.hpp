@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include <rdmax/mem/kmod_monitor.hpp>
 #include <rdmax/mem/monitor.hpp>
@@ -73,6 +74,15 @@ private:
     std::optional<uffd_monitor> uffd_;
     std::optional<kmod_monitor> kmod_;
 };
+
+/// What auto_monitor(requested) would use, and why (for rdmax-info).
+struct monitor_choice {
+    monitor_kind kind = monitor_kind::none;
+    std::string why;
+};
+/// Looks without keeping anything open: a kmod or uffd asked for by name that
+/// cannot be had is reported as kind none with the reason, not thrown.
+[[nodiscard]] monitor_choice predict_monitor(monitor_kind requested = monitor_kind::automatic);
 
 static_assert(monitor<auto_monitor>);
 static_assert(monitor<uffd_monitor>);

@@ -1,13 +1,15 @@
 #pragma once
-// Options and counters of handle_issuer (handle_issuer.hpp), with the
-// RDMAX_HANDLE_REVOKE environment override, and the rule that picks how a
-// handle is revoked.
+// Options and counters of handle_issuer (handle_issuer.hpp), with their knob
+// (handle_knobs), and the rule that picks how a handle is revoked.
 
 #include <chrono>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
 
 #include <fmt/format.h>
+
+#include <rdmax/config/knob.hpp>
 
 namespace rdmax {
 
@@ -42,9 +44,18 @@ struct handle_options {
     /// window instead, which revokes it just as surely.
     std::chrono::milliseconds deadline{5000};
 
-    /// These options with RDMAX_HANDLE_REVOKE (auto, mw or mr) applied; a
-    /// malformed value throws rdmax::error naming the variable.
+    /// These options with the variables of handle_knobs that are set applied;
+    /// a malformed value throws rdmax::error naming the variable.
     [[nodiscard]] handle_options with_env() const;
+};
+
+/// RDMAX_HANDLE_*: read by with_env() only (handle_issuer's default options).
+inline constexpr std::tuple handle_knobs{
+    config::knob{"RDMAX_HANDLE_REVOKE", &handle_options::revoke,
+                 config::one_of<revoke_by>({{"auto", revoke_by::automatic},
+                                            {"mw", revoke_by::memory_window},
+                                            {"mr", revoke_by::memory_region}}),
+                 "`mw` (type-2 windows), `mr` (a registration per handle), `auto`"},
 };
 
 /// Why a handle cannot be backed by a memory window, or nullptr when it can.

@@ -1,14 +1,16 @@
 #pragma once
-// Options of the registration cache, with defaults, and their RDMAX_RCACHE_*
-// environment overrides (as UCX_RCACHE_* and FI_MR_CACHE_* are for those
-// libraries' users).
+// Options of the registration cache, with defaults, and their knobs
+// (rcache_knobs, RDMAX_RCACHE_*; as UCX_RCACHE_* and FI_MR_CACHE_* are for
+// those libraries' users).
 
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
 
 #include <fmt/format.h>
 
+#include <rdmax/config/knob.hpp>
 #include <rdmax/verbs/device_limits.hpp>
 
 namespace rdmax {
@@ -43,11 +45,9 @@ struct rcache_options {
     /// Which monitor auto_monitor uses (see auto_monitor.hpp).
     monitor_kind monitor = monitor_kind::automatic;
 
-    /// These options with RDMAX_RCACHE_ENABLE (0/1), RDMAX_RCACHE_MAX_COUNT,
-    /// RDMAX_RCACHE_MAX_BYTES (a number, with K/M/G/T suffix allowed),
-    /// RDMAX_RCACHE_ODP (0/1) and
-    /// RDMAX_RCACHE_MONITOR (auto|kmod|uffd|manual|none) applied; a malformed
-    /// value throws rdmax::error naming the variable.
+    /// These options with the variables of rcache_knobs that are set applied;
+    /// a malformed or out-of-range value throws rdmax::error naming the
+    /// variable, the value and what it accepts, and nothing is applied.
     [[nodiscard]] rcache_options with_env() const;
 
     /// These options with a limit left at 0 taken from `dev` and this process:
@@ -58,6 +58,29 @@ struct rcache_options {
     /// the old default, made a working set of 16 k one-page buffers miss on
     /// every access where the device holds 2^20 registrations.
     [[nodiscard]] rcache_options with_device_limits(const verbs::device_limits& dev) const;
+};
+
+/// RDMAX_RCACHE_*: read by with_env() only (make_verbs_cache's default options).
+inline constexpr std::tuple rcache_knobs{
+    config::knob{"RDMAX_RCACHE_ENABLE", &rcache_options::enable, config::flag{},
+                 "`0`: every `get` registers, its release deregisters"},
+    config::knob{"RDMAX_RCACHE_MAX_COUNT", &rcache_options::max_count,
+                 config::number{.zero_word = "auto"},
+                 "idle registrations evicted above this many; `auto`: half the device's `max_mr`"},
+    config::knob{"RDMAX_RCACHE_MAX_BYTES", &rcache_options::max_bytes,
+                 config::number{.bytes = true, .zero_word = "auto"},
+                 "... or above this many bytes; `auto`: half `RLIMIT_MEMLOCK`, no limit where "
+                 "pinning has none (unlimited, `CAP_IPC_LOCK`) or with ODP"},
+    config::knob{"RDMAX_RCACHE_MONITOR", &rcache_options::monitor,
+                 config::one_of<monitor_kind>({{"auto", monitor_kind::automatic},
+                                               {"kmod", monitor_kind::kmod},
+                                               {"uffd", monitor_kind::uffd},
+                                               {"manual", monitor_kind::manual},
+                                               {"none", monitor_kind::none}}),
+                 "what watches cached memory; one named that cannot be had is an error"},
+    config::knob{"RDMAX_RCACHE_ODP", &rcache_options::on_demand, config::flag{},
+                 "`1`: register with `IBV_ACCESS_ON_DEMAND` (refused, with why, unless the device "
+                 "passes rdmax's ODP check); the cache then watches nothing under `auto`"},
 };
 
 /// What the cache has done, for users to print.

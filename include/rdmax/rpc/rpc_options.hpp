@@ -1,9 +1,18 @@
 #pragma once
-// Options of RPC servers and clients, with their RDMAX_RPC_* overrides.
+// Options of RPC servers and clients, with their knobs (rpc_knobs, RDMAX_RPC_*).
+//
+// Options passed to a client or server are all it uses: nothing below reads
+// the environment (the ring arena's and the registration cache's options are
+// members here). The environment is read where a caller asks: with_env(),
+// which the constructors' default argument calls.
 
 #include <chrono>
 #include <cstdint>
+#include <tuple>
 
+#include <rdmax/config/knob.hpp>
+#include <rdmax/mem/arena_options.hpp>
+#include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
 
 namespace rdmax::rpc {
@@ -45,15 +54,52 @@ struct rpc_options {
     ptracer_grant ptracer = ptracer_grant::peer;
     /// Each connection's scheduler (priorities, slicing of large transfers).
     sched::scheduler_options scheduler = {};
+    /// The arena the rings live in (ring_arena() narrows its rights).
+    arena_options arena = {};
+    /// The client's registration cache, for bodies and reply buffers over a
+    /// slot (its limits derived from the device, as make_verbs_cache does).
+    rcache_options cache = {};
 
-    /// These options with RDMAX_RPC_SLOTS, RDMAX_RPC_SLOT_BYTES,
-    /// RDMAX_RPC_MAX_MESSAGE (K/M/G allowed), RDMAX_RPC_MAX_PEERS,
-    /// RDMAX_RPC_TIMEOUT_MS, RDMAX_RPC_CONNECT_TIMEOUT_MS, RDMAX_RPC_LOCAL (0/1),
-    /// RDMAX_RPC_PTRACER (off, peer, any) and RDMAX_RPC_HOUSEKEEPING_US applied, and the
-    /// scheduler's RDMAX_SCHED_*; a malformed or out-of-range value throws rdmax::error naming it.
+    /// These options with the variables of rpc_knobs that are set applied, and
+    /// the scheduler's, the arena's and the cache's (their with_env()); a
+    /// malformed or out-of-range value throws rdmax::error naming the variable,
+    /// and nothing is applied.
     [[nodiscard]] rpc_options with_env() const;
     /// Throws rdmax::error if a field is out of range.
     void check(const char* who) const;
+    /// `arena` as the rings' arena uses it: registered for local write alone
+    /// (each ring gets a key of its own), in areas of at least 2 MiB.
+    [[nodiscard]] arena_options ring_arena() const;
+};
+
+/// RDMAX_RPC_*: read by with_env() only (the client's and server's default options).
+inline constexpr std::tuple rpc_knobs{
+    config::knob{"RDMAX_RPC_SLOTS", &rpc_options::slots, config::number{.lo = 1, .hi = 2048},
+                 "calls in flight per connection"},
+    config::knob{"RDMAX_RPC_SLOT_BYTES", &rpc_options::slot_bytes,
+                 config::number{.lo = 64, .hi = 256 * 1024, .multiple_of = 8}, "bytes per slot"},
+    config::knob{"RDMAX_RPC_MAX_MESSAGE", &rpc_options::max_message,
+                 config::number{.lo = 1, .hi = 1U << 30, .bytes = true},
+                 "largest request or reply body"},
+    config::knob{"RDMAX_RPC_MAX_PEERS", &rpc_options::max_peers,
+                 config::number{.lo = 1, .hi = 1U << 20}, "connections a server takes at once"},
+    config::knob{"RDMAX_RPC_TIMEOUT_MS", &rpc_options::call_timeout,
+                 config::number{.lo = 1, .hi = 86'400'000},
+                 "a call's deadline unless it names one"},
+    config::knob{"RDMAX_RPC_CONNECT_TIMEOUT_MS", &rpc_options::connect_timeout,
+                 config::number{.lo = 1, .hi = 600'000}, "connection set-up deadline"},
+    config::knob{"RDMAX_RPC_HOUSEKEEPING_US", &rpc_options::housekeeping,
+                 config::number{.lo = 1, .hi = 1'000'000},
+                 "how often connection events and deadlines are looked at"},
+    config::knob{"RDMAX_RPC_LOCAL", &rpc_options::local, config::flag{},
+                 "`0`: RPC between processes on one node through the device too"},
+    config::knob{
+        "RDMAX_RPC_PTRACER", &rpc_options::ptracer,
+        config::one_of<rpc_options::ptracer_grant>({{"off", rpc_options::ptracer_grant::off},
+                                                    {"peer", rpc_options::ptracer_grant::peer},
+                                                    {"any", rpc_options::ptracer_grant::any}}),
+        "under Yama scope 1, whom a client lets use CMA on it: its first node-local "
+        "server, `any`, `off`"},
 };
 
 } // namespace rdmax::rpc

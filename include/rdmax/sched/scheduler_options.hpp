@@ -1,12 +1,15 @@
 #pragma once
-// Options and counters of priority_scheduler, with their RDMAX_SCHED_*
-// environment overrides.
+// Options and counters of priority_scheduler, with their knobs
+// (scheduler_knobs, RDMAX_SCHED_*).
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
 
 #include <fmt/format.h>
+
+#include <rdmax/config/knob.hpp>
 
 namespace rdmax::sched {
 
@@ -50,13 +53,30 @@ struct scheduler_options {
     /// (status::queue_full). Preallocated: no allocation per request.
     std::uint32_t max_requests = 1024;
 
-    /// These options with RDMAX_SCHED_SMALL_SLICE, RDMAX_SCHED_LARGE_SLICE,
-    /// RDMAX_SCHED_BUDGET_BYTES (sizes, K/M/G suffixes allowed; `auto`
-    /// for the measured budget),
-    /// RDMAX_SCHED_BUDGET_WQES, RDMAX_SCHED_HOLD_US and
-    /// RDMAX_SCHED_MAX_REQUESTS applied; a malformed value throws
-    /// rdmax::error naming the variable.
+    /// These options with the variables of scheduler_knobs that are set
+    /// applied; a malformed or out-of-range value throws rdmax::error naming
+    /// the variable, the value and what it accepts, and nothing is applied.
     [[nodiscard]] scheduler_options with_env() const;
+};
+
+/// RDMAX_SCHED_*: read by with_env() only (priority_scheduler's default options).
+inline constexpr std::tuple scheduler_knobs{
+    config::knob{"RDMAX_SCHED_SMALL_SLICE", &scheduler_options::small_slice,
+                 config::number{.lo = 1, .bytes = true},
+                 "slice size while a more urgent level has work"},
+    config::knob{"RDMAX_SCHED_LARGE_SLICE", &scheduler_options::large_slice,
+                 config::number{.lo = 1, .bytes = true}, "slice size otherwise"},
+    config::knob{"RDMAX_SCHED_BUDGET_BYTES", &scheduler_options::budget_bytes,
+                 config::number{.lo = 1, .hi = UINT32_MAX, .bytes = true, .zero_word = "auto"},
+                 "bytes in flight above which nothing more is posted; `auto`: measured "
+                 "(bandwidth-delay product + a small slice)"},
+    config::knob{"RDMAX_SCHED_BUDGET_WQES", &scheduler_options::budget_wqes,
+                 config::number{.lo = 1},
+                 "work requests in flight likewise (at most half the send queue)"},
+    config::knob{"RDMAX_SCHED_HOLD_US", &scheduler_options::hold, config::number{},
+                 "how long a level counts as active after its last request"},
+    config::knob{"RDMAX_SCHED_MAX_REQUESTS", &scheduler_options::max_requests,
+                 config::number{.lo = 1}, "requests queued or in flight (preallocated)"},
 };
 
 struct scheduler_counters {

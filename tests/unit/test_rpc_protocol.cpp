@@ -604,6 +604,8 @@ TEST_CASE("a superseded call's READ in flight gives its block back and runs no h
     REQUIRE(r.start(echo, "small") == call_status::ok);
     r.to_server(); // supersedes; its handler runs at once
     CHECK(r.handled == 1);
+    // The old READ may still land in its block: not given back before then.
+    CHECK(inside::free_blocks(*r.srv, r.at_srv) == all_blocks - 1);
     r.s->hold_completions = false;
     (void)r.srv->poll(); // the old READ completes
     CHECK(r.handled == 1);
@@ -1183,9 +1185,9 @@ TEST_CASE("a reply over the slot with no buffer, or one too small: reply_too_lar
           "[rpc-protocol][external]") {
     rig r;
     std::vector<std::byte> small(100);
-    REQUIRE(r.start(sized, std::string(300, 'q'), {.cookie = 1}) == call_status::ok);
-    REQUIRE(r.start(sized, std::string(300, 'q'), {.reply_into = small, .cookie = 2}) ==
-            call_status::ok);
+    const std::string ask(300, 'q'); // over the slot: read from here, kept till the end
+    REQUIRE(r.start(sized, ask, {.cookie = 1}) == call_status::ok);
+    REQUIRE(r.start(sized, ask, {.reply_into = small, .cookie = 2}) == call_status::ok);
     r.pump();
     const auto got = r.results();
     REQUIRE(got.size() == 2);
@@ -1198,9 +1200,10 @@ TEST_CASE("a reply over the slot with no buffer, or one too small: reply_too_lar
 TEST_CASE("a reply WRITE that fails ends the server's connection", "[rpc-protocol][external]") {
     rig r;
     std::vector<std::byte> into(2000);
+    const std::string ask(1500, 'q');
     SECTION("refused at once: nothing is sent") {
         r.s->writes = fake_transfer::refuse;
-        REQUIRE(r.start(sized, std::string(1500, 'q'), {.reply_into = into}) == call_status::ok);
+        REQUIRE(r.start(sized, ask, {.reply_into = into}) == call_status::ok);
         r.to_server();
         (void)r.srv->poll(); // the body's READ completes, the handler replies
         CHECK(r.s->writes_started == 0);
@@ -1209,7 +1212,7 @@ TEST_CASE("a reply WRITE that fails ends the server's connection", "[rpc-protoco
     }
     SECTION("failing at its completion") {
         r.s->writes = fake_transfer::fail_later;
-        REQUIRE(r.start(sized, std::string(1500, 'q'), {.reply_into = into}) == call_status::ok);
+        REQUIRE(r.start(sized, ask, {.reply_into = into}) == call_status::ok);
         r.to_server();
         (void)r.srv->poll(); // READ done, handler, WRITE started
         CHECK(r.s->writes_started == 1);

@@ -520,6 +520,7 @@ TEST_CASE("two epochs back: a reply with the slot's bit but another call_seq is 
     REQUIRE(t.results().at(0).status == call_status::timed_out);
     // The other free slots go first after a timeout: fill them to come back to 0.
     std::vector<seen> others;
+    others.reserve(3);
     for (int i = 0; i < 3; ++i)
         others.push_back(t.call(t.a, "filler"));
     const seen b = t.call(t.a, "B");

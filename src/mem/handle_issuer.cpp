@@ -57,6 +57,9 @@ handle_issuer::handle_issuer(const verbs::protection_domain& pd, verbs::queue_pa
         why_not_ = "the options ask for registrations (mr)";
 }
 
+handle_issuer::handle_issuer() noexcept
+    : why_not_("no device") {}
+
 handle_issuer::~handle_issuer() {
     // Deallocating a bound window invalidates it: no post, no wait, and it
     // works whatever state the queue pair is in.
@@ -99,6 +102,8 @@ remote_handle handle_issuer::issue_mr(const void* addr, std::size_t len, rights 
                                       bool fallback) {
     // Remote write and atomic need local write to be registered (verbs).
     const rights reg = valid(granted) ? granted : granted | rights::local_write;
+    if (pd_ == nullptr)
+        throw_error("ibv_reg_mr", ENODEV, "a handle issuer with no device");
     ibv_mr* mr = ibv_reg_mr(pd_->get(), const_cast<void*>(addr), len, to_ibv(reg));
     if (mr == nullptr)
         throw_error("ibv_reg_mr", errno, fmt::format("a handle's window of {} bytes", len));

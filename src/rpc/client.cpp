@@ -34,6 +34,12 @@ client::client(const verbs::protection_domain& pd, rpc_options opts)
     , issuer_(pd, ring_key_options())
     , inbox_(pd, std::clamp<std::uint32_t>(std::uint32_t{opts_.slots} * 8U, 256, 8192)) {}
 
+client::client(detail::no_device_t no_device, rpc_options opts)
+    : pd_(nullptr)
+    , opts_((opts.check("rpc::client"), opts))
+    , arena_(verbs_registrar(), rpc_arena_options())
+    , inbox_(no_device) {}
+
 client::~client() {
     for (link& l : links_) {
         if (!l.wire)
@@ -635,6 +641,8 @@ void client::housekeeping() noexcept {
         if (!l.wire->broken && (l.wire->failed() || (events && l.wire->peer_gone()))) {
             counters_.count_link_end(l.wire->why_ended());
             fail_link(l, i);
+        } else if (l.wire->broken && l.in_flight != 0) {
+            fail_link(l, i); // broken by a send that failed: its other calls end too
         }
         if (l.wire->broken || l.in_flight == 0)
             continue;

@@ -22,14 +22,14 @@ constexpr std::uint32_t refill_batch = 32;
 } // namespace
 
 inbox::inbox(const verbs::protection_domain& pd, std::uint32_t depth)
-    : channel_(pd.device())
-    , cq_(pd.device(), clamp_depth(pd, depth), &channel_)
-    , srq_(pd, clamp_depth(pd, depth), 1)
+    : channel_(std::in_place, pd.device())
+    , cq_(std::in_place, pd.device(), clamp_depth(pd, depth), &*channel_)
+    , srq_(std::in_place, pd, clamp_depth(pd, depth), 1)
     , depth_(clamp_depth(pd, depth)) {
     for (std::uint32_t posted = 0; posted < depth_;) {
         const std::uint32_t n = std::min(64U, depth_ - posted);
-        if (srq_.post_empty(n, 0) != status::ok)
-            throw_error("ibv_post_srq_recv", srq_.last_errno(),
+        if (srq_->post_empty(n, 0) != status::ok)
+            throw_error("ibv_post_srq_recv", srq_->last_errno(),
                         fmt::format("{} zero-length receives", depth_));
         posted += n;
     }
@@ -37,11 +37,17 @@ inbox::inbox(const verbs::protection_domain& pd, std::uint32_t depth)
     if (epoll_fd_ < 0)
         throw_error("epoll_create1", errno, "rpc inbox");
     try {
-        watch(channel_.fd());
+        watch(channel_->fd());
     } catch (...) {
         ::close(epoll_fd_);
         throw;
     }
+}
+
+inbox::inbox(detail::no_device_t) {
+    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_fd_ < 0)
+        throw_error("epoll_create1", errno, "rpc inbox");
 }
 
 inbox::~inbox() {
@@ -50,12 +56,14 @@ inbox::~inbox() {
 }
 
 void inbox::replenish(std::uint32_t n) noexcept {
+    if (!srq_)
+        return;
     owed_ += n;
     // In batches: one chain per refill_batch receives, while enough stay
     // posted (a peer that finds none waits for "receiver not ready" retries).
     while (owed_ >= refill_batch || (owed_ > 0 && owed_ * 4 >= depth_)) {
         const std::uint32_t k = std::min(owed_, 64U);
-        if (srq_.post_empty(k, 0) != status::ok)
+        if (srq_->post_empty(k, 0) != status::ok)
             return; // retried at the next call: the queue keeps what it had
         owed_ -= k;
     }
@@ -74,7 +82,7 @@ void inbox::forget(int fd) noexcept {
 }
 
 bool inbox::arm() noexcept {
-    return ibv_req_notify_cq(cq_.get(), 0) == 0;
+    return !cq_ || ibv_req_notify_cq(cq_->get(), 0) == 0;
 }
 
 bool inbox::events_pending() noexcept {
@@ -82,7 +90,7 @@ bool inbox::events_pending() noexcept {
     const int n = epoll_wait(epoll_fd_, evs, 8, 0);
     bool cm = false;
     for (int i = 0; i < n; ++i) {
-        if (evs[i].data.fd == channel_.fd())
+        if (channel_ && evs[i].data.fd == channel_->fd())
             take_events(); // else it stays readable, level-triggered
         else
             cm = true;
@@ -99,6 +107,8 @@ void inbox::sleep(std::chrono::microseconds timeout) noexcept {
 }
 
 void inbox::take_events() noexcept {
+    if (!channel_)
+        return;
     ibv_cq* cq = nullptr;
     void* ctx = nullptr;
     unsigned n = 0;
@@ -106,14 +116,14 @@ void inbox::take_events() noexcept {
     // connection's send queue's (whose destruction waits for its events to be
     // acknowledged). The receive queue's are batched; a send queue raises one
     // only when its scheduler armed it before a sleep.
-    while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) {
-        if (cq == cq_.get())
+    while (ibv_get_cq_event(channel_->get(), &cq, &ctx) == 0) {
+        if (cq == cq_->get())
             ++n;
         else
             ibv_ack_cq_events(cq, 1);
     }
     if (n != 0)
-        ibv_ack_cq_events(cq_.get(), n);
+        ibv_ack_cq_events(cq_->get(), n);
 }
 
 } // namespace rdmax::rpc

@@ -111,6 +111,14 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
     by_qp_.reserve(std::size_t{opts_.max_peers} * 2);
 }
 
+server::server(detail::no_device_t no_device, rpc_options opts)
+    : pd_(nullptr)
+    , opts_((opts.check("rpc::server"), opts))
+    , arena_(verbs_registrar(), rpc_arena_options())
+    , inbox_(no_device) {
+    links_.reserve(opts_.max_peers);
+}
+
 server::~server() {
     for (handshake& h : handshakes_)
         inbox_.forget(h.ch.fd());

@@ -489,7 +489,7 @@ void listener::release() noexcept {
 }
 
 std::uint16_t listener::port() const noexcept {
-    return ntohs(rdma_get_src_port(id_));
+    return id_ != nullptr ? ntohs(rdma_get_src_port(id_)) : 0;
 }
 
 context listener::device() const {
@@ -508,7 +508,7 @@ connection_request listener::next_request(std::chrono::milliseconds timeout) {
 }
 
 std::optional<connection_request> listener::poll_request() {
-    for (;;) {
+    while (channel_ != nullptr) {
         rdma_cm_event* ev = next_event(channel_, clock::now());
         if (ev == nullptr)
             return std::nullopt;
@@ -518,10 +518,11 @@ std::optional<connection_request> listener::poll_request() {
                              req.responder_resources);
         // Any other event of a listener's channel is of no use here.
     }
+    return std::nullopt;
 }
 
 int listener::fd() const noexcept {
-    return channel_->fd;
+    return channel_ != nullptr ? channel_->fd : -1;
 }
 
 connection_request listener::hand_over(rdma_cm_id* id, std::vector<std::byte> payload,

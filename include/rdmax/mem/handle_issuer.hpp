@@ -90,6 +90,9 @@ public:
     /// is in another protection domain.
     handle_issuer(const verbs::protection_domain& pd, verbs::queue_pair<verbs::rc>& qp,
                   handle_options opt = handle_options{}.with_env());
+    /// No device: issues nothing (issue() throws ENODEV). For an RPC
+    /// endpoint built without a device in tests.
+    handle_issuer() noexcept;
     handle_issuer(const handle_issuer&) = delete;
     handle_issuer& operator=(const handle_issuer&) = delete;
     ~handle_issuer();
@@ -149,7 +152,7 @@ private:
     void unbind(ibv_mw* mw, std::uint32_t rkey) noexcept;
     std::uint64_t next_wr_id() noexcept;
 
-    const verbs::protection_domain* pd_;
+    const verbs::protection_domain* pd_ = nullptr;
     verbs::queue_pair<verbs::rc>* qp_ = nullptr;
     handle_options opt_;
     const char* why_not_ = nullptr; ///< why this issuer binds no windows (issuer-wide reasons)

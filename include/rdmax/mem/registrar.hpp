@@ -45,8 +45,13 @@ public:
     explicit verbs_registrar(const verbs::protection_domain& pd, bool on_demand = false) noexcept
         : pd_(&pd)
         , extra_(on_demand ? IBV_ACCESS_ON_DEMAND : 0) {}
+    /// No device: registers nothing, every handle has keys 0 (an arena of
+    /// plain memory, for an RPC endpoint built without a device in tests).
+    verbs_registrar() noexcept = default;
 
     [[nodiscard]] handle reg(void* addr, std::size_t len, rights granted) {
+        if (pd_ == nullptr)
+            return &unregistered_;
         ibv_mr* mr = ibv_reg_mr(pd_->get(), addr, len, to_ibv(granted) | extra_);
         if (mr == nullptr)
             throw_registration_error("ibv_reg_mr", errno, addr, len, granted);
@@ -56,6 +61,8 @@ public:
     /// still bound to the region) leaks the registration: counted here
     /// (process-wide), and the first one said on stderr.
     void dereg(handle mr) noexcept {
+        if (mr == &unregistered_)
+            return;
         const int rc = ibv_dereg_mr(mr);
         if (rc != 0 && failed_deregs_.fetch_add(1, std::memory_order_relaxed) == 0)
             std::fprintf(stderr, "rdmax: ibv_dereg_mr failed (%d): a registration leaks\n", rc);
@@ -68,8 +75,9 @@ public:
 
 private:
     inline static std::atomic<std::uint64_t> failed_deregs_{0};
-    const verbs::protection_domain* pd_;
-    int extra_;
+    inline static ibv_mr unregistered_{}; ///< what reg() gives with no device
+    const verbs::protection_domain* pd_ = nullptr;
+    int extra_ = 0;
 };
 
 /// Registers nothing; counts calls and can be told to fail. For unit tests.

@@ -122,6 +122,11 @@ public:
     [[nodiscard]] const rpc_options& options() const noexcept { return opts_; }
 
 private:
+    /// Tests (tests/support/fake_link.hpp): a client with no device, and
+    /// links adopted without a connection (add_link).
+    friend struct protocol_test_access;
+    client(detail::no_device_t no_device, rpc_options opts);
+
     enum class slot_phase : std::uint8_t {
         free,      ///< the caller's credit, unused
         in_flight, ///< request sent, no reply yet

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include <infiniband/verbs.h>
@@ -18,25 +19,38 @@
 
 namespace rdmax::rpc {
 
+namespace detail {
+/// Builds an endpoint (and its inbox) with no device: no queues, no
+/// channel; its links bring their own immediates. For the protocol's unit
+/// tests (tests/support/fake_link.hpp).
+struct no_device_t {
+    explicit no_device_t() = default;
+};
+inline constexpr no_device_t no_device{};
+} // namespace detail
+
 class inbox {
 public:
     /// `depth` receives posted at all times (clamped to the device's
     /// max_srq_wr and max_cqe); throws rdmax::error naming the verb.
     inbox(const verbs::protection_domain& pd, std::uint32_t depth);
+    /// The epoll set alone: poll() finds nothing, arm() and sleep() watch
+    /// only the descriptors given to watch().
+    explicit inbox(detail::no_device_t);
     inbox(const inbox&) = delete;
     inbox& operator=(const inbox&) = delete;
     ~inbox();
 
-    [[nodiscard]] verbs::completion_queue& cq() noexcept { return cq_; }
-    [[nodiscard]] verbs::shared_receive_queue& srq() noexcept { return srq_; }
+    [[nodiscard]] verbs::completion_queue& cq() noexcept { return *cq_; }
+    [[nodiscard]] verbs::shared_receive_queue& srq() noexcept { return *srq_; }
     [[nodiscard]] std::uint32_t depth() const noexcept { return depth_; }
     /// The channel fd() sleeps on. The connections' send queues raise their
     /// events here too (qp_config::send_channel), so that a scheduler whose
     /// queued work waits for send completions wakes the endpoint.
-    [[nodiscard]] verbs::completion_channel& channel() noexcept { return channel_; }
+    [[nodiscard]] verbs::completion_channel& channel() noexcept { return *channel_; }
 
     /// Receive completions, without blocking.
-    [[nodiscard]] int poll(std::span<ibv_wc> out) noexcept { return cq_.poll(out); }
+    [[nodiscard]] int poll(std::span<ibv_wc> out) noexcept { return cq_ ? cq_->poll(out) : 0; }
     /// Gives back `n` receives that completions took (posted in batches).
     void replenish(std::uint32_t n) noexcept;
 
@@ -62,10 +76,11 @@ public:
 private:
     void take_events() noexcept;
 
-    verbs::completion_channel channel_;
-    verbs::completion_queue cq_;
-    verbs::shared_receive_queue srq_;
-    std::uint32_t depth_;
+    // Empty with no device (detail::no_device) only.
+    std::optional<verbs::completion_channel> channel_;
+    std::optional<verbs::completion_queue> cq_;
+    std::optional<verbs::shared_receive_queue> srq_;
+    std::uint32_t depth_ = 0;
     std::uint32_t owed_ = 0; ///< receives taken and not yet given back
     int epoll_fd_ = -1;
 };

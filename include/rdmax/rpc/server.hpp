@@ -158,6 +158,10 @@ public:
 private:
     friend class request_context;
     friend struct server_test_access; // tests: a failure injected where none can be caused
+    /// Tests (tests/support/fake_link.hpp): a server with no device and no
+    /// listener, and links adopted without a connection (add_link).
+    friend struct protocol_test_access;
+    server(detail::no_device_t no_device, rpc_options opts);
 
     struct slot_state {
         bool busy = false; ///< a request arrived, its answer is not yet sent

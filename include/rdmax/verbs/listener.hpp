@@ -33,6 +33,9 @@ class listener {
 public:
     /// Listens on addr:port ("192.0.2.1", 0 picks a free port; see port()).
     explicit listener(std::string_view addr, std::uint16_t port = 0, int backlog = 16);
+    /// Listens nowhere (as a moved-from listener): port() 0, fd() -1, no
+    /// requests. For an RPC server built without a device in tests.
+    listener() noexcept = default;
     listener(listener&& other) noexcept;
     listener& operator=(listener&& other) noexcept;
     listener(const listener&) = delete;

@@ -37,7 +37,7 @@ client::client(const verbs::protection_domain& pd, rpc_options opts)
 client::client(detail::no_device_t no_device, rpc_options opts)
     : pd_(nullptr)
     , opts_((opts.check("rpc::client"), opts))
-    , arena_(verbs_registrar(), rpc_arena_options())
+    , arena_(verbs_registrar(), opts_.ring_arena())
     , inbox_(no_device) {}
 
 client::~client() {

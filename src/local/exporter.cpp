@@ -184,10 +184,17 @@ int exporter::reply_to(const export_wire::request& q, export_wire::reply& r, boo
         }
         r.bytes = p->notice.bytes;
         r.writable = p->writable ? 1 : 0;
-        if (p->writable)
-            return p->fd;
+        // A duplicate made under the lock, either way: once it is released a
+        // revoke may close p->fd, and its number may name another file by
+        // the time the reply goes.
+        const int fd = p->writable ? fcntl(p->fd, F_DUPFD_CLOEXEC, 0) : reopen_read_only(p->fd);
+        if (fd < 0) {
+            r = export_wire::reply{};
+            r.error = errno;
+            return -1;
+        }
         close_fd = true;
-        return reopen_read_only(p->fd);
+        return fd;
     }
     default:
         throw_error("exporter::answer", EPROTO,

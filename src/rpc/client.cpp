@@ -37,7 +37,7 @@ client::client(const verbs::protection_domain& pd, rpc_options opts)
 client::client(detail::no_device_t no_device, rpc_options opts)
     : pd_(nullptr)
     , opts_((opts.check("rpc::client"), opts))
-    , arena_(verbs_registrar(), opts_.ring_arena())
+    , arena_(verbs_registrar(no_device), opts_.ring_arena())
     , inbox_(no_device) {}
 
 client::~client() {
@@ -427,6 +427,7 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
             return call_status::no_credit;
         }
         counters_.count_link_end(l->wire->why_ended());
+        ++counters_.disconnected; // fail_link (in housekeeping) counts a broken link no more
         l->wire->broken = true;
         next_housekeeping_ = {};
         return call_status::peer_gone;

@@ -114,7 +114,7 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
 server::server(detail::no_device_t no_device, rpc_options opts)
     : pd_(nullptr)
     , opts_((opts.check("rpc::server"), opts))
-    , arena_(verbs_registrar(), opts_.ring_arena())
+    , arena_(verbs_registrar(no_device), opts_.ring_arena())
     , inbox_(no_device) {
     links_.reserve(opts_.max_peers);
 }

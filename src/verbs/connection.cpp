@@ -493,6 +493,8 @@ std::uint16_t listener::port() const noexcept {
 }
 
 context listener::device() const {
+    if (id_ == nullptr)
+        throw_error("listener::device", EBADF, "the listener listens nowhere");
     if (id_->verbs == nullptr)
         throw_error("rdma_bind_addr", ENODEV,
                     "the listener is bound to a wildcard address: no single device carries it");
@@ -500,6 +502,8 @@ context listener::device() const {
 }
 
 connection_request listener::next_request(std::chrono::milliseconds timeout) {
+    if (channel_ == nullptr)
+        throw_error("listener::next_request", EBADF, "the listener listens nowhere");
     const auto deadline = clock::now() + timeout;
     std::string where = fmt::format("listener on port {}", port());
     event_copy req =

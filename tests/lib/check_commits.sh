@@ -17,7 +17,7 @@ set -uo pipefail
 # Issue 24's first commit: commits after it are checked. Its commit time
 # serves a shallow clone, whose history may not reach it: commits made after
 # that time are checked then.
-base=87ccfe5
+base=87ccfe5189e5fae56e7f195cfbcec7207294d8a5
 base_time=1795629619
 max=72
 
@@ -49,8 +49,13 @@ elif ! git -C "$repo" merge-base --is-ancestor "$base" HEAD; then
     exit 1
 fi
 
+log=$(git -C "$repo" log --format='%h %s' "${range[@]}") || {
+    echo "$me: FAIL: git log ${range[*]} failed: nothing could be checked"
+    exit 1
+}
 checked=0 bad=0
 while IFS= read -r line; do
+    [ -n "$line" ] || continue
     hash=${line%% *} subject=${line#* }
     checked=$((checked + 1))
     trimmed=${subject//[[:space:]]/}
@@ -66,7 +71,7 @@ while IFS= read -r line; do
         bad=$((bad + 1))
         echo "$me: FAIL: commit $hash has $why: \"$subject\""
     fi
-done < <(git -C "$repo" log --format='%h %s' "${range[@]}")
+done <<<"$log"
 
 if [ "$bad" -gt 0 ]; then
     echo "$me: $bad of $checked commits after $base need a new message (git rebase -i $base, reword):"

@@ -9,6 +9,11 @@ check=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/check_commits.sh
 command -v git >/dev/null || { echo "SKIP: no git"; exit 77; }
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
+# Never the caller's repository: a git hook exports these, and every command
+# below would then act on it.
+unset GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_COMMON_DIR \
+    GIT_ALTERNATE_OBJECT_DIRECTORIES
+export GIT_CEILING_DIRECTORIES=$scratch
 export GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@example.org GIT_COMMITTER_NAME=t \
     GIT_COMMITTER_EMAIL=t@example.org GIT_CONFIG_NOSYSTEM=1 HOME=$scratch
 repo=$scratch/repo

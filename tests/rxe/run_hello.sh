@@ -13,6 +13,12 @@ if ! grep -qs ACTIVE /sys/class/infiniband/*/ports/*/state; then
     exit 77
 fi
 if [ "${RDMAX_RPC_LOCAL:-1}" = 0 ]; then path="through the RDMA device"; else path="through this node's memory"; fi
+# Yama's ptrace_scope 2 or 3 refuses the node-local path's CMA: the client
+# then goes through the device, rightly; nothing node-local to show here.
+if [ "${RDMAX_RPC_LOCAL:-1}" != 0 ] && [ "$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo 0)" -ge 2 ]; then
+    echo "SKIPPED: Yama ptrace_scope >= 2 refuses the node-local path"
+    exit 77
+fi
 scratch=$(mktemp -d)
 errlog=$scratch/stderr
 # The server's stdout comes through a FIFO, read a line at a time with a

@@ -693,6 +693,7 @@ TEST_CASE("a send that fails ends the call peer_gone at start, and the link",
     r.c->send_result = status::qp_failed;
     CHECK(r.start(echo, "b") == call_status::peer_gone);
     CHECK_FALSE(r.cli->connected(r.at_cli));
+    CHECK(r.cli->counters().disconnected == 1); // counted once, here
     // The call already in flight on that link ends too (it once waited for
     // good: neither a reply, nor its deadline, nor peer_gone came).
     inside::housekeep_next_poll(*r.cli);
@@ -700,6 +701,7 @@ TEST_CASE("a send that fails ends the call peer_gone at start, and the link",
     REQUIRE(got.size() == 1);
     CHECK(got[0].status == call_status::peer_gone);
     CHECK(r.cli->in_flight() == 0);
+    CHECK(r.cli->counters().disconnected == 1);
     inside::advance(*r.cli, 11s);
     CHECK(r.results().empty());
     CHECK(r.c->destroyed);

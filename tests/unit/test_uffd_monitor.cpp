@@ -320,7 +320,7 @@ TEST_CASE("uffd: a drain returns while other threads unmap watched memory withou
                    << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count()
                    << " ms, events " << mon.events());
     CHECK(mon.events() > 100);
-    CHECK(longest < std::chrono::milliseconds(250));
+    CHECK(longest < std::chrono::seconds(2)); // one batch, even descheduled under TSan
 }
 
 TEST_CASE("auto_monitor: resolves names, and none turns caching off") {

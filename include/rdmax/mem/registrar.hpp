@@ -12,6 +12,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <rdmax/detail/no_device.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/mem/registration_error.hpp>
 #include <rdmax/mem/rights.hpp>
@@ -47,7 +48,7 @@ public:
         , extra_(on_demand ? IBV_ACCESS_ON_DEMAND : 0) {}
     /// No device: registers nothing, every handle has keys 0 (an arena of
     /// plain memory, for an RPC endpoint built without a device in tests).
-    verbs_registrar() noexcept = default;
+    explicit verbs_registrar(detail::no_device_t) noexcept {}
 
     [[nodiscard]] handle reg(void* addr, std::size_t len, rights granted) {
         if (pd_ == nullptr)

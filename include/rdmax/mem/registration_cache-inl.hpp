@@ -199,42 +199,14 @@ inline auto registration_cache<Registrar, Monitor>::miss(std::uintptr_t start, s
         return handle(this, e);
     }
     note_if_thrashing(start, end);
-    // Merge with everything it overlaps or touches, widening the rights.
-    std::uintptr_t lo = start, hi = end;
-    rights widened = want;
-    std::size_t merged = 0;
-    for (auto it = first_touching(start); it != tree_.end() && it->start <= end;) {
-        entry& e = *it++;
-        if (!mon_.valid(e.watch)) {
-            remove_locked(e); // stale: never merged into anything
-            invalidations_.fetch_add(1, std::memory_order_relaxed);
-            continue;
-        }
-        lo = std::min(lo, e.start);
-        hi = std::max(hi, e.end);
-        widened = widened | e.granted;
-        ++merged;
-    }
-    entry* fresh = nullptr;
-    if (merged == 0) {
-        fresh = make_entry(start, end, want);
-    } else {
-        try {
-            fresh = make_entry(lo, hi, widened);
-        } catch (const rdmax::error& err) {
-            // The union may not be registrable (read-only pages under a
-            // request for write, say): serve this request alone, uncached,
-            // so that the cached ones stay disjoint.
-            if (err.code().value() != EFAULT && err.code().value() != EACCES &&
-                err.code().value() != EINVAL)
-                throw;
-            return uncached(start, end, want);
-        }
-    }
+    const merged_span m = merge_span(start, end, want);
+    entry* fresh = register_span(m, start, end, want);
+    if (fresh == nullptr)
+        return uncached(start, end, want);
     if (!mon_.valid(fresh->watch)) {
         // Memory the monitor cannot watch (for userfaultfd, a file
         // mapping): caching it could serve it stale after an unmap.
-        if (merged != 0) {
+        if (m.merged != 0) {
             destroy(fresh);
             return uncached(start, end, want);
         }
@@ -242,13 +214,62 @@ inline auto registration_cache<Registrar, Monitor>::miss(std::uintptr_t start, s
         uncached_.fetch_add(1, std::memory_order_relaxed);
         return handle(this, fresh);
     }
-    if (merged != 0) {
-        for (auto it = first_touching(lo); it != tree_.end() && it->start <= hi;) {
+    publish_locked(fresh, m);
+    return handle(this, fresh);
+}
+
+template <registrar Registrar, monitor Monitor>
+inline auto registration_cache<Registrar, Monitor>::merge_span(std::uintptr_t start,
+                                                               std::uintptr_t end,
+                                                               rights want) noexcept
+    -> merged_span {
+    // Merge with everything it overlaps or touches, widening the rights.
+    merged_span m{start, end, want};
+    for (auto it = first_touching(start); it != tree_.end() && it->start <= end;) {
+        entry& e = *it++;
+        if (!mon_.valid(e.watch)) {
+            remove_locked(e); // stale: never merged into anything
+            invalidations_.fetch_add(1, std::memory_order_relaxed);
+            continue;
+        }
+        m.lo = std::min(m.lo, e.start);
+        m.hi = std::max(m.hi, e.end);
+        m.granted = m.granted | e.granted;
+        ++m.merged;
+    }
+    return m;
+}
+
+template <registrar Registrar, monitor Monitor>
+inline auto registration_cache<Registrar, Monitor>::register_span(const merged_span& m,
+                                                                  std::uintptr_t start,
+                                                                  std::uintptr_t end, rights want)
+    -> entry* {
+    if (m.merged == 0)
+        return make_entry(start, end, want);
+    try {
+        return make_entry(m.lo, m.hi, m.granted);
+    } catch (const rdmax::error& err) {
+        // The union may not be registrable (read-only pages under a
+        // request for write, say): serve this request alone, uncached,
+        // so that the cached ones stay disjoint.
+        if (err.code().value() != EFAULT && err.code().value() != EACCES &&
+            err.code().value() != EINVAL)
+            throw;
+        return nullptr;
+    }
+}
+
+template <registrar Registrar, monitor Monitor>
+inline void registration_cache<Registrar, Monitor>::publish_locked(entry* fresh,
+                                                                   const merged_span& m) {
+    if (m.merged != 0) {
+        for (auto it = first_touching(m.lo); it != tree_.end() && it->start <= m.hi;) {
             entry& e = *it++;
-            if (e.start >= lo && e.end <= hi)
+            if (e.start >= m.lo && e.end <= m.hi)
                 remove_locked(e);
         }
-        merges_.fetch_add(merged, std::memory_order_relaxed);
+        merges_.fetch_add(m.merged, std::memory_order_relaxed);
     }
     fresh->state.store(one_ref, std::memory_order_release);
     if (pages_.covers(fresh->start, fresh->end)) {
@@ -266,7 +287,6 @@ inline auto registration_cache<Registrar, Monitor>::miss(std::uintptr_t start, s
     count_.fetch_add(1, std::memory_order_relaxed);
     bytes_.fetch_add(fresh->end - fresh->start, std::memory_order_relaxed);
     enforce_limits();
-    return handle(this, fresh);
 }
 
 template <registrar Registrar, monitor Monitor>

@@ -226,6 +226,22 @@ private:
     /// merged with every cached registration it overlaps or touches.
     handle miss(std::uintptr_t start, std::uintptr_t end, rights want);
 
+    /// What a miss of [start, end) covers once merged with the cached
+    /// registrations it overlaps or touches (stale ones are dropped on the way).
+    struct merged_span {
+        std::uintptr_t lo, hi;
+        rights granted;
+        std::size_t merged = 0;
+    };
+    merged_span merge_span(std::uintptr_t start, std::uintptr_t end, rights want) noexcept;
+    /// Registers the span; nullptr when the union cannot be registered (the
+    /// request is then served alone, uncached). Under mutex_.
+    entry* register_span(const merged_span& m, std::uintptr_t start, std::uintptr_t end,
+                         rights want);
+    /// Puts a fresh, watched entry in the page table, tree and ring in place
+    /// of what it merged, and enforces the limits. Under mutex_.
+    void publish_locked(entry* fresh, const merged_span& m);
+
     /// Gives up an entry whose page-table insertion failed: pages inserted
     /// before the failure may have let a lock-free hit take a reference. It
     /// is marked dead (no hit takes one after that), then the miss's own

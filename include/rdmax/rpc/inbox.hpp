@@ -5,6 +5,7 @@
 // a completion channel so that the endpoint can sleep, alone or in the
 // caller's own epoll loop.
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -12,6 +13,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <rdmax/detail/no_device.hpp>
+#include <rdmax/error.hpp>
 #include <rdmax/verbs/completion_channel.hpp>
 #include <rdmax/verbs/completion_queue.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
@@ -23,10 +26,8 @@ namespace detail {
 /// Builds an endpoint (and its inbox) with no device: no queues, no
 /// channel; its links bring their own immediates. For the protocol's unit
 /// tests (tests/support/fake_link.hpp).
-struct no_device_t {
-    explicit no_device_t() = default;
-};
-inline constexpr no_device_t no_device{};
+using rdmax::detail::no_device;
+using rdmax::detail::no_device_t;
 } // namespace detail
 
 class inbox {
@@ -41,13 +42,14 @@ public:
     inbox& operator=(const inbox&) = delete;
     ~inbox();
 
-    [[nodiscard]] verbs::completion_queue& cq() noexcept { return *cq_; }
-    [[nodiscard]] verbs::shared_receive_queue& srq() noexcept { return *srq_; }
+    /// The queues (throw ENODEV on an inbox built with no device).
+    [[nodiscard]] verbs::completion_queue& cq() { return *device_part(cq_); }
+    [[nodiscard]] verbs::shared_receive_queue& srq() { return *device_part(srq_); }
     [[nodiscard]] std::uint32_t depth() const noexcept { return depth_; }
     /// The channel fd() sleeps on. The connections' send queues raise their
     /// events here too (qp_config::send_channel), so that a scheduler whose
     /// queued work waits for send completions wakes the endpoint.
-    [[nodiscard]] verbs::completion_channel& channel() noexcept { return *channel_; }
+    [[nodiscard]] verbs::completion_channel& channel() { return *device_part(channel_); }
 
     /// Receive completions, without blocking.
     [[nodiscard]] int poll(std::span<ibv_wc> out) noexcept { return cq_ ? cq_->poll(out) : 0; }
@@ -74,6 +76,12 @@ public:
     void sleep(std::chrono::microseconds timeout) noexcept;
 
 private:
+    template <class T>
+    static std::optional<T>& device_part(std::optional<T>& o) {
+        if (!o)
+            throw_error("rpc::inbox", ENODEV, "an inbox built with no device has no queues");
+        return o;
+    }
     void take_events() noexcept;
 
     // Empty with no device (detail::no_device) only.

@@ -73,10 +73,12 @@ inline constexpr std::tuple scheduler_knobs{
     config::knob{"RDMAX_SCHED_BUDGET_WQES", &scheduler_options::budget_wqes,
                  config::number{.lo = 1},
                  "work requests in flight likewise (at most half the send queue)"},
-    config::knob{"RDMAX_SCHED_HOLD_US", &scheduler_options::hold, config::number{},
+    // Bounded so that the coarse clock's nanoseconds hold it (and a minute is long).
+    config::knob{"RDMAX_SCHED_HOLD_US", &scheduler_options::hold, config::number{.hi = 60'000'000},
                  "how long a level counts as active after its last request"},
     config::knob{"RDMAX_SCHED_MAX_REQUESTS", &scheduler_options::max_requests,
-                 config::number{.lo = 1}, "requests queued or in flight (preallocated)"},
+                 config::number{.lo = 1, .hi = 65536},
+                 "requests queued or in flight (preallocated, per connection)"},
 };
 
 struct scheduler_counters {

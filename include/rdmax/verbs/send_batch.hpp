@@ -152,11 +152,15 @@ public:
     /// application uses those. `op` is IBV_WR_SEND or IBV_WR_SEND_WITH_IMM, or
     /// an RDMA write or read of [remote_addr, remote_addr + length) under
     /// `rkey`. Everything else is checked as for the typed calls (state, slots,
-    /// SGEs, message size, inline data), with the same statuses.
+    /// SGEs, message size, inline data), with the same statuses; any other
+    /// opcode (atomics, binds, invalidations) is not_permitted here.
     status stage_for_port(ibv_wr_opcode op, const void* addr, std::uint32_t length,
                           std::uint32_t lkey, std::uint64_t remote_addr, std::uint32_t rkey,
                           std::uint64_t wr_id, send_flags f,
                           std::optional<std::uint32_t> imm) noexcept {
+        if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM && op != IBV_WR_RDMA_WRITE &&
+            op != IBV_WR_RDMA_WRITE_WITH_IMM && op != IBV_WR_RDMA_READ)
+            return status::not_permitted;
         ibv_sge* sges = nullptr;
         if (status s = reserve(1, sges); s != status::ok)
             return s;

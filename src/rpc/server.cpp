@@ -645,7 +645,7 @@ void server::accept_one(verbs::connection_request req) {
     const auto slots = std::min<std::uint16_t>(offer->slots, opts_.slots);
     const std::uint32_t slot_bytes = std::min(offer->slot_bytes, opts_.slot_bytes);
     auto wire = std::make_unique<peer_link>(arena_, issuer_, slots, slot_bytes);
-    req.create_qp(*pd_, link_qp_config(inbox_, slots));
+    req.create_qp(*pd_, link_qp_config(inbox_, slots, pd_->device().limits(), false));
     const ring_offer mine = wire->offer();
     // Not waiting for ESTABLISHED: housekeeping looks for it (or the first
     // message proves it), and drops the connection at connect_timeout.

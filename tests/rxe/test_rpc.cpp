@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include <rdmax/rpc/peer_link.hpp>
+
 #include "../support/child_process.hpp"
 #include "../support/loopback.hpp"
 
@@ -2160,4 +2162,206 @@ TEST_CASE("a refused connection leaves its reason in last_refusal", "[bookkeepin
         CHECK_THAT(std::string(s.counters().last_refusal.what()),
                    Catch::Matchers::Contains("no ring offer"));
     }
+}
+
+namespace {
+
+/// Options for the tests of the device path's windows (whatever
+/// RDMAX_RPC_LOCAL says: the node-local path has none).
+rpc::rpc_options device_options() {
+    rpc::rpc_options o = small_options();
+    o.local = false;
+    return o;
+}
+
+/// Waits (polling server and client in this thread) for `n` results.
+std::vector<rpc::call_result> results_of(rpc::server& s, rpc::client& c, std::size_t n,
+                                         const std::function<void(const rpc::call_result&)>& each) {
+    std::vector<rpc::call_result> got;
+    const auto deadline = clock_type::now() + std::chrono::seconds(60);
+    rpc::call_result out[16];
+    while (got.size() < n && clock_type::now() < deadline) {
+        (void)s.poll();
+        const int k = c.poll(out);
+        for (int i = 0; i < k; ++i) {
+            each(out[i]); // the reply is valid until the next poll
+            got.push_back(out[i]);
+        }
+    }
+    return got;
+}
+
+} // namespace
+
+TEST_CASE("an answered call's windows are invalidated on the send queue, not reallocated",
+          "[rpccall][fence]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::server s(pd, test_addr(), 0, device_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s, device_options());
+    std::vector<std::byte> req(16 * 1024), reply(16 * 1024);
+    for (unsigned i = 0; i < 20; ++i) {
+        fill_pattern(req, 40 + i);
+        const answer a = call_once(s, c, m_echo, req, {.reply_into = reply});
+        REQUIRE(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+    CHECK(c.cli.counters().external_bodies == 20);
+    // Each call's two windows died by a signaled invalidation whose
+    // completion came before the result: no dealloc + alloc per call (which
+    // is two verbs calls each, a firmware command on a NIC).
+    CHECK(c.cli.counters().window_reallocs == 0);
+    CHECK(c.cli.counters().windows_unavailable == 0);
+    // A timeout keeps the synchronous revocation (the server may still hold
+    // the keys): two windows deallocated and replaced.
+    const answer late = call_once(s, c, m_defer, req,
+                                  {.timeout = std::chrono::milliseconds(20), .reply_into = reply});
+    CHECK(late.status == rpc::call_status::timed_out);
+    CHECK(c.cli.counters().window_reallocs == 2);
+    h.deferred.clear();
+    fill_pattern(req, 77);
+    const answer after = call_once(s, c, m_echo, req, {.reply_into = reply});
+    CHECK(after.status == rpc::call_status::ok);
+    CHECK(after.reply == req);
+}
+
+TEST_CASE("calls with windows fill every slot without no_credit: the send queue has room for "
+          "their binds",
+          "[rpccall][sq-depth]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::rpc_options o = device_options();
+    o.slots = 512;
+    o.slot_bytes = 1024;
+    rpc::server s(pd, test_addr(), 0, o);
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s, o);
+    REQUIRE(c.cli.slots(c.peer) == 512);
+    REQUIRE(c.cli.counters().windows_unavailable == 0); // rxe has windows enough
+    constexpr std::size_t body = 2048; // over a slot: a window for it and one for the reply
+    std::vector<std::byte> reqs(512 * body), replies(512 * body);
+    for (std::size_t k = 0; k < 512; ++k)
+        fill_pattern(std::span(reqs).subspan(k * body, body), static_cast<unsigned>(k));
+    // Every slot at once, no poll in between: 1024 binds and 512 requests.
+    std::size_t started = 0;
+    for (std::size_t k = 0; k < 512; ++k) {
+        const rpc::call_status st =
+            c.cli.start(c.peer, m_echo, std::span(reqs).subspan(k * body, body),
+                        {.reply_into = std::span(replies).subspan(k * body, body), .cookie = k});
+        if (st != rpc::call_status::ok) {
+            FAIL_CHECK("call " << k << " of 512 refused: " << rpc::to_string(st));
+            break;
+        }
+        ++started;
+    }
+    CHECK(started == 512);
+    CHECK(c.cli.counters().no_credit == 0);
+    std::size_t right = 0;
+    const auto got = results_of(s, c.cli, started, [&](const rpc::call_result& r) {
+        const auto k = static_cast<std::size_t>(r.cookie);
+        if (r.status == rpc::call_status::ok && r.reply.size() == body &&
+            has_pattern(r.reply, static_cast<unsigned>(k)))
+            ++right;
+    });
+    CHECK(got.size() == started);
+    CHECK(right == started);
+}
+
+TEST_CASE("a client that cannot allocate memory windows says so and counts it",
+          "[rpccall][windows-unavailable]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::server s(pd, test_addr(), 0, device_options());
+    handlers h;
+    h.install(s);
+    auto& hooks = rdmax::detail::peer_link_test_hooks();
+    struct restore {
+        ~restore() { rdmax::detail::peer_link_test_hooks().alloc_mw = nullptr; }
+    } restore_hooks;
+    // A device out of windows (rxe has a limit): ibv_alloc_mw fails.
+    static std::atomic<int> allowed{0};
+    hooks.alloc_mw = [](ibv_pd* p, ibv_mw_type t) -> ibv_mw* {
+        if (allowed.fetch_sub(1) > 0)
+            return ibv_alloc_mw(p, t);
+        errno = ENOMEM;
+        return nullptr;
+    };
+    std::vector<std::byte> req(16 * 1024), reply(16 * 1024);
+    fill_pattern(req, 5);
+    {
+        allowed = 0;
+        connected_client c(pd, s, device_options());
+        CHECK(c.cli.counters().windows_unavailable == 1);
+        // Still served, under the registration's own key.
+        const answer a = call_once(s, c, m_echo, req, {.reply_into = reply});
+        CHECK(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+    {
+        // Windows at connect (2 per slot), none to replace them later: the
+        // link gives them up at its first timeout, and says so.
+        allowed = 2 * device_options().slots;
+        connected_client c(pd, s, device_options());
+        CHECK(c.cli.counters().windows_unavailable == 0);
+        CHECK(call_once(s, c, m_defer, req, {.timeout = std::chrono::milliseconds(20)}).status ==
+              rpc::call_status::timed_out);
+        CHECK(c.cli.counters().windows_unavailable == 1);
+        h.deferred.clear();
+        const answer a = call_once(s, c, m_echo, req, {.reply_into = reply});
+        CHECK(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+}
+
+TEST_CASE("an invalidation the send queue cannot take waits for room; the window is not "
+          "deallocated under its queued bind",
+          "[rpccall][owed-invalidation]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::server s(pd, test_addr(), 0, device_options());
+    handlers h;
+    h.install(s);
+    rpc::rpc_options o = device_options();
+    o.scheduler.max_requests = 1; // a second request is refused until the first completes
+    connected_client c(pd, s, o);
+    REQUIRE(c.cli.counters().windows_unavailable == 0);
+    std::vector<std::byte> one(16 * 1024), two(16 * 1024), reply(16 * 1024);
+    fill_pattern(one, 1);
+    fill_pattern(two, 2);
+    REQUIRE(c.cli.start(c.peer, m_echo, one, {.reply_into = reply, .cookie = 1}) ==
+            rpc::call_status::ok);
+    {
+        // The second call binds its windows, then its request is refused
+        // (the scheduler is full): its windows are revoked, and the send
+        // queue "has no room" for the invalidations. Deallocating them
+        // instead would kill the binds still queued, and the connection.
+        rdmax::detail::peer_link_test_hooks().refuse_invalidate = [] { return true; };
+        struct restore {
+            ~restore() { rdmax::detail::peer_link_test_hooks().refuse_invalidate = nullptr; }
+        } restore_hooks;
+        CHECK(c.cli.start(c.peer, m_echo, two, {.cookie = 2}) == rpc::call_status::no_credit);
+    }
+    bool first_ok = false;
+    (void)results_of(s, c.cli, 1, [&](const rpc::call_result& r) {
+        first_ok = r.status == rpc::call_status::ok && r.reply.size() == one.size() &&
+                   std::equal(r.reply.begin(), r.reply.end(), one.begin());
+    });
+    CHECK(first_ok);
+    // The slot whose invalidations were owed is used again once they are posted.
+    for (unsigned i = 0; i < 4; ++i) {
+        fill_pattern(two, 10 + i);
+        const answer a = call_once(s, c, m_echo, two, {.reply_into = reply});
+        CHECK(a.status == rpc::call_status::ok);
+        CHECK(a.reply == two);
+    }
+    CHECK(c.cli.counters().link_failures == 0);
+    CHECK(c.cli.counters().disconnected == 0);
+    CHECK(c.cli.connected(c.peer));
 }

@@ -125,6 +125,16 @@ public:
     /// The budget is measured (options' budget_bytes 0), not fixed.
     [[nodiscard]] bool adaptive() const noexcept { return opts_.budget_bytes == 0; }
 
+    /// Where the completions of work requests someone else posted on the
+    /// port go (an RPC link's window invalidations): `sink(ctx, c)` from
+    /// poll(), before the scheduler looks at their status; nullptr: dropped
+    /// (counted in foreign_completions either way).
+    using foreign_sink = void (*)(void* ctx, const verbs::completion& c) noexcept;
+    void on_foreign(foreign_sink sink, void* ctx) noexcept {
+        foreign_sink_ = sink;
+        foreign_ctx_ = ctx;
+    }
+
     // ---- submission -------------------------------------------------------------------------
 
     /// RDMA write of `src` to dst + dst_offset, sliced.
@@ -614,6 +624,8 @@ private:
                 // queue pair, such as a handle issuer's bind): not ours to retire.
                 if (c.wr_id < tail_slice_ || c.wr_id >= next_slice_) {
                     ++counters_.foreign_completions;
+                    if (foreign_sink_ != nullptr)
+                        foreign_sink_(foreign_ctx_, c);
                     // One in error failed the queue pair all the same: the
                     // slices in flight complete flushed, nothing more goes.
                     if (!c.ok()) {
@@ -778,6 +790,8 @@ private:
     bool broken_ = false;
     ibv_wc_status failure_ = IBV_WC_SUCCESS;
     bool deferred_pump_ = false; ///< the last poll() returned requests without posting
+    foreign_sink foreign_sink_ = nullptr;
+    void* foreign_ctx_ = nullptr;
     scheduler_counters counters_;
 
     // The budget: fixed (options) or measured (budget_bytes 0).

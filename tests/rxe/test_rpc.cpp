@@ -2234,40 +2234,47 @@ TEST_CASE("calls with windows fill every slot without no_credit: the send queue 
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     REQUIRE(ctx.limits().memory_windows);
+    constexpr std::size_t n = 1024; // a send queue of 4 x 1024 WQEs before: less than needed
     rpc::rpc_options o = device_options();
-    o.slots = 512;
+    o.slots = n;
     o.slot_bytes = 1024;
     rpc::server s(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
     connected_client c(pd, s, o);
-    REQUIRE(c.cli.slots(c.peer) == 512);
+    REQUIRE(c.cli.slots(c.peer) == n);
     REQUIRE(c.cli.counters().windows_unavailable == 0); // rxe has windows enough
     constexpr std::size_t body = 2048; // over a slot: a window for it and one for the reply
-    std::vector<std::byte> reqs(512 * body), replies(512 * body);
-    for (std::size_t k = 0; k < 512; ++k)
+    std::vector<std::byte> reqs(n * body), replies(n * body);
+    for (std::size_t k = 0; k < n; ++k)
         fill_pattern(std::span(reqs).subspan(k * body, body), static_cast<unsigned>(k));
-    // Every slot at once, no poll in between: 1024 binds and 512 requests.
+    // Every slot at once, no poll in between: 2n binds and n requests.
     std::size_t started = 0;
-    for (std::size_t k = 0; k < 512; ++k) {
+    for (std::size_t k = 0; k < n; ++k) {
         const rpc::call_status st =
             c.cli.start(c.peer, m_echo, std::span(reqs).subspan(k * body, body),
                         {.reply_into = std::span(replies).subspan(k * body, body), .cookie = k});
         if (st != rpc::call_status::ok) {
-            FAIL_CHECK("call " << k << " of 512 refused: " << rpc::to_string(st));
+            FAIL_CHECK("call " << k << " of " << n << " refused: " << rpc::to_string(st));
             break;
         }
         ++started;
     }
-    CHECK(started == 512);
+    CHECK(started == n);
     CHECK(c.cli.counters().no_credit == 0);
     std::size_t right = 0;
+    std::array<std::size_t, 32> wrong{};
     const auto got = results_of(s, c.cli, started, [&](const rpc::call_result& r) {
         const auto k = static_cast<std::size_t>(r.cookie);
         if (r.status == rpc::call_status::ok && r.reply.size() == body &&
             has_pattern(r.reply, static_cast<unsigned>(k)))
             ++right;
+        else
+            ++wrong[std::min<std::size_t>(static_cast<std::size_t>(r.status), wrong.size() - 1)];
     });
+    for (std::size_t st = 0; st < wrong.size(); ++st)
+        if (wrong[st] != 0)
+            WARN(wrong[st] << " calls ended " << rpc::to_string(static_cast<rpc::call_status>(st)));
     CHECK(got.size() == started);
     CHECK(right == started);
 }

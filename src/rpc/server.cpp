@@ -298,7 +298,16 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::u
         // deadline passed) and took the slot back. That call is dropped
         // unanswered: a deferred answer finds it gone (another call_seq), a
         // READ of its body still in flight lands in a block no longer the
-        // slot's, which its completion gives back.
+        // slot's, which its completion gives back. A READ still waiting in
+        // the scheduler is withdrawn: the caller revoked the window it names
+        // when it gave up, and posting it would fail the queue pair (and
+        // end the caller's new call with it).
+        if (ss.body_at != no_block && l.wire->cancel(make_wr_id(tag_read, ss.body_at, slot))) {
+            if (l.reads > 0)
+                --l.reads;
+            ++counters_.cancelled_reads;
+            release_block(l, ss.body_at);
+        }
         ss.busy = false;
         ss.body_at = no_block;
     }

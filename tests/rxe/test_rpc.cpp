@@ -2372,3 +2372,78 @@ TEST_CASE("an invalidation the send queue cannot take waits for room; the window
     CHECK(c.cli.counters().disconnected == 0);
     CHECK(c.cli.connected(c.peer));
 }
+
+TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not posted against "
+          "its dead window",
+          "[rpccall][cancel-read]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::rpc_options so = device_options();
+    // A server that moves one 4 KiB slice at a time: a large READ keeps the
+    // others waiting in its scheduler.
+    so.scheduler.budget_bytes = 4096;
+    so.scheduler.budget_wqes = 1;
+    so.scheduler.small_slice = 4096;
+    so.scheduler.large_slice = 4096;
+    rpc::server s(pd, test_addr(), 0, so);
+    handlers h;
+    h.install(s);
+    rpc::rpc_options co = device_options();
+    co.slots = 2; // the call that times out leaves the only free slot
+    connected_client c(pd, s, co);
+    std::vector<std::byte> big(8 << 20), mid(256 * 1024), big_reply(8 << 20), mid_reply(256 * 1024);
+    fill_pattern(big, 21);
+    fill_pattern(mid, 22);
+    // The big one first (its READ under way, slice by slice), then one at
+    // the bulk level whose READ waits behind it, and gives up soon.
+    REQUIRE(c.cli.start(c.peer, m_echo, big, {.reply_into = big_reply, .cookie = 1}) ==
+            rpc::call_status::ok);
+    REQUIRE(c.cli.start(c.peer, m_echo, mid,
+                        {.priority = sched::bulk,
+                         .timeout = std::chrono::milliseconds(20),
+                         .reply_into = mid_reply,
+                         .cookie = 2}) == rpc::call_status::ok);
+    std::vector<rpc::call_result> results;
+    bool big_ok = false;
+    const auto collect = [&](const rpc::call_result& r) {
+        if (r.cookie == 1)
+            big_ok = r.status == rpc::call_status::ok && r.reply.size() == big.size() &&
+                     std::equal(r.reply.begin(), r.reply.end(), big.begin());
+        results.push_back(r);
+    };
+    // Until the bulk call times out (the server takes both requests meanwhile).
+    const auto deadline = clock_type::now() + std::chrono::seconds(30);
+    rpc::call_result out[4];
+    bool timed_out = false;
+    while (!timed_out && clock_type::now() < deadline) {
+        (void)s.poll();
+        const int n = c.cli.poll(out);
+        for (int i = 0; i < n; ++i) {
+            collect(out[i]);
+            timed_out =
+                timed_out || (out[i].cookie == 2 && out[i].status == rpc::call_status::timed_out);
+        }
+    }
+    REQUIRE(timed_out);
+    INFO("the large READ must still be under way when the bulk call times out");
+    REQUIRE_FALSE(big_ok);
+    // The next call goes into the timed-out call's slot, with the other
+    // epoch: the server drops that call, and its READ that never went.
+    std::vector<std::byte> small(100);
+    fill_pattern(small, 23);
+    REQUIRE(c.cli.start(c.peer, m_echo, small, {.cookie = 3}) == rpc::call_status::ok);
+    bool small_ok = false;
+    const auto more = results_of(s, c.cli, 2, [&](const rpc::call_result& r) {
+        collect(r);
+        if (r.cookie == 3)
+            small_ok = r.status == rpc::call_status::ok &&
+                       std::equal(r.reply.begin(), r.reply.end(), small.begin(), small.end());
+    });
+    CHECK(more.size() == 2);
+    CHECK(small_ok);
+    CHECK(big_ok);
+    CHECK(s.counters().cancelled_reads == 1);
+    CHECK(s.counters().disconnected == 0);
+    CHECK(c.cli.counters().disconnected == 0);
+}

@@ -58,6 +58,12 @@ public:
                                               local_buffer<rights::local_write> src,
                                               const buffer_descriptor& dst,
                                               std::uint64_t wr_id) noexcept = 0;
+    /// Withdraws the transfer started with `wr_id` if it has not reached the
+    /// device yet (then it never completes); false if it has, or is unknown.
+    [[nodiscard]] virtual bool cancel(std::uint64_t wr_id) noexcept {
+        (void)wr_id;
+        return false;
+    }
     /// Completions of transfers that started, and failures.
     [[nodiscard]] virtual int poll_transfers(std::span<verbs::completion> out) noexcept = 0;
     /// Something to do at the next poll (queued work, completions to reap).

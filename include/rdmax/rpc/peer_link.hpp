@@ -109,6 +109,9 @@ public:
     [[nodiscard]] transfer write_body(sched::priority p, local_buffer<rights::local_write> src,
                                       const buffer_descriptor& dst,
                                       std::uint64_t wr_id) noexcept override;
+    [[nodiscard]] bool cancel(std::uint64_t wr_id) noexcept override {
+        return sched_->cancel(wr_id);
+    }
     /// Also posts the invalidations the send queue had no room for.
     [[nodiscard]] int poll_transfers(std::span<verbs::completion> out) noexcept override {
         if (owed_ != 0)

@@ -44,6 +44,9 @@ struct rpc_counters {
     /// later). Their large bodies and reply buffers go under the cached
     /// registrations' own keys, as on a device without windows (docs/rpc.md).
     std::uint64_t windows_unavailable = 0;
+    /// Server: READs of a request body withdrawn before they were posted,
+    /// the caller having given the call up (its window is dead).
+    std::uint64_t cancelled_reads = 0;
     std::uint64_t bytes_in = 0;       ///< message bytes received (headers included)
     std::uint64_t bytes_out = 0;      ///< message bytes sent (headers included)
     std::uint64_t unknown_method = 0; ///< server: requests with no handler (answered so)
@@ -142,6 +145,7 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             ctx.out(),
             "calls {} completed {} failed {} (timed out {}, late replies {}, no credit {}) "
             "external bodies {} replies {} window reallocs {} windows unavailable {} "
+            "cancelled reads {} "
             "bytes in {} out {} unknown method {} "
             "rejected {} (kind {} slot {} length {} malformed {} credit {} opcode {}) "
             "stray {} connected {} refused {} (last: {}{}{}) disconnected {} link failures {} "
@@ -149,9 +153,9 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "last link event {} ({})",
             c.calls, c.completed, c.failed, c.timed_out, c.late_replies, c.no_credit,
             c.external_bodies, c.external_replies, c.window_reallocs, c.windows_unavailable,
-            c.bytes_in, c.bytes_out, c.unknown_method, c.rejected(), c.rejected_kind,
-            c.rejected_slot, c.rejected_length, c.rejected_malformed, c.rejected_credit,
-            c.rejected_opcode, c.stray_completions, c.connected, c.refused,
+            c.cancelled_reads, c.bytes_in, c.bytes_out, c.unknown_method, c.rejected(),
+            c.rejected_kind, c.rejected_slot, c.rejected_length, c.rejected_malformed,
+            c.rejected_credit, c.rejected_opcode, c.stray_completions, c.connected, c.refused,
             c.refused == 0 ? "none" : c.last_refusal.what(), c.last_refusal.error == 0 ? "" : ": ",
             c.last_refusal.error == 0 ? std::string_view{}
                                       : std::string_view{std::strerror(c.last_refusal.error)},

@@ -198,6 +198,34 @@ public:
         return deliver(out);
     }
 
+    /// Withdraws the request submitted with `wr_id` if none of it was posted
+    /// yet: it then never reaches the device, and no completion is reported
+    /// for it (its owner settles what it held). False when there is no such
+    /// request, or it was posted, in part or whole: it runs its course. For
+    /// work that lost its purpose while it waited (an RPC server's READ of a
+    /// body whose call the caller gave up: the key it names is dead, and the
+    /// READ would fail the queue pair).
+    bool cancel(std::uint64_t wr_id) noexcept {
+        for (std::size_t level = 0; level < priority_levels; ++level) {
+            queue& q = queues_[level];
+            for (auto prev = q.before_begin(), it = q.begin(); it != q.end(); prev = it++) {
+                request& r = *it;
+                if (r.wr_id != wr_id || r.posted != 0 || r.in_flight != 0)
+                    continue;
+                q.erase_after(prev);
+                r.queued = false;
+                if (q.empty())
+                    policy_.idle(level);
+                --live_[level];
+                --live_total_;
+                free_.push_front(r);
+                ++free_count_;
+                return true;
+            }
+        }
+        return false;
+    }
+
     /// Like poll(), spinning until a request finished or `timeout` passed; 0
     /// on timeout, at once when nothing is queued or in flight.
     int wait(std::span<verbs::completion> out, std::chrono::microseconds timeout) noexcept {

@@ -2443,6 +2443,13 @@ TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not
     CHECK(more.size() == 2);
     CHECK(small_ok);
     CHECK(big_ok);
+    // A READ at the bulk level goes after the withdrawn one would have (FIFO
+    // within a level): the connection is still whole then.
+    fill_pattern(mid, 24);
+    const answer after =
+        call_once(s, c, m_echo, mid, {.priority = sched::bulk, .reply_into = mid_reply});
+    CHECK(after.status == rpc::call_status::ok);
+    CHECK(after.reply == mid);
     CHECK(s.counters().cancelled_reads == 1);
     CHECK(s.counters().disconnected == 0);
     CHECK(c.cli.counters().disconnected == 0);

@@ -98,9 +98,10 @@ peer_id client::connect(std::string_view addr, std::uint16_t port) {
             return add_link(std::move(local));
     auto wire = std::make_unique<peer_link>(arena_, issuer_, opts_.slots, opts_.slot_bytes);
     const ring_offer mine = wire->offer();
-    verbs::connection conn =
-        verbs::connection::connect(*pd_, addr, port, verbs::payload_of(mine),
-                                   link_qp_config(inbox_, opts_.slots), opts_.connect_timeout);
+    verbs::connection conn = verbs::connection::connect(
+        *pd_, addr, port, verbs::payload_of(mine),
+        link_qp_config(inbox_, opts_.slots, pd_->device().limits(), windows_wanted()),
+        opts_.connect_timeout);
     const std::optional<ring_offer> granted = conn.peer_payload_as<ring_offer>();
     const char* why = granted ? check_offer(*granted) : "no ring offer in the reply";
     if (why == nullptr && (granted->slots > mine.slots || granted->slot_bytes > mine.slot_bytes))
@@ -110,14 +111,48 @@ peer_id client::connect(std::string_view addr, std::uint16_t port) {
         throw_error("rpc::client::connect", EPROTO, fmt::format("{}:{}: {}", addr, port, why));
     }
     wire->attach(std::move(conn), *granted, opts_.scheduler);
-    // Windows need type 2 and a pinned registration to bind to (not ODP).
-    if (pd_->device().limits().memory_windows && !opts_.cache.on_demand)
-        (void)wire->enable_windows();
+    bool lost = false;
+    if (windows_wanted() && !wire->enable_windows()) {
+        // Not silently: the server then sees the registrations' keys.
+        const int err = errno;
+        lost = true;
+        rdmax::detail::notice(fmt::format(
+            "rpc::client: {}:{}: no memory windows for this connection (ibv_alloc_mw: {}): "
+            "its calls' large bodies and reply buffers go under the cached registrations' own "
+            "keys, which the server keeps for as long as the registrations live",
+            addr, port, std::strerror(err)));
+    }
     peer_link* v = wire.get();
     const peer_id id = add_link(std::move(wire));
     links_[id.index].verbs = v;
+    links_[id.index].windows = !lost && v->has_windows();
+    if (lost)
+        ++counters_.windows_unavailable;
     by_qp_[v->qp_num()] = id.index;
     return id;
+}
+
+bool client::windows_wanted() const noexcept {
+    // Windows need type 2 and a pinned registration to bind to (not ODP).
+    return pd_->device().limits().memory_windows && !opts_.cache.on_demand;
+}
+
+void client::revoke_slot_now(link& l, std::uint32_t slot) noexcept {
+    if (l.wire->has_windows())
+        counters_.window_reallocs += 2;
+    l.wire->revoke_now(2 * slot, 2);
+    windows_lost(l);
+}
+
+void client::windows_lost(link& l) noexcept {
+    if (!l.windows || l.wire->has_windows())
+        return;
+    // A replacement window could not be allocated: the link gave its windows up.
+    l.windows = false;
+    ++counters_.windows_unavailable;
+    rdmax::detail::notice("rpc::client: a connection lost its memory windows (ibv_alloc_mw "
+                          "failed): its calls' large bodies and reply buffers go under the "
+                          "cached registrations' own keys from now on");
 }
 
 peer_id client::add_link(std::unique_ptr<link_wire> wire) {
@@ -339,6 +374,13 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     const bool windows = reg && l->wire->has_windows();
     constexpr rights read_bind = rights::remote_read | rights::mw_bind;
     constexpr rights write_bind = rights::local_write | rights::remote_write | rights::mw_bind;
+    // The previous call's windows: an invalidation the send queue had no
+    // room for is still owed (the window stays bound, its registration held):
+    // not bound again, nor the registration released, before it is posted.
+    if (windows && (ss.body_reg || ss.reply_reg) && !l->wire->settled(2 * slot, 2)) {
+        ++counters_.no_credit;
+        return call_status::no_credit;
+    }
     ss.body_reg.reset(); // the previous call's, kept until now (its windows are revoked)
     ss.reply_reg.reset();
     std::uint32_t body_key = 0;
@@ -378,6 +420,7 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
             // The send queue is full (or failed): nothing goes out unfenced.
             ss.body_reg.reset();
             ss.reply_reg.reset();
+            windows_lost(*l);
             ++counters_.no_credit;
             return call_status::no_credit;
         }
@@ -419,9 +462,10 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     const status s = l->wire->send_slot(message_kind::request, slot, static_cast<std::uint32_t>(at),
                                         o.priority, epoch);
     if (s != status::ok) {
+        // The request was not posted, so the peer never learned the keys;
+        // the windows are invalidated all the same (their registrations are
+        // held until the slot's next call: one cannot go while bound).
         end_exposure(*l, slot);
-        ss.body_reg.reset();
-        ss.reply_reg.reset();
         if (s == status::queue_full) {
             ++counters_.no_credit;
             return call_status::no_credit;
@@ -479,6 +523,15 @@ void client::progress() noexcept {
         for (int j = 0; j < k; ++j)
             if (!out[j].ok())
                 fail_link(l, i);
+        if (l.fencing != 0) {
+            if (!l.wire->broken && l.wire->failed()) {
+                // A fence's invalidation (or another request) failed.
+                counters_.count_link_end(l.wire->why_ended());
+                fail_link(l, i);
+            } else {
+                take_fenced(l, i);
+            }
+        }
     }
     if (due)
         housekeeping();
@@ -580,7 +633,7 @@ void client::end_exposure(link& l, std::uint32_t slot, bool now) noexcept {
         // the windows die before (a LOCAL_INV could wait behind a stalled
         // send queue); then the registrations can go at once.
         ss.windows = false;
-        l.wire->revoke_now(2 * slot, 2);
+        revoke_slot_now(l, slot);
         ss.body_reg.reset();
         ss.reply_reg.reset();
         return;
@@ -601,12 +654,29 @@ void client::end_exposure(link& l, std::uint32_t slot, bool now) noexcept {
 void client::finish(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
                     std::span<const std::byte> reply) noexcept {
     slot_state& ss = l.slots[slot];
-    ss.phase = slot_phase::done;
     // The caller owns its buffers again once it sees the result: the windows
-    // die now, not at a LOCAL_INV that may run later (7.x soft-RoCE posts
-    // from a work queue; a stalled send queue holds it for as long as it
-    // stalls). The reply came, so the request and the binds before it ran.
+    // die before, not at an invalidation that runs later (7.x soft-RoCE
+    // posts from a work queue; a stalled send queue holds it). A signaled
+    // invalidation, and the result once its completion is in (the reply's
+    // bytes are in the ring or the caller's buffer already); where it cannot
+    // be posted, the windows are deallocated now (the reply came, so the
+    // request and the binds before it ran).
+    if (ss.windows && l.wire && !l.wire->broken && l.wire->fence(2 * slot, 2)) {
+        ss.windows = false;
+        ss.phase = slot_phase::fencing;
+        ss.fenced_status = st;
+        ss.fenced_reply = reply;
+        ++l.fencing;
+        return;
+    }
     end_exposure(l, slot, true);
+    push_done(l, index, slot, st, reply);
+}
+
+void client::push_done(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                       std::span<const std::byte> reply) noexcept {
+    slot_state& ss = l.slots[slot];
+    ss.phase = slot_phase::done;
     --l.in_flight;
     ++l.held;
     if (st == call_status::ok)
@@ -614,6 +684,27 @@ void client::finish(link& l, std::uint32_t index, std::uint32_t slot, call_statu
     else
         ++counters_.failed;
     push_result({ss.cookie, {index, l.generation}, st, reply}, {index, slot, ss.seq, true});
+}
+
+void client::fenced(link& l, std::uint32_t index, std::uint32_t slot, bool dealloc) noexcept {
+    slot_state& ss = l.slots[slot];
+    --l.fencing;
+    if (dealloc && l.wire)
+        revoke_slot_now(l, slot);
+    // Its windows are dead: the registrations may go.
+    ss.body_reg.reset();
+    ss.reply_reg.reset();
+    push_done(l, index, slot, ss.fenced_status, ss.fenced_reply);
+}
+
+void client::take_fenced(link& l, std::uint32_t index) noexcept {
+    std::uint32_t firsts[32];
+    for (std::size_t n; l.fencing != 0 && (n = l.wire->take_fenced(firsts)) != 0;)
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::uint32_t slot = firsts[i] / 2;
+            if (slot < l.slots.size() && l.slots[slot].phase == slot_phase::fencing)
+                fenced(l, index, slot, false);
+        }
 }
 
 void client::fail_link(link& l, std::uint32_t index) noexcept {
@@ -626,6 +717,10 @@ void client::fail_link(link& l, std::uint32_t index) noexcept {
         slot_state& ss = l.slots[s];
         if (ss.phase == slot_phase::in_flight)
             finish(l, index, s, call_status::peer_gone, {});
+        else if (ss.phase == slot_phase::fencing)
+            // Answered, but its invalidation will not complete now (or
+            // failed): deallocated, then the answer goes out.
+            fenced(l, index, s, true);
     }
     next_housekeeping_ = {};
 }

@@ -2,7 +2,26 @@
 
 #include <rdmax/rpc/peer_link.hpp>
 
+rdmax::detail::peer_link_hooks& rdmax::detail::peer_link_test_hooks() noexcept {
+    static peer_link_hooks hooks;
+    return hooks;
+}
+
 namespace rdmax::rpc {
+
+namespace {
+// Work request ids of the windows' own requests (posted beside the
+// scheduler, whose slice ids never reach these): a bind or an unsignaled
+// invalidation, and a fence's signaled one (its low bits: the fence's first window).
+constexpr std::uint64_t window_op_tag = std::uint64_t{0x5257} << 48;
+constexpr std::uint64_t fence_tag = std::uint64_t{0x5246} << 48;
+
+ibv_mw* alloc_window(ibv_pd* pd) noexcept {
+    if (auto* hook = rdmax::detail::peer_link_test_hooks().alloc_mw)
+        return hook(pd, IBV_MW_TYPE_2);
+    return ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+}
+} // namespace
 
 peer_link::peer_link(registered_arena& arena, handle_issuer& issuer, std::uint16_t slots,
                      std::uint32_t slot_bytes)
@@ -55,12 +74,14 @@ bool peer_link::enable_windows() noexcept {
     try {
         std::vector<window> ws(std::size_t{slots()} * 2);
         for (window& w : ws) {
-            w.mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+            w.mw = alloc_window(pd);
             if (w.mw == nullptr)
                 break;
         }
         if (!ws.empty() && ws.back().mw != nullptr) {
+            fenced_.reserve(slots()); // one fence per slot at most: none allocates
             windows_ = std::move(ws);
+            sched_->on_foreign(&peer_link::on_window_completion, this);
         } else {
             for (window& w : ws)
                 if (w.mw != nullptr)
@@ -80,8 +101,8 @@ bool peer_link::expose(std::span<exposure> e) noexcept {
             return false;
         if (windows_[x.window].bound)
             revoke(x.window, 1);
-        if (windows_.empty())
-            return false;
+        if (windows_[x.window].bound)
+            return false; // its invalidation is owed: not bound again before it is posted
     }
     // Posted ahead of the request that names the keys: a send queue runs in
     // order, so the windows are bound before the peer can learn of them.
@@ -90,7 +111,7 @@ bool peer_link::expose(std::span<exposure> e) noexcept {
         const window& win = windows_[x.window];
         x.rkey = ibv_inc_rkey(win.mw->rkey);
         if (b.bind_mw(win.mw, x.rkey, static_cast<ibv_mr*>(x.mr), x.addr, x.len, x.r,
-                      (std::uint64_t{0x5257} << 48) | window_ops_++,
+                      window_op_tag | window_ops_++,
                       verbs::send_flags{.signaled = false}) != status::ok)
             return false; // nothing posted: the batch gives its slots back
     }
@@ -108,31 +129,130 @@ bool peer_link::expose(std::span<exposure> e) noexcept {
     return true;
 }
 
-void peer_link::revoke(std::uint32_t first, std::uint32_t count) noexcept {
-    bool ok = true;
-    {
-        verbs::send_batch b = conn_->qp().batch();
-        for (std::uint32_t w = first; w < first + count && w < windows_.size(); ++w) {
-            if (!windows_[w].bound)
-                continue;
-            if (b.local_invalidate(windows_[w].mw->rkey,
-                                   (std::uint64_t{0x5257} << 48) | window_ops_++,
-                                   verbs::send_flags{.signaled = false}) != status::ok) {
-                ok = false;
-                break;
-            }
-        }
-        ok = ok && b.post() == status::ok;
-    }
+bool peer_link::stage_invalidations(verbs::send_batch& b, std::uint32_t first,
+                                    std::uint32_t count) noexcept {
     for (std::uint32_t w = first; w < first + count && w < windows_.size(); ++w) {
         if (!windows_[w].bound)
             continue;
-        windows_[w].bound = false;
-        // The queue pair could not take the invalidation (full, or failed):
-        // deallocating the window revokes its key all the same.
-        if (!ok)
-            replace_window(w);
+        if (auto* refuse = rdmax::detail::peer_link_test_hooks().refuse_invalidate;
+            refuse && refuse())
+            return false;
+        if (b.local_invalidate(windows_[w].mw->rkey, window_op_tag | window_ops_++,
+                               verbs::send_flags{.signaled = false}) != status::ok)
+            return false;
     }
+    return true;
+}
+
+void peer_link::revoke(std::uint32_t first, std::uint32_t count) noexcept {
+    bool ok = false;
+    {
+        verbs::send_batch b = conn_->qp().batch();
+        ok = stage_invalidations(b, first, count) && b.post() == status::ok;
+    }
+    for (std::uint32_t w = first; w < first + count && w < windows_.size(); ++w) {
+        window& win = windows_[w];
+        if (!win.bound)
+            continue;
+        if (ok) {
+            win.bound = false;
+        } else if (!win.owed) {
+            // The queue pair could not take the invalidation. Deallocating
+            // the window would revoke its key at once, but its bind may
+            // still be queued in the send queue, and a bind of a window that
+            // is gone fails the queue pair: the invalidation waits for room
+            // (settle()), and the window is not bound again before.
+            win.owed = true;
+            ++owed_;
+        }
+    }
+}
+
+void peer_link::settle() noexcept {
+    if (broken)
+        return;
+    for (std::uint32_t w = 0; w < windows_.size() && owed_ != 0; ++w) {
+        window& win = windows_[w];
+        if (!win.owed)
+            continue;
+        {
+            verbs::send_batch b = conn_->qp().batch();
+            if (!stage_invalidations(b, w, 1) || b.post() != status::ok)
+                return; // no room yet
+        }
+        win.owed = false;
+        win.bound = false;
+        --owed_;
+    }
+}
+
+bool peer_link::settled(std::uint32_t first, std::uint32_t count) noexcept {
+    if (owed_ != 0)
+        settle();
+    for (std::uint32_t w = first; w < first + count && w < windows_.size(); ++w)
+        if (windows_[w].owed)
+            return false;
+    return true;
+}
+
+bool peer_link::fence(std::uint32_t first, std::uint32_t count) noexcept {
+    if (windows_.empty() || broken || first >= windows_.size() || windows_[first].fencing)
+        return false;
+    std::uint32_t last = UINT32_MAX;
+    for (std::uint32_t w = first; w < first + count && w < windows_.size(); ++w)
+        if (windows_[w].bound)
+            last = w;
+    if (last == UINT32_MAX)
+        return false;
+    {
+        // In order on the send queue: the last one's completion says every
+        // one of them ran (an earlier one that failed completes in error).
+        verbs::send_batch b = conn_->qp().batch();
+        for (std::uint32_t w = first; w <= last; ++w) {
+            if (!windows_[w].bound)
+                continue;
+            const bool signaled = w == last;
+            const std::uint64_t id = signaled ? fence_tag | first : window_op_tag | window_ops_++;
+            if (b.local_invalidate(windows_[w].mw->rkey, id,
+                                   verbs::send_flags{.signaled = signaled}) != status::ok)
+                return false; // nothing posted: the batch gives its slots back
+        }
+        // Not taken (a failed queue pair): the caller deallocates them, which
+        // is safe here, the call's binds having run before its request.
+        if (b.post() != status::ok)
+            return false;
+    }
+    for (std::uint32_t w = first; w <= last; ++w)
+        windows_[w].bound = false;
+    windows_[first].fencing = true;
+    ++fences_;
+    return true;
+}
+
+std::size_t peer_link::take_fenced(std::span<std::uint32_t> out) noexcept {
+    const std::size_t n = std::min(out.size(), fenced_.size());
+    std::copy_n(fenced_.begin(), n, out.begin());
+    fenced_.erase(fenced_.begin(), fenced_.begin() + static_cast<std::ptrdiff_t>(n));
+    return n;
+}
+
+void peer_link::on_window_completion(void* self, const verbs::completion& c) noexcept {
+    peer_link& l = *static_cast<peer_link*>(self);
+    if ((c.wr_id & ~((std::uint64_t{1} << 48) - 1)) != fence_tag)
+        return;
+    const auto first = static_cast<std::uint32_t>(c.wr_id & 0xffffffffU);
+    if (!l.windows_.empty()) {
+        if (first >= l.windows_.size() || !l.windows_[first].fencing)
+            return; // its windows were deallocated since: that fenced them
+        l.windows_[first].fencing = false;
+        --l.fences_;
+    }
+    // (No windows left: they were all deallocated, the invalidation ran all
+    // the same; the endpoint checks that the slot still waits for it.)
+    // One that failed is not named: the queue pair failed with it, and the
+    // endpoint deallocates the windows of every call still fencing.
+    if (c.ok())
+        l.fenced_.push_back(first); // reserved for every slot: no allocation
 }
 
 void peer_link::revoke_now(std::uint32_t first, std::uint32_t count) noexcept {
@@ -147,7 +267,15 @@ void peer_link::replace_window(std::uint32_t w) noexcept {
     ibv_pd* pd = win.mw->pd;
     ibv_dealloc_mw(win.mw);
     win.bound = false;
-    win.mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+    if (win.fencing) {
+        win.fencing = false; // its completion, if it comes, names nothing
+        --fences_;
+    }
+    if (win.owed) {
+        win.owed = false; // deallocated: nothing left to invalidate
+        --owed_;
+    }
+    win.mw = alloc_window(pd);
     if (win.mw == nullptr) {
         // No window to take its place: none of this link's windows is used
         // any more (their keys die with the link).
@@ -155,6 +283,8 @@ void peer_link::replace_window(std::uint32_t w) noexcept {
             if (o.mw != nullptr)
                 ibv_dealloc_mw(o.mw);
         windows_.clear();
+        fences_ = 0;
+        owed_ = 0;
     }
 }
 
@@ -185,16 +315,27 @@ bool peer_link::prepare_sleep() noexcept {
     // Unsignaled replies complete quietly; only work waiting for room in the
     // budget needs the completion that makes room (one event, then re-armed
     // at the next sleep). On rxe, arming is a system call: only here.
-    if (sched_ && sched_->queued())
+    // A fence's completion hands a result out: it must wake the endpoint too.
+    if (sched_ && (sched_->queued() || fences_ != 0))
         (void)ibv_req_notify_cq(conn_->qp().send_cq().get(), 0);
     return true;
 }
 
-verbs::qp_config link_qp_config(inbox& in, std::uint16_t slots) {
+verbs::qp_config link_qp_config(inbox& in, std::uint16_t slots, const verbs::device_limits& limits,
+                                bool windows) {
     verbs::qp_config cfg;
-    // Each call posts one or two requests; the scheduler keeps at most half
-    // the queue in flight.
-    cfg.send_depth = std::clamp<std::uint32_t>(4U * slots, 64, 1024);
+    // Each call posts one or two requests through the scheduler, which keeps
+    // at most half the queue in flight.
+    std::uint32_t depth = std::clamp<std::uint32_t>(4U * slots, 64, 1024);
+    // Beside it, a call with windows posts 2 binds ahead of its request and,
+    // once answered, 2 invalidations: all of them in the queue at once for
+    // every slot at worst (unsignaled, they are known done only at a later
+    // signaled completion). Without that room, a burst of calls would find
+    // the send queue full while it still has free slots (no_credit).
+    if (windows)
+        depth += 4U * slots;
+    cfg.send_depth = std::max<std::uint32_t>(
+        1, std::min({depth, limits.max_qp_wr, limits.max_cqe != 0 ? limits.max_cqe : depth}));
     cfg.max_send_sge = 2;
     cfg.max_recv_sge = 1;
     cfg.max_inline = 256;

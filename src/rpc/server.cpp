@@ -298,7 +298,16 @@ void server::on_request(link& l, std::uint32_t index, std::uint32_t slot, std::u
         // deadline passed) and took the slot back. That call is dropped
         // unanswered: a deferred answer finds it gone (another call_seq), a
         // READ of its body still in flight lands in a block no longer the
-        // slot's, which its completion gives back.
+        // slot's, which its completion gives back. A READ still waiting in
+        // the scheduler is withdrawn: the caller revoked the window it names
+        // when it gave up, and posting it would fail the queue pair (and
+        // end the caller's new call with it).
+        if (ss.body_at != no_block && l.wire->cancel(make_wr_id(tag_read, ss.body_at, slot))) {
+            if (l.reads > 0)
+                --l.reads;
+            ++counters_.cancelled_reads;
+            release_block(l, ss.body_at);
+        }
         ss.busy = false;
         ss.body_at = no_block;
     }
@@ -645,7 +654,7 @@ void server::accept_one(verbs::connection_request req) {
     const auto slots = std::min<std::uint16_t>(offer->slots, opts_.slots);
     const std::uint32_t slot_bytes = std::min(offer->slot_bytes, opts_.slot_bytes);
     auto wire = std::make_unique<peer_link>(arena_, issuer_, slots, slot_bytes);
-    req.create_qp(*pd_, link_qp_config(inbox_, slots));
+    req.create_qp(*pd_, link_qp_config(inbox_, slots, pd_->device().limits(), false));
     const ring_offer mine = wire->offer();
     // Not waiting for ESTABLISHED: housekeeping looks for it (or the first
     // message proves it), and drops the connection at connect_timeout.
@@ -653,7 +662,12 @@ void server::accept_one(verbs::connection_request req) {
     ring_offer peer = *offer;
     peer.slots = slots;
     peer.slot_bytes = slot_bytes;
-    wire->attach(std::move(conn), peer, opts_.scheduler);
+    // Room in the scheduler for every request the slots can have at once (a
+    // body's READ, a reply body's WRITE and the reply, per slot): one it
+    // refused would end a connection whose peer kept to its credits.
+    sched::scheduler_options so = opts_.scheduler;
+    so.max_requests = std::max<std::uint32_t>(so.max_requests, 3U * slots + 8);
+    wire->attach(std::move(conn), peer, so);
     peer_link* v = wire.get();
     const std::uint32_t index = add_link(std::move(wire), slots);
     links_[index].verbs = v;

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include <rdmax/rpc/peer_link.hpp>
+
 #include "../support/child_process.hpp"
 #include "../support/descriptors.hpp"
 #include "../support/loopback.hpp"
@@ -2125,4 +2127,295 @@ TEST_CASE("a refused connection leaves its reason in last_refusal", "[bookkeepin
         CHECK_THAT(std::string(s.counters().last_refusal.what()),
                    Catch::Matchers::Contains("no ring offer"));
     }
+}
+
+namespace {
+
+/// Options for the tests of the device path's windows (whatever
+/// RDMAX_RPC_LOCAL says: the node-local path has none).
+rpc::rpc_options device_options() {
+    rpc::rpc_options o = small_options();
+    o.local = false;
+    return o;
+}
+
+/// Waits (polling server and client in this thread) for `n` results.
+std::vector<rpc::call_result> results_of(rpc::server& s, rpc::client& c, std::size_t n,
+                                         const std::function<void(const rpc::call_result&)>& each) {
+    std::vector<rpc::call_result> got;
+    const auto deadline = clock_type::now() + std::chrono::seconds(60);
+    rpc::call_result out[16];
+    while (got.size() < n && clock_type::now() < deadline) {
+        (void)s.poll();
+        const int k = c.poll(out);
+        for (int i = 0; i < k; ++i) {
+            each(out[i]); // the reply is valid until the next poll
+            got.push_back(out[i]);
+        }
+    }
+    return got;
+}
+
+} // namespace
+
+TEST_CASE("an answered call's windows are invalidated on the send queue, not reallocated",
+          "[rpccall][fence]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::server s(pd, test_addr(), 0, device_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s, device_options());
+    std::vector<std::byte> req(16 * 1024), reply(16 * 1024);
+    for (unsigned i = 0; i < 20; ++i) {
+        fill_pattern(req, 40 + i);
+        const answer a = call_once(s, c, m_echo, req, {.reply_into = reply});
+        REQUIRE(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+    CHECK(c.cli.counters().external_bodies == 20);
+    // Each call's two windows died by a signaled invalidation whose
+    // completion came before the result: no dealloc + alloc per call (which
+    // is two verbs calls each, a firmware command on a NIC).
+    CHECK(c.cli.counters().window_reallocs == 0);
+    CHECK(c.cli.counters().windows_unavailable == 0);
+    // A timeout keeps the synchronous revocation (the server may still hold
+    // the keys): two windows deallocated and replaced.
+    const answer late = call_once(s, c, m_defer, req,
+                                  {.timeout = std::chrono::milliseconds(20), .reply_into = reply});
+    CHECK(late.status == rpc::call_status::timed_out);
+    CHECK(c.cli.counters().window_reallocs == 2);
+    h.deferred.clear();
+    fill_pattern(req, 77);
+    const answer after = call_once(s, c, m_echo, req, {.reply_into = reply});
+    CHECK(after.status == rpc::call_status::ok);
+    CHECK(after.reply == req);
+}
+
+TEST_CASE("calls with windows fill every slot without no_credit: the send queue has room for "
+          "their binds",
+          "[rpccall][sq-depth]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    constexpr std::size_t n = 1024; // a send queue of 4 x 1024 WQEs before: less than needed
+    rpc::rpc_options o = device_options();
+    o.slots = n;
+    o.slot_bytes = 1024;
+    rpc::server s(pd, test_addr(), 0, o);
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s, o);
+    REQUIRE(c.cli.slots(c.peer) == n);
+    REQUIRE(c.cli.counters().windows_unavailable == 0); // rxe has windows enough
+    constexpr std::size_t body = 2048; // over a slot: a window for it and one for the reply
+    std::vector<std::byte> reqs(n * body), replies(n * body);
+    for (std::size_t k = 0; k < n; ++k)
+        fill_pattern(std::span(reqs).subspan(k * body, body), static_cast<unsigned>(k));
+    // Every slot at once, no poll in between: 2n binds and n requests.
+    std::size_t started = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+        const rpc::call_status st =
+            c.cli.start(c.peer, m_echo, std::span(reqs).subspan(k * body, body),
+                        {.reply_into = std::span(replies).subspan(k * body, body), .cookie = k});
+        if (st != rpc::call_status::ok) {
+            FAIL_CHECK("call " << k << " of " << n << " refused: " << rpc::to_string(st));
+            break;
+        }
+        ++started;
+    }
+    CHECK(started == n);
+    CHECK(c.cli.counters().no_credit == 0);
+    std::size_t right = 0;
+    std::array<std::size_t, 32> wrong{};
+    const auto got = results_of(s, c.cli, started, [&](const rpc::call_result& r) {
+        const auto k = static_cast<std::size_t>(r.cookie);
+        if (r.status == rpc::call_status::ok && r.reply.size() == body &&
+            has_pattern(r.reply, static_cast<unsigned>(k)))
+            ++right;
+        else
+            ++wrong[std::min<std::size_t>(static_cast<std::size_t>(r.status), wrong.size() - 1)];
+    });
+    for (std::size_t st = 0; st < wrong.size(); ++st)
+        if (wrong[st] != 0)
+            WARN(wrong[st] << " calls ended " << rpc::to_string(static_cast<rpc::call_status>(st)));
+    CHECK(got.size() == started);
+    CHECK(right == started);
+}
+
+TEST_CASE("a client that cannot allocate memory windows says so and counts it",
+          "[rpccall][windows-unavailable]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::server s(pd, test_addr(), 0, device_options());
+    handlers h;
+    h.install(s);
+    auto& hooks = rdmax::detail::peer_link_test_hooks();
+    struct restore {
+        ~restore() { rdmax::detail::peer_link_test_hooks().alloc_mw = nullptr; }
+    } restore_hooks;
+    // A device out of windows (rxe has a limit): ibv_alloc_mw fails.
+    static std::atomic<int> allowed{0};
+    hooks.alloc_mw = [](ibv_pd* p, ibv_mw_type t) -> ibv_mw* {
+        if (allowed.fetch_sub(1) > 0)
+            return ibv_alloc_mw(p, t);
+        errno = ENOMEM;
+        return nullptr;
+    };
+    std::vector<std::byte> req(16 * 1024), reply(16 * 1024);
+    fill_pattern(req, 5);
+    {
+        allowed = 0;
+        connected_client c(pd, s, device_options());
+        CHECK(c.cli.counters().windows_unavailable == 1);
+        // Still served, under the registration's own key.
+        const answer a = call_once(s, c, m_echo, req, {.reply_into = reply});
+        CHECK(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+    {
+        // Windows at connect (2 per slot), none to replace them later: the
+        // link gives them up at its first timeout, and says so.
+        allowed = 2 * device_options().slots;
+        connected_client c(pd, s, device_options());
+        CHECK(c.cli.counters().windows_unavailable == 0);
+        CHECK(call_once(s, c, m_defer, req, {.timeout = std::chrono::milliseconds(20)}).status ==
+              rpc::call_status::timed_out);
+        CHECK(c.cli.counters().windows_unavailable == 1);
+        h.deferred.clear();
+        const answer a = call_once(s, c, m_echo, req, {.reply_into = reply});
+        CHECK(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+}
+
+TEST_CASE("an invalidation the send queue cannot take waits for room; the window is not "
+          "deallocated under its queued bind",
+          "[rpccall][owed-invalidation]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::server s(pd, test_addr(), 0, device_options());
+    handlers h;
+    h.install(s);
+    rpc::rpc_options o = device_options();
+    o.scheduler.max_requests = 1; // a second request is refused until the first completes
+    connected_client c(pd, s, o);
+    REQUIRE(c.cli.counters().windows_unavailable == 0);
+    std::vector<std::byte> one(16 * 1024), two(16 * 1024), reply(16 * 1024);
+    fill_pattern(one, 1);
+    fill_pattern(two, 2);
+    REQUIRE(c.cli.start(c.peer, m_echo, one, {.reply_into = reply, .cookie = 1}) ==
+            rpc::call_status::ok);
+    {
+        // The second call binds its windows, then its request is refused
+        // (the scheduler is full): its windows are revoked, and the send
+        // queue "has no room" for the invalidations. Deallocating them
+        // instead would kill the binds still queued, and the connection.
+        rdmax::detail::peer_link_test_hooks().refuse_invalidate = [] { return true; };
+        struct restore {
+            ~restore() { rdmax::detail::peer_link_test_hooks().refuse_invalidate = nullptr; }
+        } restore_hooks;
+        CHECK(c.cli.start(c.peer, m_echo, two, {.cookie = 2}) == rpc::call_status::no_credit);
+    }
+    bool first_ok = false;
+    (void)results_of(s, c.cli, 1, [&](const rpc::call_result& r) {
+        first_ok = r.status == rpc::call_status::ok && r.reply.size() == one.size() &&
+                   std::equal(r.reply.begin(), r.reply.end(), one.begin());
+    });
+    CHECK(first_ok);
+    // The slot whose invalidations were owed is used again once they are posted.
+    for (unsigned i = 0; i < 4; ++i) {
+        fill_pattern(two, 10 + i);
+        const answer a = call_once(s, c, m_echo, two, {.reply_into = reply});
+        CHECK(a.status == rpc::call_status::ok);
+        CHECK(a.reply == two);
+    }
+    CHECK(c.cli.counters().link_failures == 0);
+    CHECK(c.cli.counters().disconnected == 0);
+    CHECK(c.cli.connected(c.peer));
+}
+
+TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not posted against "
+          "its dead window",
+          "[rpccall][cancel-read]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::rpc_options so = device_options();
+    // A server that moves one 4 KiB slice at a time: a large READ keeps the
+    // others waiting in its scheduler.
+    so.scheduler.budget_bytes = 4096;
+    so.scheduler.budget_wqes = 1;
+    so.scheduler.small_slice = 4096;
+    so.scheduler.large_slice = 4096;
+    rpc::server s(pd, test_addr(), 0, so);
+    handlers h;
+    h.install(s);
+    rpc::rpc_options co = device_options();
+    co.slots = 2; // the call that times out leaves the only free slot
+    connected_client c(pd, s, co);
+    std::vector<std::byte> big(8 << 20), mid(256 * 1024), big_reply(8 << 20), mid_reply(256 * 1024);
+    fill_pattern(big, 21);
+    fill_pattern(mid, 22);
+    // The big one first (its READ under way, slice by slice), then one at
+    // the bulk level whose READ waits behind it, and gives up soon.
+    REQUIRE(c.cli.start(c.peer, m_echo, big, {.reply_into = big_reply, .cookie = 1}) ==
+            rpc::call_status::ok);
+    REQUIRE(c.cli.start(c.peer, m_echo, mid,
+                        {.priority = sched::bulk,
+                         .timeout = std::chrono::milliseconds(20),
+                         .reply_into = mid_reply,
+                         .cookie = 2}) == rpc::call_status::ok);
+    std::vector<rpc::call_result> results;
+    bool big_ok = false;
+    const auto collect = [&](const rpc::call_result& r) {
+        if (r.cookie == 1)
+            big_ok = r.status == rpc::call_status::ok && r.reply.size() == big.size() &&
+                     std::equal(r.reply.begin(), r.reply.end(), big.begin());
+        results.push_back(r);
+    };
+    // Until the bulk call times out (the server takes both requests meanwhile).
+    const auto deadline = clock_type::now() + std::chrono::seconds(30);
+    rpc::call_result out[4];
+    bool timed_out = false;
+    while (!timed_out && clock_type::now() < deadline) {
+        (void)s.poll();
+        const int n = c.cli.poll(out);
+        for (int i = 0; i < n; ++i) {
+            collect(out[i]);
+            timed_out =
+                timed_out || (out[i].cookie == 2 && out[i].status == rpc::call_status::timed_out);
+        }
+    }
+    REQUIRE(timed_out);
+    INFO("the large READ must still be under way when the bulk call times out");
+    REQUIRE_FALSE(big_ok);
+    // The next call goes into the timed-out call's slot, with the other
+    // epoch: the server drops that call, and its READ that never went.
+    std::vector<std::byte> small(100);
+    fill_pattern(small, 23);
+    REQUIRE(c.cli.start(c.peer, m_echo, small, {.cookie = 3}) == rpc::call_status::ok);
+    bool small_ok = false;
+    const auto more = results_of(s, c.cli, 2, [&](const rpc::call_result& r) {
+        collect(r);
+        if (r.cookie == 3)
+            small_ok = r.status == rpc::call_status::ok &&
+                       std::equal(r.reply.begin(), r.reply.end(), small.begin(), small.end());
+    });
+    CHECK(more.size() == 2);
+    CHECK(small_ok);
+    CHECK(big_ok);
+    // A READ at the bulk level goes after the withdrawn one would have (FIFO
+    // within a level): the connection is still whole then.
+    fill_pattern(mid, 24);
+    const answer after =
+        call_once(s, c, m_echo, mid, {.priority = sched::bulk, .reply_into = mid_reply});
+    CHECK(after.status == rpc::call_status::ok);
+    CHECK(after.reply == mid);
+    CHECK(s.counters().cancelled_reads == 1);
+    CHECK(s.counters().disconnected == 0);
+    CHECK(c.cli.counters().disconnected == 0);
 }

@@ -676,3 +676,34 @@ TEST_CASE("bulk keeps moving for a caller that finds a finished urgent request a
     const auto got = run(s, 1 << 20);
     REQUIRE(got.size() <= 1);
 }
+
+TEST_CASE("a request not yet posted can be withdrawn by its wr_id; one under way cannot") {
+    // A budget of one slice: the first request is posted, the others wait.
+    sim_scheduler<> s(options(1000, 1000, 1000, 1), {});
+    REQUIRE(s.read(bulk, local(0, 3000), remote(), 0, 10) == status::ok); // under way
+    REQUIRE(s.read(bulk, local(0, 1000), remote(), 0, 11) == status::ok);
+    REQUIRE(s.read(normal, local(0, 1000), remote(), 0, 12) == status::ok);
+    REQUIRE(s.write(bulk, local(0, 1000), remote(), 0, 13) == status::ok);
+    const std::uint64_t posted_before = s.counters().slices;
+    CHECK_FALSE(s.cancel(10)); // its first slice is on the queue: it runs its course
+    CHECK(s.cancel(11));
+    CHECK(s.cancel(12));
+    CHECK_FALSE(s.cancel(12)); // gone already
+    CHECK_FALSE(s.cancel(99)); // never submitted
+    CHECK(s.outstanding() == 2);
+    const auto got = run(s, 1000);
+    std::vector<std::uint64_t> ids;
+    for (const auto& c : got) {
+        CHECK(c.ok());
+        ids.push_back(c.wr_id);
+    }
+    // No completion for the withdrawn ones, and none of their bytes posted:
+    // 3 slices of the first, 1 of the last.
+    CHECK(ids == std::vector<std::uint64_t>{10, 13});
+    CHECK(s.counters().slices - posted_before == 3);
+    CHECK(s.counters().bytes == 4000);
+    // Their places in the pool are free again.
+    for (std::uint64_t i = 0; i < 64; ++i)
+        REQUIRE(s.write(urgent, local(0, 100), remote(), 0, 100 + i) == status::ok);
+    CHECK(s.write(urgent, local(0, 100), remote(), 0, 200) == status::queue_full);
+}

@@ -130,6 +130,7 @@ private:
     enum class slot_phase : std::uint8_t {
         free,      ///< the caller's credit, unused
         in_flight, ///< request sent, no reply yet
+        fencing,   ///< replied; its result waits for its windows' invalidation to complete
         done,      ///< its result is queued or handed out; freed at the next poll
     };
     struct slot_state {
@@ -151,6 +152,10 @@ private:
         verbs_cache::handle body_reg;
         verbs_cache::handle reply_reg;
         bool windows = false; ///< windows 2s and 2s + 1 are bound for this call
+        /// While fencing: the result the reply gave, handed out once the
+        /// windows are dead.
+        call_status fenced_status = call_status::ok;
+        std::span<const std::byte> fenced_reply;
     };
     struct slot_ref {
         std::uint32_t link = 0;
@@ -166,7 +171,9 @@ private:
         std::vector<std::uint16_t> free_slots;
         std::uint32_t next_seq = 1;
         std::uint32_t in_flight = 0;
-        std::uint32_t held = 0; ///< slots done: results queued or handed out
+        std::uint32_t held = 0;    ///< slots done: results queued or handed out
+        std::uint32_t fencing = 0; ///< of in_flight, slots fencing
+        bool windows = false;      ///< binds windows (counted in windows_unavailable if lost)
     };
 
     /// start() for call(): the slot it took, or the status it refused with.
@@ -189,15 +196,30 @@ private:
     /// for it, as rpc_options::ptracer allows.
     void grant_cma(pid_t server) noexcept;
     peer_id add_link(std::unique_ptr<link_wire> wire);
+    /// Connections through this device bind type-2 windows.
+    [[nodiscard]] bool windows_wanted() const noexcept;
+    /// Counts (once) a link that gave its windows up for want of a replacement.
+    void windows_lost(link& l) noexcept;
+    /// revoke_now() of the slot's windows, counted.
+    void revoke_slot_now(link& l, std::uint32_t slot) noexcept;
     void on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept;
     void on_receive(const ibv_wc& wc) noexcept;
     void housekeeping() noexcept;
     void fail_link(link& l, std::uint32_t index) noexcept;
     void finish(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
                 std::span<const std::byte> reply) noexcept;
+    /// The call in `slot` was fencing: its result goes out now; `dealloc`:
+    /// its windows are deallocated first (the invalidation failed, or the
+    /// link did).
+    void fenced(link& l, std::uint32_t index, std::uint32_t slot, bool dealloc) noexcept;
+    /// Results of the link's fences that completed.
+    void take_fenced(link& l, std::uint32_t index) noexcept;
+    /// The result of a call that ended, queued for the caller.
+    void push_done(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                   std::span<const std::byte> reply) noexcept;
     /// The call in `slot` ended: the peer loses its access to the call's buffers.
     /// Ends a call's windows; `now` (a timeout): revoked before it returns.
-    static void end_exposure(link& l, std::uint32_t slot, bool now = false) noexcept;
+    void end_exposure(link& l, std::uint32_t slot, bool now = false) noexcept;
     void release_handed_out() noexcept;
     void teardown_idle() noexcept;
     [[nodiscard]] link* find(peer_id p) noexcept;

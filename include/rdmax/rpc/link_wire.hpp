@@ -58,6 +58,12 @@ public:
                                               local_buffer<rights::local_write> src,
                                               const buffer_descriptor& dst,
                                               std::uint64_t wr_id) noexcept = 0;
+    /// Withdraws the transfer started with `wr_id` if it has not reached the
+    /// device yet (then it never completes); false if it has, or is unknown.
+    [[nodiscard]] virtual bool cancel(std::uint64_t wr_id) noexcept {
+        (void)wr_id;
+        return false;
+    }
     /// Completions of transfers that started, and failures.
     [[nodiscard]] virtual int poll_transfers(std::span<verbs::completion> out) noexcept = 0;
     /// Something to do at the next poll (queued work, completions to reap).
@@ -140,6 +146,29 @@ public:
     /// breaks the connection).
     virtual void revoke(std::uint32_t first, std::uint32_t count) noexcept {
         (void)first, (void)count;
+    }
+    /// Ends what expose() gave windows [first, first + count) with an
+    /// invalidation whose completion is asked for: true if it was posted,
+    /// and take_fenced() names `first` once it completed (from then on the
+    /// peer's keys are dead); false if nothing was posted (no windows bound,
+    /// the queue pair full or failed): revoke_now() them instead. Only for a
+    /// call whose request ran (its binds ran before it).
+    [[nodiscard]] virtual bool fence(std::uint32_t first, std::uint32_t count) noexcept {
+        (void)first, (void)count;
+        return false;
+    }
+    /// The `first` of fence()s whose invalidation completed, up to
+    /// out.size() of them. One that failed is never named: the queue pair
+    /// failed with it (failed() says so), and the windows are revoke_now()'s.
+    [[nodiscard]] virtual std::size_t take_fenced(std::span<std::uint32_t> out) noexcept {
+        (void)out;
+        return 0;
+    }
+    /// No invalidation of windows [first, first + count) is still owed (one
+    /// revoke() could not queue): they may be bound again. Tries to post it.
+    [[nodiscard]] virtual bool settled(std::uint32_t first, std::uint32_t count) noexcept {
+        (void)first, (void)count;
+        return true;
     }
     /// As revoke(), but done when it returns: the windows are deallocated
     /// (a verbs call, not queued behind the send queue) and fresh ones take

@@ -21,6 +21,18 @@
 #include <rdmax/sched/priority_scheduler.hpp>
 #include <rdmax/verbs/connection.hpp>
 
+namespace rdmax::detail {
+/// Test seams of peer_link (tests/rxe/test_rpc.cpp); null in production.
+struct peer_link_hooks {
+    /// Replaces ibv_alloc_mw (a device out of windows).
+    ibv_mw* (*alloc_mw)(ibv_pd* pd, ibv_mw_type type) = nullptr;
+    /// Asked before an unsignaled invalidation is staged: true refuses it,
+    /// as a full send queue would.
+    bool (*refuse_invalidate)() = nullptr;
+};
+[[nodiscard]] peer_link_hooks& peer_link_test_hooks() noexcept;
+} // namespace rdmax::detail
+
 namespace rdmax::rpc {
 
 /// A block of a registered arena, given back when this goes.
@@ -97,7 +109,13 @@ public:
     [[nodiscard]] transfer write_body(sched::priority p, local_buffer<rights::local_write> src,
                                       const buffer_descriptor& dst,
                                       std::uint64_t wr_id) noexcept override;
+    [[nodiscard]] bool cancel(std::uint64_t wr_id) noexcept override {
+        return sched_->cancel(wr_id);
+    }
+    /// Also posts the invalidations the send queue had no room for.
     [[nodiscard]] int poll_transfers(std::span<verbs::completion> out) noexcept override {
+        if (owed_ != 0)
+            settle();
         return sched_->poll(out);
     }
     /// The scheduler has work to post, or enough in flight that its budget
@@ -106,10 +124,10 @@ public:
     /// the poll loop stays short: what a call waits for is the receive side.
     [[nodiscard]] bool needs_progress() const noexcept override {
         return sched_->queued() || sched_->in_flight() * 2 >= sched_->options().budget_wqes ||
-               windows_low();
+               windows_low() || fences_ != 0 || owed_ != 0;
     }
     [[nodiscard]] bool has_outstanding() const noexcept override {
-        return sched_->outstanding() != 0 || windows_low();
+        return sched_->outstanding() != 0 || windows_low() || fences_ != 0 || owed_ != 0;
     }
     [[nodiscard]] bool failed() const noexcept override { return sched_->failed(); }
     /// Work queued behind the byte budget moves on only when a send
@@ -139,7 +157,12 @@ public:
     [[nodiscard]] bool expose(std::span<exposure> e) noexcept override;
     void revoke(std::uint32_t first, std::uint32_t count) noexcept override;
     void revoke_now(std::uint32_t first, std::uint32_t count) noexcept override;
+    /// Signaled LOCAL_INVs (the last one of the range asks for the
+    /// completion); its completion comes through the scheduler's poll.
+    [[nodiscard]] bool fence(std::uint32_t first, std::uint32_t count) noexcept override;
+    [[nodiscard]] std::size_t take_fenced(std::span<std::uint32_t> out) noexcept override;
     [[nodiscard]] bool has_windows() const noexcept override { return !windows_.empty(); }
+    [[nodiscard]] bool settled(std::uint32_t first, std::uint32_t count) noexcept override;
     /// Allocates the windows (after attach; the device must have type 2).
     /// False if it could not: then none.
     bool enable_windows() noexcept;
@@ -160,8 +183,16 @@ private:
     struct window {
         ibv_mw* mw = nullptr;
         bool bound = false;
+        bool fencing = false; ///< first of a fence() whose completion is awaited
+        /// Revoked, but the send queue had no room for its invalidation:
+        /// still bound (its bind may still be queued, so it is not
+        /// deallocated), posted by settle() before the window is used again.
+        bool owed = false;
     };
     std::vector<window> windows_;                      ///< 2 per slot, or none
+    std::vector<std::uint32_t> fenced_;                ///< fences completed, not yet taken
+    std::uint32_t fences_ = 0;                         ///< fences awaiting their completion
+    std::uint32_t owed_ = 0;                           ///< windows whose invalidation is owed
     const verbs::queue_pair<verbs::rc>* qp_ = nullptr; ///< conn_'s, once attached
     std::uint64_t window_ops_ = 0;
     /// The windows' binds and invalidations (unsignaled, posted beside the
@@ -173,10 +204,23 @@ private:
     /// Deallocates window w (which revokes its key) and allocates another in
     /// its place; without one, the link gives up its windows.
     void replace_window(std::uint32_t w) noexcept;
+    /// Posts the owed invalidations the send queue has room for (unsignaled).
+    void settle() noexcept;
+    /// Stages unsignaled invalidations of the bound windows of [first, first
+    /// + count) into b; false when one is refused (the batch then holds
+    /// those before it: post or drop it whole).
+    bool stage_invalidations(verbs::send_batch& b, std::uint32_t first,
+                             std::uint32_t count) noexcept;
+    /// The scheduler's foreign completions: a fence's.
+    static void on_window_completion(void* self, const verbs::completion& c) noexcept;
 };
 
 /// The queue pair configuration of an RPC connection on `in`'s queues, its
 /// send queue's events on `in`'s channel.
-[[nodiscard]] verbs::qp_config link_qp_config(inbox& in, std::uint16_t slots);
+/// `windows`: room for the type-2 windows' own requests too (a client on a
+/// device that has them: 2 binds and 2 invalidations per slot may be queued
+/// beside the scheduler's work); clamped to the device's limits.
+[[nodiscard]] verbs::qp_config link_qp_config(inbox& in, std::uint16_t slots,
+                                              const verbs::device_limits& limits, bool windows);
 
 } // namespace rdmax::rpc

@@ -34,9 +34,22 @@ struct rpc_counters {
     std::uint64_t external_bodies =
         0; ///< bodies over a slot moved by READ (server) or offered (client)
     std::uint64_t external_replies = 0; ///< replies over a slot written into the caller's buffer
-    std::uint64_t bytes_in = 0;         ///< message bytes received (headers included)
-    std::uint64_t bytes_out = 0;        ///< message bytes sent (headers included)
-    std::uint64_t unknown_method = 0;   ///< server: requests with no handler (answered so)
+    /// Client: memory windows deallocated and allocated again to revoke them
+    /// at once (a call that timed out, a fence that could not be posted or
+    /// did not complete); an answered call's windows are invalidated on the
+    /// send queue instead, which costs no verbs call.
+    std::uint64_t window_reallocs = 0;
+    /// Client: connections through a device with type-2 windows that had to
+    /// do without (ibv_alloc_mw failed: at connect, or for a replacement
+    /// later). Their large bodies and reply buffers go under the cached
+    /// registrations' own keys, as on a device without windows (docs/rpc.md).
+    std::uint64_t windows_unavailable = 0;
+    /// Server: READs of a request body withdrawn before they were posted,
+    /// the caller having given the call up (its window is dead).
+    std::uint64_t cancelled_reads = 0;
+    std::uint64_t bytes_in = 0;       ///< message bytes received (headers included)
+    std::uint64_t bytes_out = 0;      ///< message bytes sent (headers included)
+    std::uint64_t unknown_method = 0; ///< server: requests with no handler (answered so)
     // A peer that breaks the protocol: each rejection counted, the message
     // dropped, the peer's connection closed.
     std::uint64_t rejected_kind = 0;      ///< wrong message kind
@@ -131,14 +144,17 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
         return fmt::format_to(
             ctx.out(),
             "calls {} completed {} failed {} (timed out {}, late replies {}, no credit {}) "
-            "external bodies {} replies {} bytes in {} out {} unknown method {} "
+            "external bodies {} replies {} window reallocs {} windows unavailable {} "
+            "cancelled reads {} "
+            "bytes in {} out {} unknown method {} "
             "rejected {} (kind {} slot {} length {} malformed {} credit {} opcode {}) "
             "stray {} connected {} refused {} (last: {}{}{}) disconnected {} link failures {} "
             "(last: {}) "
             "last link event {} ({})",
             c.calls, c.completed, c.failed, c.timed_out, c.late_replies, c.no_credit,
-            c.external_bodies, c.external_replies, c.bytes_in, c.bytes_out, c.unknown_method,
-            c.rejected(), c.rejected_kind, c.rejected_slot, c.rejected_length, c.rejected_malformed,
+            c.external_bodies, c.external_replies, c.window_reallocs, c.windows_unavailable,
+            c.cancelled_reads, c.bytes_in, c.bytes_out, c.unknown_method, c.rejected(),
+            c.rejected_kind, c.rejected_slot, c.rejected_length, c.rejected_malformed,
             c.rejected_credit, c.rejected_opcode, c.stray_completions, c.connected, c.refused,
             c.refused == 0 ? "none" : c.last_refusal.what(), c.last_refusal.error == 0 ? "" : ": ",
             c.last_refusal.error == 0 ? std::string_view{}

@@ -31,6 +31,29 @@ inline int basic_priority_scheduler<Policy, Port, Clock, FineClock>::poll(
 }
 
 template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
+inline bool
+basic_priority_scheduler<Policy, Port, Clock, FineClock>::cancel(std::uint64_t wr_id) noexcept {
+    for (std::size_t level = 0; level < priority_levels; ++level) {
+        queue& q = queues_[level];
+        for (auto prev = q.before_begin(), it = q.begin(); it != q.end(); prev = it++) {
+            request& r = *it;
+            if (r.wr_id != wr_id || r.posted != 0 || r.in_flight != 0)
+                continue;
+            q.erase_after(prev);
+            r.queued = false;
+            if (q.empty())
+                policy_.idle(level);
+            --live_[level];
+            --live_total_;
+            free_.push_front(r);
+            ++free_count_;
+            return true;
+        }
+    }
+    return false;
+}
+
+template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
 inline int basic_priority_scheduler<Policy, Port, Clock, FineClock>::wait(
     std::span<verbs::completion> out, std::chrono::microseconds timeout) noexcept {
     // The deadline is on the coarse clock, read every 256 polls: this
@@ -401,6 +424,8 @@ inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::reap() noe
             // queue pair, such as a handle issuer's bind): not ours to retire.
             if (c.wr_id < tail_slice_ || c.wr_id >= next_slice_) {
                 ++counters_.foreign_completions;
+                if (foreign_sink_ != nullptr)
+                    foreign_sink_(foreign_ctx_, c);
                 // One in error failed the queue pair all the same: the
                 // slices in flight complete flushed, nothing more goes.
                 if (!c.ok()) {

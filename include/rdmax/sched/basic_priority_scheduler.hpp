@@ -120,6 +120,16 @@ public:
     /// The budget is measured (options' budget_bytes 0), not fixed.
     [[nodiscard]] bool adaptive() const noexcept { return opts_.budget_bytes == 0; }
 
+    /// Where the completions of work requests someone else posted on the
+    /// port go (an RPC link's window invalidations): `sink(ctx, c)` from
+    /// poll(), before the scheduler looks at their status; nullptr: dropped
+    /// (counted in foreign_completions either way).
+    using foreign_sink = void (*)(void* ctx, const verbs::completion& c) noexcept;
+    void on_foreign(foreign_sink sink, void* ctx) noexcept {
+        foreign_sink_ = sink;
+        foreign_ctx_ = ctx;
+    }
+
     // ---- submission -------------------------------------------------------------------------
 
     /// RDMA write of `src` to dst + dst_offset, sliced.
@@ -173,6 +183,15 @@ public:
     /// that it finished. The exception keeps less urgent work moving for a
     /// caller that finds a finished request at every call.
     int poll(std::span<verbs::completion> out) noexcept;
+
+    /// Withdraws the request submitted with `wr_id` if none of it was posted
+    /// yet: it then never reaches the device, and no completion is reported
+    /// for it (its owner settles what it held). False when there is no such
+    /// request, or it was posted, in part or whole: it runs its course. For
+    /// work that lost its purpose while it waited (an RPC server's READ of a
+    /// body whose call the caller gave up: the key it names is dead, and the
+    /// READ would fail the queue pair).
+    bool cancel(std::uint64_t wr_id) noexcept;
 
     /// Like poll(), spinning until a request finished or `timeout` passed; 0
     /// on timeout, at once when nothing is queued or in flight.
@@ -313,6 +332,8 @@ private:
     bool broken_ = false;
     ibv_wc_status failure_ = IBV_WC_SUCCESS;
     bool deferred_pump_ = false; ///< the last poll() returned requests without posting
+    foreign_sink foreign_sink_ = nullptr;
+    void* foreign_ctx_ = nullptr;
     scheduler_counters counters_;
 
     // The budget: fixed (options) or measured (budget_bytes 0).

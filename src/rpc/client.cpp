@@ -378,6 +378,8 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     // room for is still owed (the window stays bound, its registration held):
     // not bound again, nor the registration released, before it is posted.
     if (windows && (ss.body_reg || ss.reply_reg) && !l->wire->settled(2 * slot, 2)) {
+        // Taken last from now on: the next start() tries the other free slots.
+        std::rotate(l->free_slots.begin(), l->free_slots.end() - 1, l->free_slots.end());
         ++counters_.no_credit;
         return call_status::no_credit;
     }
@@ -514,6 +516,10 @@ void client::progress() noexcept {
             }
             continue;
         }
+        // Every window deallocated (none could be allocated in one's place):
+        // each fence is moot, and nothing would complete for it.
+        if (l.fencing != 0 && !l.wire->has_windows())
+            end_fences(l, i, false);
         // A scheduler with nothing to post and room in its budget waits for
         // housekeeping: a call waits for its reply, not for these.
         if (!l.wire->has_outstanding() || (!due && !l.wire->needs_progress()))
@@ -707,6 +713,12 @@ void client::take_fenced(link& l, std::uint32_t index) noexcept {
         }
 }
 
+void client::end_fences(link& l, std::uint32_t index, bool dealloc) noexcept {
+    for (std::uint32_t s = 0; s < l.slots.size() && l.fencing != 0; ++s)
+        if (l.slots[s].phase == slot_phase::fencing)
+            fenced(l, index, s, dealloc);
+}
+
 void client::fail_link(link& l, std::uint32_t index) noexcept {
     if (l.wire->broken && l.in_flight == 0)
         return;
@@ -742,6 +754,16 @@ void client::housekeeping() noexcept {
         }
         if (l.wire->broken || l.in_flight == 0)
             continue;
+        if (fence_stalled(l, now)) {
+            // An answered call's invalidation did not complete by the call's
+            // deadline: the send queue is stalled (a peer that answers but
+            // posts no receives holds it in retries for ever). The link ends;
+            // the answers go out once their windows are deallocated.
+            ++counters_.fence_stalls;
+            counters_.count_link_end(l.wire->why_ended());
+            fail_link(l, i);
+            continue;
+        }
         for (std::uint32_t s = 0; s < l.slots.size(); ++s) {
             slot_state& ss = l.slots[s];
             if (ss.phase != slot_phase::in_flight || ss.deadline > now)
@@ -775,6 +797,15 @@ void client::housekeeping() noexcept {
         }
     }
     teardown_idle();
+}
+
+bool client::fence_stalled(const link& l, sched::coarse_clock::time_point now) const noexcept {
+    if (l.fencing == 0)
+        return false;
+    for (const slot_state& ss : l.slots)
+        if (ss.phase == slot_phase::fencing && ss.deadline + opts_.housekeeping <= now)
+            return true;
+    return false;
 }
 
 void client::release_handed_out() noexcept {

@@ -156,6 +156,10 @@ void peer_link::revoke(std::uint32_t first, std::uint32_t count) noexcept {
             continue;
         if (ok) {
             win.bound = false;
+            if (win.owed) { // what was owed went now: never again later, on a new binding
+                win.owed = false;
+                --owed_;
+            }
         } else if (!win.owed) {
             // The queue pair could not take the invalidation. Deallocating
             // the window would revoke its key at once, but its bind may

@@ -662,11 +662,13 @@ void server::accept_one(verbs::connection_request req) {
     ring_offer peer = *offer;
     peer.slots = slots;
     peer.slot_bytes = slot_bytes;
-    // Room in the scheduler for every request the slots can have at once (a
-    // body's READ, a reply body's WRITE and the reply, per slot): one it
-    // refused would end a connection whose peer kept to its credits.
+    // Room in the scheduler for every request the slots can have at once:
+    // each block's READ or WRITE (3 x slots + 8 blocks, superseded calls'
+    // included), a reply per slot, and what is posted but not yet reaped.
+    // One it refused would end a connection whose peer kept to its credits.
     sched::scheduler_options so = opts_.scheduler;
-    so.max_requests = std::max<std::uint32_t>(so.max_requests, 3U * slots + 8);
+    so.max_requests = std::max<std::uint32_t>(
+        so.max_requests, 4U * slots + 8U + std::max<std::uint32_t>(so.budget_wqes, 16U));
     wire->attach(std::move(conn), peer, so);
     peer_link* v = wire.get();
     const std::uint32_t index = add_link(std::move(wire), slots);

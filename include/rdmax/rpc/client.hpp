@@ -205,6 +205,11 @@ private:
     void on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept;
     void on_receive(const ibv_wc& wc) noexcept;
     void housekeeping() noexcept;
+    /// Hands out every fencing slot's answer (`dealloc`: its windows first).
+    void end_fences(link& l, std::uint32_t index, bool dealloc) noexcept;
+    /// A fencing slot is past its call's deadline (and a housekeeping period).
+    [[nodiscard]] bool fence_stalled(const link& l,
+                                     sched::coarse_clock::time_point now) const noexcept;
     void fail_link(link& l, std::uint32_t index) noexcept;
     void finish(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
                 std::span<const std::byte> reply) noexcept;

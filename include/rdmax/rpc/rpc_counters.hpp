@@ -44,6 +44,10 @@ struct rpc_counters {
     /// later). Their large bodies and reply buffers go under the cached
     /// registrations' own keys, as on a device without windows (docs/rpc.md).
     std::uint64_t windows_unavailable = 0;
+    /// Client: connections ended because an answered call's invalidation
+    /// had not completed a housekeeping period after the call's deadline
+    /// (a stalled send queue; the answers were handed out).
+    std::uint64_t fence_stalls = 0;
     /// Server: READs of a request body withdrawn before they were posted,
     /// the caller having given the call up (its window is dead).
     std::uint64_t cancelled_reads = 0;
@@ -145,7 +149,7 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             ctx.out(),
             "calls {} completed {} failed {} (timed out {}, late replies {}, no credit {}) "
             "external bodies {} replies {} window reallocs {} windows unavailable {} "
-            "cancelled reads {} "
+            "fence stalls {} cancelled reads {} "
             "bytes in {} out {} unknown method {} "
             "rejected {} (kind {} slot {} length {} malformed {} credit {} opcode {}) "
             "stray {} connected {} refused {} (last: {}{}{}) disconnected {} link failures {} "
@@ -153,8 +157,8 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "last link event {} ({})",
             c.calls, c.completed, c.failed, c.timed_out, c.late_replies, c.no_credit,
             c.external_bodies, c.external_replies, c.window_reallocs, c.windows_unavailable,
-            c.cancelled_reads, c.bytes_in, c.bytes_out, c.unknown_method, c.rejected(),
-            c.rejected_kind, c.rejected_slot, c.rejected_length, c.rejected_malformed,
+            c.fence_stalls, c.cancelled_reads, c.bytes_in, c.bytes_out, c.unknown_method,
+            c.rejected(), c.rejected_kind, c.rejected_slot, c.rejected_length, c.rejected_malformed,
             c.rejected_credit, c.rejected_opcode, c.stray_completions, c.connected, c.refused,
             c.refused == 0 ? "none" : c.last_refusal.what(), c.last_refusal.error == 0 ? "" : ": ",
             c.last_refusal.error == 0 ? std::string_view{}

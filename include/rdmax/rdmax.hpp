@@ -29,12 +29,10 @@
 #include <rdmax/mem/verbs_cache.hpp>
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/client.hpp>
-#include <rdmax/rpc/inbox.hpp>
-#include <rdmax/rpc/peer_link.hpp>
+#include <rdmax/rpc/peer_id.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/rpc/server.hpp>
-#include <rdmax/rpc/wire.hpp>
 #include <rdmax/sched/basic_priority_scheduler.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
 #include <rdmax/sched/deficit_round_robin.hpp>

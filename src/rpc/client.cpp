@@ -13,6 +13,7 @@
 #include <rdmax/local/node_address.hpp>
 #include <rdmax/rpc/client.hpp>
 #include <rdmax/rpc/local_link.hpp>
+#include <rdmax/verbs/listener.hpp>
 
 #include "../notice.hpp"
 

@@ -38,10 +38,10 @@
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/inbox.hpp>
 #include <rdmax/rpc/link_wire.hpp>
+#include <rdmax/rpc/peer_id.hpp>
 #include <rdmax/rpc/peer_link.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
-#include <rdmax/rpc/server.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
 #include <rdmax/sched/priority.hpp>
 

@@ -50,6 +50,7 @@
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/inbox.hpp>
 #include <rdmax/rpc/local_link.hpp>
+#include <rdmax/rpc/peer_id.hpp>
 #include <rdmax/rpc/peer_link.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
@@ -58,14 +59,6 @@
 #include <rdmax/verbs/listener.hpp>
 
 namespace rdmax::rpc {
-
-/// Names a connection: an index and a generation, so that a peer's id is
-/// never mistaken for a later peer's.
-struct peer_id {
-    std::uint32_t index = UINT32_MAX;
-    std::uint32_t generation = 0;
-    friend constexpr bool operator==(peer_id, peer_id) = default;
-};
 
 /// A deferred call, to answer later with server::reply or server::fail.
 struct deferred_call {

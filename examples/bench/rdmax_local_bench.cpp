@@ -38,13 +38,13 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/local/spsc_ring.hpp>
 #include <rdmax/local/cma.hpp>
 #include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/local/exporter.hpp>
 #include <rdmax/local/importer.hpp>
 #include <rdmax/local/mapping_cache.hpp>
 #include <rdmax/local/shared_segment.hpp>
-#include <rdmax/local/spsc_ring.hpp>
 
 #include "bench_common.hpp"
 #include "bench_stats.hpp"

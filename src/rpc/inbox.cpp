@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/rpc/inbox.hpp>
 #include <rdmax/error.hpp>
-#include <rdmax/rpc/inbox.hpp>
 
 namespace rdmax::rpc {
 

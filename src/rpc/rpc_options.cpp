@@ -4,9 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/rpc/wire.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
-#include <rdmax/rpc/wire.hpp>
 
 namespace rdmax::rpc {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <span>
 
-#include <rdmax/rpc/wire.hpp>
+#include <rdmax/detail/rpc/wire.hpp>
 
 using namespace rdmax::rpc;
 

@@ -24,7 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include <rdmax/rpc/peer_link.hpp>
+#include <rdmax/detail/rpc/rdma_link.hpp>
+#include <rdmax/detail/rpc/shm_link.hpp>
 
 #include "../support/child_process.hpp"
 #include "../support/descriptors.hpp"
@@ -1901,7 +1902,7 @@ TEST_CASE("a client takes the device when a node-local server's segment is not s
         rpc::local_welcome w;
         w.slots = 16;
         w.slot_bytes = 4096;
-        w.segment_bytes = rpc::local_link::segment_bytes(16, 4096);
+        w.segment_bytes = rpc::detail::shm_link::segment_bytes(16, 4096);
         const int seg = memfd_create("unsealed", MFD_CLOEXEC);
         const int e1 = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         const int e2 = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -1966,7 +1967,7 @@ namespace rdmax::rpc {
 /// The tests' way to server::add_link (a friend of the server): a failure
 /// no peer can cause from outside, injected.
 struct server_test_access {
-    static std::uint32_t add_link(server& s, std::unique_ptr<link_wire> w, std::uint16_t slots) {
+    static std::uint32_t add_link(server& s, std::unique_ptr<detail::link> w, std::uint16_t slots) {
         return s.add_link(std::move(w), slots);
     }
 };
@@ -1978,44 +1979,45 @@ namespace {
 /// EPERM): the server cannot watch it, so add_link fails after it took the
 /// wire. Ended as far as anyone asks, so that a server that kept it tears it
 /// down at its next housekeeping.
-class unwatchable_wire final : public rpc::link_wire {
+class unwatchable_wire final : public rpc::detail::link {
 public:
     unwatchable_wire()
-        : link_wire(4, 4096)
+        : link(4, 4096, false)
         , fd_(memfd_create("unwatchable", MFD_CLOEXEC)) {
         REQUIRE(fd_ >= 0);
+        lay_out(staging_.data(), staging_.data());
+        set_fds(fd_, -1);
     }
     unwatchable_wire(const unwatchable_wire&) = delete;
     unwatchable_wire& operator=(const unwatchable_wire&) = delete;
     ~unwatchable_wire() override { ::close(fd_); }
 
-    std::span<const std::byte> inbound(std::uint32_t, std::uint32_t) const noexcept override {
-        return {};
-    }
-    std::byte* staging(std::uint32_t) const noexcept override { return staging_.data(); }
     status send_slot(rpc::message_kind, std::uint32_t, std::uint32_t, sched::priority,
                      bool) noexcept override {
         return status::qp_failed;
     }
-    rpc::transfer read_body(sched::priority, local_buffer<rights::local_write>,
-                            const rpc::buffer_descriptor&, std::uint64_t) noexcept override {
-        return rpc::transfer::failed;
+    rpc::detail::transfer move_body(rpc::detail::body_way, sched::priority,
+                                    local_buffer<rights::local_write>,
+                                    const rpc::buffer_descriptor&,
+                                    std::uint64_t) noexcept override {
+        return rpc::detail::transfer::failed;
     }
-    rpc::transfer write_body(sched::priority, local_buffer<rights::local_write>,
-                             const rpc::buffer_descriptor&, std::uint64_t) noexcept override {
-        return rpc::transfer::failed;
-    }
-    int poll_transfers(std::span<verbs::completion>) noexcept override { return 0; }
-    bool needs_progress() const noexcept override { return false; }
-    bool has_outstanding() const noexcept override { return false; }
-    bool failed() const noexcept override { return true; }
-    bool peer_gone() noexcept override { return true; }
-    int event_fd() const noexcept override { return fd_; }
+    bool cancel(std::uint64_t) noexcept override { return false; }
+    int poll(std::span<rpc::detail::link_event>, bool) noexcept override { return 0; }
+    std::optional<rpc::link_end> ended(bool) noexcept override { return rpc::link_end{}; }
+    bool sleep(bool) noexcept override { return true; }
     void close() noexcept override {}
+    bool established(bool) noexcept override { return true; }
+    rpc::detail::access grant_access(std::uint32_t, std::span<const std::byte>,
+                                     std::span<std::byte>, std::uint32_t&,
+                                     std::uint32_t&) noexcept override {
+        return rpc::detail::access::no_room;
+    }
+    bool end_access(std::uint32_t, rpc::detail::access_end) noexcept override { return true; }
 
 private:
     int fd_;
-    mutable std::array<std::byte, 4096> staging_{};
+    std::array<std::byte, 4096> staging_{};
 };
 
 } // namespace
@@ -2252,9 +2254,9 @@ TEST_CASE("a client that cannot allocate memory windows says so and counts it",
     rpc::server s(pd, test_addr(), 0, device_options());
     handlers h;
     h.install(s);
-    auto& hooks = rdmax::detail::peer_link_test_hooks();
+    auto& hooks = rdmax::detail::rdma_link_test_hooks();
     struct restore {
-        ~restore() { rdmax::detail::peer_link_test_hooks().alloc_mw = nullptr; }
+        ~restore() { rdmax::detail::rdma_link_test_hooks().alloc_mw = nullptr; }
     } restore_hooks;
     // A device out of windows (rxe has a limit): ibv_alloc_mw fails.
     static std::atomic<int> allowed{0};
@@ -2314,9 +2316,9 @@ TEST_CASE("an invalidation the send queue cannot take waits for room; the window
         // (the scheduler is full): its windows are revoked, and the send
         // queue "has no room" for the invalidations. Deallocating them
         // instead would kill the binds still queued, and the connection.
-        rdmax::detail::peer_link_test_hooks().refuse_invalidate = [] { return true; };
+        rdmax::detail::rdma_link_test_hooks().refuse_invalidate = [] { return true; };
         struct restore {
-            ~restore() { rdmax::detail::peer_link_test_hooks().refuse_invalidate = nullptr; }
+            ~restore() { rdmax::detail::rdma_link_test_hooks().refuse_invalidate = nullptr; }
         } restore_hooks;
         CHECK(c.cli.start(c.peer, m_echo, two, {.cookie = 2}) == rpc::call_status::no_credit);
     }

@@ -1,5 +1,5 @@
 #pragma once
-// A connection for the RPC protocol's unit tests: an rpc::link_wire that
+// A connection for the RPC protocol's unit tests: an rpc::detail::link that
 // lives in memory, with no device. Two ends can be joined (a client's and a
 // server's) so that a real rpc::client and a real rpc::server talk through
 // it, or one end can be driven alone: the test writes a message into that
@@ -36,10 +36,10 @@
 #include <unistd.h>
 #include <vector>
 
+#include <rdmax/detail/rpc/link.hpp>
+#include <rdmax/detail/rpc/wire.hpp>
 #include <rdmax/rpc/client.hpp>
-#include <rdmax/rpc/link_wire.hpp>
 #include <rdmax/rpc/server.hpp>
-#include <rdmax/rpc/wire.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
 
 namespace rdmax::test {
@@ -155,25 +155,23 @@ struct fake_end {
 };
 
 /// The link an endpoint owns; all its state is in the shared fake_end.
-class fake_link final : public rpc::link_wire {
+class fake_link final : public rpc::detail::link {
 public:
     explicit fake_link(std::shared_ptr<fake_end> e)
-        : link_wire(e->slots, e->slot_bytes)
-        , e_(std::move(e)) {}
+        : link(e->slots, e->slot_bytes, e->path == fake_path::node_local)
+        , e_(std::move(e)) {
+        // Node-local: this side builds its messages in the peer's ring
+        // itself, as in the shared segment.
+        const bool shared = e_->path == fake_path::node_local && e_->peer != nullptr;
+        lay_out(e_->slot_in(0), shared ? e_->peer->slot_in(0) : e_->slot_out(0));
+        set_fds(e_->event_fd, -1);
+        if (e_->path == fake_path::device)
+            set_qp_num(e_->qp_num);
+    }
     ~fake_link() override { e_->destroyed = true; }
     fake_link(const fake_link&) = delete;
     fake_link& operator=(const fake_link&) = delete;
 
-    [[nodiscard]] std::span<const std::byte> inbound(std::uint32_t s,
-                                                     std::uint32_t bytes) const noexcept override {
-        return {e_->slot_in(s), bytes};
-    }
-    [[nodiscard]] std::byte* staging(std::uint32_t s) const noexcept override {
-        // Node-local: the peer's ring itself, as in the shared segment.
-        if (e_->path == fake_path::node_local && e_->peer != nullptr)
-            return e_->peer->slot_in(s);
-        return e_->slot_out(s);
-    }
     [[nodiscard]] status send_slot(rpc::message_kind k, std::uint32_t s, std::uint32_t bytes,
                                    sched::priority p, bool epoch) noexcept override {
         if (e_->send_result != status::ok)
@@ -186,17 +184,74 @@ public:
         e_->outbox.push_back(std::move(m));
         return status::ok;
     }
-    [[nodiscard]] rpc::transfer read_body(sched::priority, local_buffer<rights::local_write> dst,
-                                          const rpc::buffer_descriptor& src,
-                                          std::uint64_t wr_id) noexcept override {
+    [[nodiscard]] rpc::detail::transfer move_body(rpc::detail::body_way way, sched::priority p,
+                                                  local_buffer<rights::local_write> local,
+                                                  const rpc::buffer_descriptor& remote,
+                                                  std::uint64_t wr_id) noexcept override {
+        return way == rpc::detail::body_way::read ? read_body(local, remote, wr_id)
+                                                  : write_body(p, local, remote, wr_id);
+    }
+    [[nodiscard]] bool cancel(std::uint64_t) noexcept override { return false; }
+    [[nodiscard]] int poll(std::span<rpc::detail::link_event> out, bool) noexcept override {
+        if (e_->path == fake_path::node_local) {
+            if (e_->corrupt)
+                return -1;
+            int n = 0;
+            for (; !e_->arrived.empty() && static_cast<std::size_t>(n) < out.size(); ++n) {
+                out[static_cast<std::size_t>(n)] =
+                    rpc::detail::link_event::of_imm(e_->arrived.front());
+                e_->arrived.pop_front();
+            }
+            return n;
+        }
+        if (e_->hold_completions)
+            return 0;
+        int n = 0;
+        while (!e_->completions.empty() && static_cast<std::size_t>(n) < out.size()) {
+            const fake_end::pending& p = e_->completions.front();
+            if (p.dst != nullptr && p.c.ok())
+                std::memcpy(p.dst, p.src, p.bytes);
+            out[static_cast<std::size_t>(n++)] = rpc::detail::link_event::of_transfer(p.c);
+            e_->completions.pop_front();
+        }
+        return n;
+    }
+    [[nodiscard]] std::optional<rpc::link_end> ended(bool events) noexcept override {
+        if ((e_->corrupt && e_->path == fake_path::device) || (events && e_->gone))
+            return rpc::link_end{};
+        return std::nullopt;
+    }
+    [[nodiscard]] bool sleep(bool) noexcept override { return true; }
+    void close() noexcept override { ++e_->closes; }
+    [[nodiscard]] bool established(bool) noexcept override { return true; }
+    [[nodiscard]] rpc::detail::access grant_access(std::uint32_t, std::span<const std::byte>,
+                                                   std::span<std::byte>, std::uint32_t& body_key,
+                                                   std::uint32_t& reply_key) noexcept override {
+        body_key = 0;
+        reply_key = 0;
+        return rpc::detail::access::ok;
+    }
+    bool end_access(std::uint32_t slot, rpc::detail::access_end how) noexcept override {
+        if (how == rpc::detail::access_end::fence)
+            return false;
+        // Node-local: a call given up flips its request's epoch in the
+        // server's ring (shared memory), as shm_link does.
+        if (how == rpc::detail::access_end::abandon && e_->path == fake_path::node_local)
+            staging(slot)[offsetof(rpc::message_header, flags)] ^= std::byte{rpc::flag_epoch};
+        return true;
+    }
+
+private:
+    rpc::detail::transfer read_body(local_buffer<rights::local_write> dst,
+                                    const rpc::buffer_descriptor& src, std::uint64_t wr_id) {
         if (e_->reads == fake_transfer::refuse)
-            return rpc::transfer::failed;
+            return rpc::detail::transfer::failed;
         ++e_->reads_started;
         auto* to = static_cast<std::byte*>(dst.addr);
         const auto* from = reinterpret_cast<const std::byte*>(src.addr);
         if (e_->path == fake_path::node_local) { // as CMA: done when it returns
             std::memcpy(to, from, dst.length);
-            return rpc::transfer::done;
+            return rpc::detail::transfer::done;
         }
         fake_end::pending p;
         p.c.wr_id = wr_id;
@@ -206,19 +261,18 @@ public:
         p.src = from;
         p.bytes = dst.length;
         e_->completions.push_back(p);
-        return rpc::transfer::started;
+        return rpc::detail::transfer::started;
     }
-    [[nodiscard]] rpc::transfer write_body(sched::priority p, local_buffer<rights::local_write> src,
-                                           const rpc::buffer_descriptor& dst,
-                                           std::uint64_t wr_id) noexcept override {
+    rpc::detail::transfer write_body(sched::priority p, local_buffer<rights::local_write> src,
+                                     const rpc::buffer_descriptor& dst, std::uint64_t wr_id) {
         if (e_->writes == fake_transfer::refuse)
-            return rpc::transfer::failed;
+            return rpc::detail::transfer::failed;
         ++e_->writes_started;
         const auto* from = static_cast<const std::byte*>(src.addr);
         auto* to = reinterpret_cast<std::byte*>(dst.addr);
         if (e_->path == fake_path::node_local) {
             std::memcpy(to, from, src.length);
-            return rpc::transfer::done;
+            return rpc::detail::transfer::done;
         }
         // Lands in order with the messages that follow it.
         fake_message m;
@@ -232,48 +286,9 @@ public:
         c.c.opcode = IBV_WC_RDMA_WRITE;
         c.c.status = e_->writes == fake_transfer::ok ? IBV_WC_SUCCESS : IBV_WC_REM_ACCESS_ERR;
         e_->completions.push_back(c);
-        return rpc::transfer::started;
+        return rpc::detail::transfer::started;
     }
-    [[nodiscard]] int poll_transfers(std::span<verbs::completion> out) noexcept override {
-        if (e_->hold_completions)
-            return 0;
-        int n = 0;
-        while (!e_->completions.empty() && static_cast<std::size_t>(n) < out.size()) {
-            const fake_end::pending& p = e_->completions.front();
-            if (p.dst != nullptr && p.c.ok())
-                std::memcpy(p.dst, p.src, p.bytes);
-            out[static_cast<std::size_t>(n++)] = p.c;
-            e_->completions.pop_front();
-        }
-        return n;
-    }
-    [[nodiscard]] bool needs_progress() const noexcept override {
-        return !e_->hold_completions && !e_->completions.empty();
-    }
-    [[nodiscard]] bool has_outstanding() const noexcept override {
-        return !e_->completions.empty();
-    }
-    [[nodiscard]] bool failed() const noexcept override {
-        return e_->corrupt && e_->path == fake_path::device;
-    }
-    [[nodiscard]] bool peer_gone() noexcept override { return e_->gone; }
-    [[nodiscard]] int event_fd() const noexcept override { return e_->event_fd; }
-    [[nodiscard]] local::ring_status next_imm(std::uint32_t& imm) noexcept override {
-        if (e_->corrupt)
-            return local::ring_status::corrupt;
-        if (e_->arrived.empty())
-            return local::ring_status::empty;
-        imm = e_->arrived.front();
-        e_->arrived.pop_front();
-        return local::ring_status::ok;
-    }
-    void close() noexcept override { ++e_->closes; }
-    [[nodiscard]] bool is_local() const noexcept override {
-        return e_->path == fake_path::node_local;
-    }
-    [[nodiscard]] bool needs_registration() const noexcept override { return false; }
 
-private:
     std::shared_ptr<fake_end> e_;
 };
 
@@ -291,16 +306,10 @@ struct protocol_test_access {
         return std::unique_ptr<server>(new server(detail::no_device, o));
     }
     static peer_id adopt(client& c, const std::shared_ptr<test::fake_end>& e) {
-        const peer_id id = c.add_link(std::make_unique<test::fake_link>(e));
-        if (e->path == test::fake_path::device)
-            c.by_qp_[e->qp_num] = id.index;
-        return id;
+        return c.add_link(std::make_unique<test::fake_link>(e));
     }
     static peer_id adopt(server& s, const std::shared_ptr<test::fake_end>& e) {
-        const std::uint32_t index = s.add_link(std::make_unique<test::fake_link>(e), e->slots);
-        if (e->path == test::fake_path::device)
-            s.by_qp_[e->qp_num] = index;
-        return {index, s.links_[index].generation};
+        return s.ep_.id_of(s.add_link(std::make_unique<test::fake_link>(e), e->slots));
     }
 
     /// A receive completion as the device gives it: on_receive, as poll() would.
@@ -325,51 +334,60 @@ struct protocol_test_access {
     /// Time passes for the client's calls: every deadline of a call in
     /// flight moves `by` earlier, and housekeeping is due at the next poll.
     static void advance(client& c, std::chrono::nanoseconds by) {
-        for (client::link& l : c.links_)
+        for (client::peer& l : c.ep_.peers)
             for (client::slot_state& ss : l.slots)
                 if (ss.phase == client::slot_phase::in_flight)
                     ss.deadline -= by;
-        c.next_housekeeping_ = {};
+        c.ep_.housekeep_soon();
     }
-    static void housekeep_next_poll(client& c) { c.next_housekeeping_ = {}; }
-    static void housekeep_next_poll(server& s) { s.next_housekeeping_ = {}; }
+    static void housekeep_next_poll(client& c) { c.ep_.housekeep_soon(); }
+    static void housekeep_next_poll(server& s) { s.ep_.housekeep_soon(); }
+
+    /// The live connection `p` (a test that asks about a gone one is wrong).
+    template <class Endpoint>
+    static auto& live(Endpoint& e, peer_id p) {
+        auto* l = e.ep_.find(p);
+        if (l == nullptr)
+            throw std::logic_error("protocol_test_access: no such peer");
+        return *l;
+    }
 
     // ---- the client's state ----
     static std::size_t free_slots(const client& c, peer_id p) {
-        const client::link* l = c.find(p);
+        const client::peer* l = c.ep_.find(p);
         return l != nullptr ? l->free_slots.size() : 0;
     }
     static bool slot_in_flight(const client& c, peer_id p, std::uint32_t s) {
-        return c.find(p)->slots[s].phase == client::slot_phase::in_flight;
+        return live(c, p).slots[s].phase == client::slot_phase::in_flight;
     }
     static bool slot_free(const client& c, peer_id p, std::uint32_t s) {
-        return c.find(p)->slots[s].phase == client::slot_phase::free;
+        return live(c, p).slots[s].phase == client::slot_phase::free;
     }
     static bool slot_epoch(const client& c, peer_id p, std::uint32_t s) {
-        return c.find(p)->slots[s].epoch;
+        return live(c, p).slots[s].epoch;
     }
     static std::uint32_t slot_seq(const client& c, peer_id p, std::uint32_t s) {
-        return c.find(p)->slots[s].seq;
+        return live(c, p).slots[s].seq;
     }
     static unsigned slot_late(const client& c, peer_id p, std::uint32_t s) {
-        return c.find(p)->slots[s].late;
+        return live(c, p).slots[s].late;
     }
     /// The slot the next call takes.
     static std::uint32_t next_slot(const client& c, peer_id p) {
-        return c.find(p)->free_slots.back();
+        return live(c, p).free_slots.back();
     }
     static bool link_alive(const client& c, std::uint32_t index) {
-        return index < c.links_.size() && c.links_[index].wire != nullptr;
+        return index < c.ep_.peers.size() && c.ep_.peers[index].wire != nullptr;
     }
 
     // ---- the server's state ----
     static bool slot_busy(server& s, peer_id p, std::uint32_t slot) {
-        return s.find(p)->slots[slot].busy;
+        return live(s, p).slots[slot].busy;
     }
-    static std::size_t free_blocks(server& s, peer_id p) { return s.find(p)->free_blocks.size(); }
-    static std::size_t blocks(server& s, peer_id p) { return s.find(p)->blocks.size(); }
+    static std::size_t free_blocks(server& s, peer_id p) { return live(s, p).free_blocks.size(); }
+    static std::size_t blocks(server& s, peer_id p) { return live(s, p).blocks.size(); }
     static bool broken(server& s, peer_id p) {
-        const server::link* l = s.find(p);
+        const server::peer* l = s.ep_.find(p);
         return l == nullptr || l->wire->broken;
     }
 };

@@ -17,12 +17,12 @@
 #include <vector>
 
 #include <rdmax/detail/local/export_table.hpp>
+#include <rdmax/detail/local/spsc_ring.hpp>
 #include <rdmax/local/cma.hpp>
 #include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/local/mapping_cache.hpp>
 #include <rdmax/local/node_address.hpp>
 #include <rdmax/local/shared_segment.hpp>
-#include <rdmax/local/spsc_ring.hpp>
 
 #include "../support/catch.hpp"
 #include "../support/child_process.hpp"

@@ -325,7 +325,7 @@ TEST_CASE("a call through the fake link comes back with the handler's reply", "[
     CHECK(rejections(r.srv->counters()) == none);
 }
 
-TEST_CASE("the node-local path: immediates through next_imm, the same protocol",
+TEST_CASE("the node-local path: immediates through the link's poll, the same protocol",
           "[rpc-protocol][node-local]") {
     rig r(fake_path::node_local);
     CHECK(r.cli->is_local(r.at_cli));

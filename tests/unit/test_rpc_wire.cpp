@@ -5,9 +5,9 @@
 #include <random>
 #include <vector>
 
+#include <rdmax/detail/rpc/wire.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
-#include <rdmax/rpc/wire.hpp>
 
 #include "../support/catch.hpp"
 

@@ -28,24 +28,21 @@
 #include <optional>
 #include <span>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
-#include <rdmax/mem/cache_held.hpp>
-#include <rdmax/mem/handle_issuer.hpp>
-#include <rdmax/mem/registered_arena.hpp>
+#include <rdmax/detail/rpc/endpoint.hpp>
+#include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
 #include <rdmax/rpc/call_status.hpp>
-#include <rdmax/rpc/inbox.hpp>
-#include <rdmax/rpc/link_wire.hpp>
 #include <rdmax/rpc/peer_id.hpp>
-#include <rdmax/rpc/peer_link.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
 #include <rdmax/sched/priority.hpp>
 
 namespace rdmax::rpc {
+
+struct local_welcome;
 
 struct call_options {
     sched::priority priority = sched::normal;
@@ -101,8 +98,8 @@ public:
                      const call_options& o = {}) noexcept;
     /// poll(), sleeping on fd() up to `timeout` when nothing has ended.
     int wait(std::span<call_result> out, std::chrono::microseconds timeout) noexcept;
-    [[nodiscard]] int fd() const noexcept { return inbox_.fd(); }
-    bool arm() noexcept { return inbox_.arm(); }
+    [[nodiscard]] int fd() const noexcept { return ep_.in.fd(); }
+    bool arm() noexcept { return ep_.in.arm(); }
 
     /// Calls started and not yet handed back.
     [[nodiscard]] std::size_t in_flight() const noexcept { return in_flight_; }
@@ -118,14 +115,14 @@ public:
     /// or a node-local one.
     [[nodiscard]] std::optional<sched::scheduler_counters>
     scheduler_counters(peer_id p) const noexcept;
-    [[nodiscard]] const rpc_counters& counters() const noexcept { return counters_; }
+    [[nodiscard]] const rpc_counters& counters() const noexcept { return ep_.counters; }
     [[nodiscard]] const rpc_options& options() const noexcept { return opts_; }
 
 private:
     /// Tests (tests/support/fake_link.hpp): a client with no device, and
     /// links adopted without a connection (add_link).
     friend struct protocol_test_access;
-    client(detail::no_device_t no_device, rpc_options opts);
+    client(detail::no_device_t none, rpc_options opts);
 
     enum class slot_phase : std::uint8_t {
         free,      ///< the caller's credit, unused
@@ -144,16 +141,8 @@ private:
         std::uint64_t cookie = 0;
         sched::coarse_clock::time_point deadline{};
         std::span<std::byte> reply_into;
-        /// The cache's registrations of a large body and reply buffer. With
-        /// windows, the peer sees only windows over the call's bytes, revoked
-        /// when the call ends; the registrations are then kept until the
-        /// slot's next call (a registration with a window bound to it cannot
-        /// be deregistered, and the invalidation is only posted).
-        verbs_cache::handle body_reg;
-        verbs_cache::handle reply_reg;
-        bool windows = false; ///< windows 2s and 2s + 1 are bound for this call
         /// While fencing: the result the reply gave, handed out once the
-        /// windows are dead.
+        /// peer's keys to the call's buffers are dead.
         call_status fenced_status = call_status::ok;
         std::span<const std::byte> fenced_reply;
     };
@@ -163,83 +152,111 @@ private:
         std::uint32_t seq = 0;
         bool release = false; ///< handing the result out gives the slot back at the next poll
     };
-    struct link {
-        std::uint32_t generation = 0;
-        std::unique_ptr<link_wire> wire;
-        peer_link* verbs = nullptr; ///< wire, when it goes through the device
+    /// A connection: the endpoint's, and the calls in its slots.
+    struct peer : detail::peer_base {
         std::vector<slot_state> slots;
         std::vector<std::uint16_t> free_slots;
         std::uint32_t next_seq = 1;
         std::uint32_t in_flight = 0;
         std::uint32_t held = 0;    ///< slots done: results queued or handed out
         std::uint32_t fencing = 0; ///< of in_flight, slots fencing
-        bool windows = false;      ///< binds windows (counted in windows_unavailable if lost)
+    };
+    /// A call as start() encodes it: where its body and reply go.
+    struct outgoing {
+        std::span<const std::byte> request;
+        bool external = false; ///< the body stays in the caller's buffer (over the slot)
+        std::uint32_t body_key = 0;
+        std::uint32_t reply_key = 0;
     };
 
-    /// start() for call(): the slot it took, or the status it refused with.
-    call_status start_on(peer_id p, std::uint16_t method, std::span<const std::byte> request,
-                         const call_options& o, slot_ref& taken) noexcept;
-    void push_result(const call_result& r, const slot_ref& ref) noexcept;
-    void grow_results();
-    void progress() noexcept;
+    // Connecting (client_connect.cpp).
     /// The node-local path to addr:port, if the server is on this node and
     /// may use CMA on this process; nullptr otherwise (take the device).
-    std::unique_ptr<link_wire> connect_local(std::string_view addr, std::uint16_t port);
+    std::unique_ptr<detail::link> connect_local(std::string_view addr, std::uint16_t port);
+    /// The Unix channel of a server on this node that answers addr:port, if any.
+    [[nodiscard]] local::unix_channel find_local_server(std::string_view addr, std::uint16_t port);
+    /// The node-local handshake on `ch`: the server's welcome, or nullptr
+    /// (refused: take the device).
+    std::unique_ptr<detail::link> local_handshake(local::unix_channel ch, std::string_view addr,
+                                                  std::uint16_t port);
+    /// Sends the hello; the welcome's bytes and the descriptors beside it.
+    std::size_t exchange_hello(local::unix_channel& ch, local_welcome& w, std::vector<int>& fds);
+    /// Maps the segment the welcome offered (fds: segment, wake the server,
+    /// wake this side), or nullptr where it is not sealed (take the device).
+    std::unique_ptr<detail::link> map_segment(local::unix_channel ch, const local_welcome& w,
+                                              std::vector<int>& fds, std::string_view addr,
+                                              std::uint16_t port);
     /// connect_local() turned down by the server (it closed the handshake,
     /// refused, or offered a segment that is not sealed): closes `fds`, counts
     /// the refusal (err, reason), says on stderr that addr:port is on this node
     /// but `what`, and returns nullptr, so that connect() takes the device.
-    std::unique_ptr<link_wire> refuse_local(std::vector<int>& fds, int err, std::string_view reason,
-                                            std::string_view addr, std::uint16_t port,
-                                            std::string_view what);
+    std::unique_ptr<detail::link> refuse_local(std::vector<int>& fds, int err,
+                                               std::string_view reason, std::string_view addr,
+                                               std::uint16_t port, std::string_view what);
+    std::unique_ptr<detail::link> connect_device(std::string_view addr, std::uint16_t port);
     /// Lets the server process `server` use CMA on this one where Yama asks
     /// for it, as rpc_options::ptracer allows.
     void grant_cma(pid_t server) noexcept;
-    peer_id add_link(std::unique_ptr<link_wire> wire);
+    peer_id add_link(std::unique_ptr<detail::link> wire);
     /// Connections through this device bind type-2 windows.
     [[nodiscard]] bool windows_wanted() const noexcept;
-    /// Counts (once) a link that gave its windows up for want of a replacement.
-    void windows_lost(link& l) noexcept;
-    /// revoke_now() of the slot's windows, counted.
-    void revoke_slot_now(link& l, std::uint32_t slot) noexcept;
-    void on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept;
+    verbs_cache& cache();
+
+    // The call path (client_call.cpp).
+    /// start() for call(): the slot it took, or the status it refused with.
+    call_status start_on(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                         const call_options& o, slot_ref& taken) noexcept;
+    /// Shows the server the call's memory over the slot (its body, its reply buffer).
+    call_status expose_call(peer& l, std::uint32_t slot, const call_options& o,
+                            outgoing& call) noexcept;
+    /// Writes the call's header, descriptors and inline body into the slot's
+    /// staging bytes; returns how many.
+    std::uint32_t encode_request(peer& l, std::uint32_t slot, std::uint16_t method,
+                                 const call_options& o, const outgoing& call,
+                                 std::uint32_t call_seq, bool epoch) noexcept;
+    /// The slot's call is under way: its state, and the counts.
+    void track_call(peer& l, std::uint32_t slot, const call_options& o, std::uint32_t call_seq,
+                    bool epoch, std::uint32_t bytes, slot_ref& taken) noexcept;
+    /// send_slot refused the request: why, for the caller.
+    call_status send_refused(peer& l, std::uint32_t slot, status s) noexcept;
+    void push_result(const call_result& r, const slot_ref& ref) noexcept;
+    /// The queued result of the call `taken`, taken out of the queue (the
+    /// others keep their order); false if it has not ended yet.
+    bool take_result(const slot_ref& taken, call_result& mine) noexcept;
+    void grow_results();
+    void release_handed_out() noexcept;
+
+    // Progress (client_progress.cpp).
+    void progress() noexcept;
     void on_receive(const ibv_wc& wc) noexcept;
-    void housekeeping() noexcept;
-    /// Hands out every fencing slot's answer (`dealloc`: its windows first).
-    void end_fences(link& l, std::uint32_t index, bool dealloc) noexcept;
-    /// A fencing slot is past its call's deadline (and a housekeeping period).
-    [[nodiscard]] bool fence_stalled(const link& l,
-                                     sched::coarse_clock::time_point now) const noexcept;
-    void fail_link(link& l, std::uint32_t index) noexcept;
-    void finish(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
+    void on_link_events(peer& l, std::uint32_t index, bool due) noexcept;
+    void on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept;
+    /// A reply for no call in flight in its slot: late (dropped), or the
+    /// server's fault (the link ends).
+    void stray_reply(peer& l, std::uint32_t index, std::uint32_t slot, violation v) noexcept;
+    void finish(peer& l, std::uint32_t index, std::uint32_t slot, call_status st,
                 std::span<const std::byte> reply) noexcept;
     /// The call in `slot` was fencing: its result goes out now; `dealloc`:
     /// its windows are deallocated first (the invalidation failed, or the
     /// link did).
-    void fenced(link& l, std::uint32_t index, std::uint32_t slot, bool dealloc) noexcept;
-    /// Results of the link's fences that completed.
-    void take_fenced(link& l, std::uint32_t index) noexcept;
+    void fenced(peer& l, std::uint32_t index, std::uint32_t slot, bool dealloc) noexcept;
     /// The result of a call that ended, queued for the caller.
-    void push_done(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
+    void push_done(peer& l, std::uint32_t index, std::uint32_t slot, call_status st,
                    std::span<const std::byte> reply) noexcept;
-    /// The call in `slot` ended: the peer loses its access to the call's buffers.
-    /// Ends a call's windows; `now` (a timeout): revoked before it returns.
-    void end_exposure(link& l, std::uint32_t slot, bool now = false) noexcept;
-    void release_handed_out() noexcept;
+    void fail_link(peer& l, std::uint32_t index) noexcept;
+    void housekeeping() noexcept;
+    /// The calls of `l` past their deadline end timed_out.
+    void expire_calls(peer& l, std::uint32_t index, sched::coarse_clock::time_point now) noexcept;
+    /// A fencing slot is past its call's deadline (and a housekeeping period).
+    [[nodiscard]] bool fence_stalled(const peer& l,
+                                     sched::coarse_clock::time_point now) const noexcept;
     void teardown_idle() noexcept;
-    [[nodiscard]] link* find(peer_id p) noexcept;
-    [[nodiscard]] const link* find(peer_id p) const noexcept;
-    verbs_cache& cache();
 
-    const verbs::protection_domain* pd_;
     rpc_options opts_;
-    registered_arena arena_;
-    handle_issuer issuer_;
-    inbox inbox_;
-    std::unique_ptr<verbs_cache> cache_; ///< made at the first body or reply over a slot
-    std::vector<link> links_;
-    std::unordered_map<std::uint32_t, std::uint32_t> by_qp_;
-    std::uint32_t generations_ = 0;
+    /// The registration cache of large bodies and reply buffers, made at the
+    /// first; declared before the endpoint, whose links hold its handles.
+    std::unique_ptr<verbs_cache> cache_;
+    detail::endpoint<peer> ep_;
     /// What a server on this node reads by CMA to see that it may.
     std::uint64_t probe_ = 0;
     /// Whom this process let use CMA on it (Yama scope 1): 0 nobody yet, -1
@@ -252,8 +269,6 @@ private:
     std::vector<slot_ref> queued_slots_; ///< parallel to results_: its slot, or link UINT32_MAX
     std::vector<slot_ref> handed_out_;
     std::size_t in_flight_ = 0;
-    sched::coarse_clock::time_point next_housekeeping_{};
-    rpc_counters counters_;
 };
 
 } // namespace rdmax::rpc

@@ -12,7 +12,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
-#include <rdmax/rpc/wire.hpp>
+#include <rdmax/detail/rpc/wire.hpp>
 
 namespace rdmax::rpc {
 

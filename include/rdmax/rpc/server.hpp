@@ -41,17 +41,13 @@
 #include <optional>
 #include <span>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
+#include <rdmax/detail/rpc/arena_block.hpp>
+#include <rdmax/detail/rpc/endpoint.hpp>
 #include <rdmax/local/descriptor_passing.hpp>
-#include <rdmax/mem/handle_issuer.hpp>
-#include <rdmax/mem/registered_arena.hpp>
 #include <rdmax/rpc/call_status.hpp>
-#include <rdmax/rpc/inbox.hpp>
-#include <rdmax/rpc/local_link.hpp>
 #include <rdmax/rpc/peer_id.hpp>
-#include <rdmax/rpc/peer_link.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
@@ -59,6 +55,8 @@
 #include <rdmax/verbs/listener.hpp>
 
 namespace rdmax::rpc {
+
+struct local_hello;
 
 /// A deferred call, to answer later with server::reply or server::fail.
 struct deferred_call {
@@ -128,8 +126,8 @@ public:
     int wait(std::chrono::microseconds timeout) noexcept;
     /// Readable when poll() may have work: for the caller's own epoll loop
     /// (call arm() before sleeping on it, then poll()).
-    [[nodiscard]] int fd() const noexcept { return inbox_.fd(); }
-    bool arm() noexcept { return inbox_.arm(); }
+    [[nodiscard]] int fd() const noexcept { return ep_.in.fd(); }
+    bool arm() noexcept { return ep_.in.arm(); }
 
     /// Answers a deferred call; false if its peer is gone (nothing sent).
     bool reply(const deferred_call& d, std::span<const std::byte> bytes) noexcept;
@@ -145,7 +143,7 @@ public:
     /// The priority scheduler's counters of the connection to `p`; nullopt
     /// for no such peer or a node-local one.
     [[nodiscard]] std::optional<sched::scheduler_counters> scheduler_counters(peer_id p) noexcept;
-    [[nodiscard]] const rpc_counters& counters() const noexcept { return counters_; }
+    [[nodiscard]] const rpc_counters& counters() const noexcept { return ep_.counters; }
     [[nodiscard]] const rpc_options& options() const noexcept { return opts_; }
 
 private:
@@ -154,7 +152,7 @@ private:
     /// Tests (tests/support/fake_link.hpp): a server with no device and no
     /// listener, and links adopted without a connection (add_link).
     friend struct protocol_test_access;
-    server(detail::no_device_t no_device, rpc_options opts);
+    server(detail::no_device_t none, rpc_options opts);
 
     struct slot_state {
         bool busy = false; ///< a request arrived, its answer is not yet sent
@@ -162,7 +160,7 @@ private:
         std::uint8_t prio = 0;
         std::uint16_t method = 0;
         std::optional<buffer_descriptor> reply_buffer;
-        /// The block (in link::blocks) its request body is read into, or no_block.
+        /// The block (in peer::blocks) its request body is read into, or no_block.
         std::uint16_t body_at = no_block;
         /// The epoch of the call in the slot, as its immediate said.
         bool epoch = false;
@@ -173,10 +171,17 @@ private:
         bool accepted_any = false;
     };
     static constexpr std::uint16_t no_block = 0xffff;
-    struct link {
-        std::uint32_t generation = 0;
-        std::unique_ptr<link_wire> wire;
-        peer_link* verbs = nullptr; ///< wire, when it goes through the device
+    // What a body transfer's wr_id names: bits 56.. the kind, 16..31 the
+    // block, 0..15 the slot (a reply's send completes only on failure).
+    static constexpr std::uint64_t tag_read = 1;
+    static constexpr std::uint64_t tag_external = 2;
+    static constexpr std::uint64_t make_wr_id(std::uint64_t tag, std::uint32_t block,
+                                              std::uint32_t slot) {
+        return (tag << 56) | (std::uint64_t{block & 0xffffU} << 16) | slot;
+    }
+    /// A connection: the endpoint's, the calls in its slots, and the blocks
+    /// its bodies move through.
+    struct peer : detail::peer_base {
         std::vector<slot_state> slots;
         /// Blocks a transfer owns: request bodies being read from the
         /// callers and reply bodies being written into their buffers, each
@@ -184,7 +189,7 @@ private:
         /// be queued long after the reply was posted and the slot reused; a
         /// superseded call's READ may still land), by the index its wr_id
         /// names; free_blocks lists the empty ones.
-        std::vector<arena_block> blocks;
+        std::vector<detail::arena_block> blocks;
         std::vector<std::uint16_t> free_blocks;
         std::uint32_t reads = 0;  ///< request bodies being read (signaled, awaited)
         std::uint32_t writes = 0; ///< reply bodies being written (signaled, awaited)
@@ -192,43 +197,80 @@ private:
         std::optional<sched::coarse_clock::time_point> establish_by;
     };
 
-    void housekeeping() noexcept;
+    // Connecting (server_connect.cpp).
+    /// New connections, every housekeeping round: through the device, and
+    /// node-local ones (their hellos, a piece at a time).
+    void accept_new(bool events) noexcept;
     void accept_pending();
     void accept_one(verbs::connection_request req);
+    /// Up to a round's worth of node-local connections from the listener.
+    void accept_local_pending() noexcept;
+    /// Out of descriptors at accept: the listener is left alone a while.
+    void pause_listener() noexcept;
     /// A node-local connection: its hello is awaited in progress_handshakes().
     void start_local(local::unix_channel ch) noexcept;
+    /// Room for another handshake from `uid`: each user gets a share
+    /// (counted as refused if not).
+    [[nodiscard]] bool handshake_room(uid_t uid) noexcept;
     /// Reads the hellos that came (`readable`: something may have), answers
     /// those that are whole, drops those past their deadline or broken.
     void progress_handshakes(bool readable) noexcept;
+    void end_handshake(std::size_t i, local::message_reader::state st) noexcept;
     void accept_local(local::unix_channel ch, std::span<const std::byte> hello_bytes);
+    /// The welcome's status for this hello (local_ok, or why not).
+    std::uint32_t judge_hello(const local_hello& hello, std::size_t bytes,
+                              const local::unix_channel& ch);
     /// Makes the connection live; all or nothing (throws, nothing changed).
-    std::uint32_t add_link(std::unique_ptr<link_wire> wire, std::uint16_t slots);
+    std::uint32_t add_link(std::unique_ptr<detail::link> wire, std::uint16_t slots);
     /// Counts a refused connection, and why.
     void refuse(int err, std::string_view why) noexcept;
     /// refuse() for the exception being handled.
     void refuse_current(std::string_view what) noexcept;
-    void on_imm(link& l, std::uint32_t index, std::uint32_t imm) noexcept;
-    void on_receive(const ibv_wc& wc) noexcept;
-    void on_request(link& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
-                    bool epoch) noexcept;
-    static void release_block(link& l, std::uint16_t at) noexcept;
-    /// A node-local caller gave up the call in `slot` (its request's epoch flipped).
-    [[nodiscard]] bool abandoned_locally(link& l, std::uint32_t slot) noexcept;
-    void run_handler(link& l, std::uint32_t index, std::uint32_t slot,
-                     std::span<const std::byte> body) noexcept;
-    void drive(link& l) noexcept;
-    void reject(link& l, violation v) noexcept;
-    /// Posts the answer of slot s: status and body.
-    void answer(link& l, std::uint32_t index, std::uint32_t slot, call_status st,
-                std::span<const std::byte> body, bool in_place) noexcept;
-    void teardown(std::uint32_t index) noexcept;
-    [[nodiscard]] link* find(peer_id p) noexcept;
 
-    const verbs::protection_domain* pd_;
+    // The call path (server_call.cpp).
+    void on_receive(const ibv_wc& wc) noexcept;
+    void on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept;
+    void on_request(peer& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
+                    bool epoch) noexcept;
+    /// The slot's request is taken (after the checks of on_request).
+    void accept_request(peer& l, std::uint32_t slot, bool epoch, std::uint32_t bytes,
+                        const parsed_request& pr) noexcept;
+    /// A request into a busy slot with the other epoch: the caller gave up
+    /// the call in it. Dropped unanswered.
+    void supersede(peer& l, std::uint32_t slot) noexcept;
+    /// The body stays in the caller's memory: read it, then run the handler.
+    void read_request_body(peer& l, std::uint32_t index, std::uint32_t slot,
+                           const buffer_descriptor& d) noexcept;
+    static void release_block(peer& l, std::uint16_t at) noexcept;
+    /// The caller gave up the call in `slot`: the request in this side's ring
+    /// is not the call's any more (its epoch flipped, or another call's).
+    [[nodiscard]] static bool abandoned(const peer& l, std::uint32_t slot) noexcept;
+    void run_handler(peer& l, std::uint32_t index, std::uint32_t slot,
+                     std::span<const std::byte> body) noexcept;
+    /// Posts the answer of slot s: status and body.
+    void answer(peer& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                std::span<const std::byte> body, bool in_place) noexcept;
+    /// A reply over the slot's room, into the caller's buffer: the status
+    /// and flags for the header, the WRITE started or done.
+    call_status write_reply_body(peer& l, std::uint32_t slot, std::span<const std::byte> body,
+                                 message_header& h) noexcept;
+    /// A deferred call still waiting in its slot, or null.
+    [[nodiscard]] peer* deferred_peer(const deferred_call& d) noexcept;
+
+    // Progress (server_progress.cpp).
+    /// Reaps the link's events: body transfers that ended, immediates.
+    void drive(peer& l, std::uint32_t index, bool thorough) noexcept;
+    void transfer_ended(peer& l, std::uint32_t index, const verbs::completion& c) noexcept;
+    void reject(peer& l, violation v) noexcept;
+    /// Ends the link (counted) when it failed under this side.
+    void check_failed(peer& l) noexcept;
+    void housekeeping() noexcept;
+    /// Links that failed, left, or never finished their handshake: torn down.
+    void reap_links(bool events) noexcept;
+    void teardown(std::uint32_t index) noexcept;
+
     rpc_options opts_;
-    registered_arena arena_;
-    handle_issuer issuer_;
-    inbox inbox_;
+    detail::endpoint<peer> ep_;
     verbs::listener listener_;
     std::optional<local::unix_listener> local_listener_; ///< peers on this node
     /// A node-local connection whose hello has not all come yet.
@@ -245,13 +287,7 @@ private:
     sched::coarse_clock::time_point listener_back_{};
     [[nodiscard]] std::chrono::nanoseconds listener_pause() const noexcept;
     std::vector<handler> handlers_;
-    std::vector<link> links_;
-    std::vector<std::uint32_t> free_links_;
-    std::unordered_map<std::uint32_t, std::uint32_t> by_qp_; ///< qp_num -> link index
     std::size_t live_ = 0;
-    std::uint32_t generations_ = 0;
-    sched::coarse_clock::time_point next_housekeeping_{};
-    rpc_counters counters_;
 };
 
 } // namespace rdmax::rpc

@@ -1,5 +1,6 @@
 #include <array>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <sys/eventfd.h>
@@ -8,9 +9,9 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/rpc/shm_link.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
-#include <rdmax/rpc/local_link.hpp>
 
 namespace rdmax::rpc {
 
@@ -47,14 +48,16 @@ std::string local_name(std::string_view addr, std::uint16_t port) {
     return fmt::format("rdmax-rpc/{}:{}", addr, port);
 }
 
-std::size_t local_link::segment_bytes(std::uint16_t slots, std::uint32_t slot_bytes) noexcept {
+namespace detail {
+
+std::size_t shm_link::segment_bytes(std::uint16_t slots, std::uint32_t slot_bytes) noexcept {
     const std::size_t ring = round_page(local::spsc_ring::bytes_for(ring_capacity(slots)));
     return page + 2 * ring + 2 * round_page(std::size_t{slots} * slot_bytes);
 }
 
-local_link::local_link(local::unix_channel channel, pid_t peer, std::uint16_t slots,
-                       std::uint32_t slot_bytes)
-    : link_wire(slots, slot_bytes)
+shm_link::shm_link(local::unix_channel channel, pid_t peer, std::uint16_t slots,
+                   std::uint32_t slot_bytes)
+    : link(slots, slot_bytes, true)
     , channel_(std::move(channel))
     , seg_(local::shared_segment::create("rpc", segment_bytes(slots, slot_bytes)))
     , peer_(peer) {
@@ -79,10 +82,9 @@ local_link::local_link(local::unix_channel channel, pid_t peer, std::uint16_t sl
     lay_out(side::server);
 }
 
-local_link::local_link(local::unix_channel channel, local::shared_segment segment, pid_t peer,
-                       std::uint16_t slots, std::uint32_t slot_bytes, int wake_server,
-                       int wake_client)
-    : link_wire(slots, slot_bytes)
+shm_link::shm_link(local::unix_channel channel, local::shared_segment segment, pid_t peer,
+                   std::uint16_t slots, std::uint32_t slot_bytes, int wake_server, int wake_client)
+    : link(slots, slot_bytes, true)
     , channel_(std::move(channel))
     , seg_(std::move(segment))
     , peer_(peer)
@@ -99,7 +101,7 @@ local_link::local_link(local::unix_channel channel, local::shared_segment segmen
     lay_out(side::client);
 }
 
-void local_link::lay_out(side who) noexcept {
+void shm_link::lay_out(side who) noexcept {
     const std::size_t ring = round_page(local::spsc_ring::bytes_for(ring_capacity(slots())));
     const std::size_t ring_bytes = round_page(std::size_t{slots()} * slot_bytes());
     local::spsc_ring c2s(seg_.bytes().subspan(page, ring));
@@ -116,18 +118,17 @@ void local_link::lay_out(side who) noexcept {
     if (who == side::server) {
         in_ = c2s;
         out_ = s2c;
-        in_slots_ = requests;
-        out_slots_ = replies;
+        link::lay_out(requests, replies);
     } else {
         in_ = s2c;
         out_ = c2s;
-        in_slots_ = replies;
-        out_slots_ = requests;
+        link::lay_out(replies, requests);
     }
+    set_fds(channel_.fd(), who == side::server ? wake_server_ : wake_client_);
 }
 
-status local_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes, sched::priority,
-                             bool epoch) noexcept {
+status shm_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes, sched::priority,
+                           bool epoch) noexcept {
     if (corrupt_)
         return status::qp_failed;
     const std::uint32_t imm = encode_imm(k, s, bytes, epoch);
@@ -145,57 +146,82 @@ status local_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t byte
     }
 }
 
-local::ring_status local_link::next_imm(std::uint32_t& imm) noexcept {
+int shm_link::poll(std::span<link_event> out, bool) noexcept {
     if (corrupt_)
-        return local::ring_status::corrupt;
-    std::size_t n = 0;
-    const local::ring_status st = in_.try_pop(std::as_writable_bytes(std::span(&imm, 1)), n);
-    if (st == local::ring_status::ok && n != sizeof imm)
-        return local::ring_status::corrupt;
-    if (st == local::ring_status::too_long)
-        return local::ring_status::corrupt;
-    return st;
+        return -1;
+    int n = 0;
+    for (; static_cast<std::size_t>(n) < out.size(); ++n) {
+        std::uint32_t imm = 0;
+        std::size_t got = 0;
+        const local::ring_status st = in_.try_pop(std::as_writable_bytes(std::span(&imm, 1)), got);
+        if (st == local::ring_status::empty)
+            break;
+        if (st != local::ring_status::ok || got != sizeof imm)
+            return -1; // the peer wrote nonsense into the message ring
+        out[static_cast<std::size_t>(n)] = link_event::of_imm(imm);
+    }
+    return n;
 }
 
-transfer local_link::read_body(sched::priority, local_buffer<rights::local_write> dst,
-                               const buffer_descriptor& src, std::uint64_t) noexcept {
-    return local::cma_read(peer_, src.addr, {dst.addr, dst.length}) == local::cma_status::ok
-               ? transfer::done
-               : transfer::failed;
-}
-
-transfer local_link::write_body(sched::priority, local_buffer<rights::local_write> src,
-                                const buffer_descriptor& dst, std::uint64_t) noexcept {
-    if (src.length > dst.length)
+transfer shm_link::move_body(body_way way, sched::priority, local_buffer<rights::local_write> local,
+                             const buffer_descriptor& remote, std::uint64_t) noexcept {
+    const std::span<std::byte> mine{static_cast<std::byte*>(local.addr), local.length};
+    if (way == body_way::read)
+        return local::cma_read(peer_, remote.addr, mine) == local::cma_status::ok
+                   ? transfer::done
+                   : transfer::failed;
+    if (local.length > remote.length)
         return transfer::failed;
-    return local::cma_write(peer_, dst.addr, {src.addr, src.length}) == local::cma_status::ok
-               ? transfer::done
-               : transfer::failed;
+    return local::cma_write(peer_, remote.addr, mine) == local::cma_status::ok ? transfer::done
+                                                                               : transfer::failed;
 }
 
-local_link::~local_link() {
+access shm_link::grant_access(std::uint32_t, std::span<const std::byte>, std::span<std::byte>,
+                              std::uint32_t& body_key, std::uint32_t& reply_key) noexcept {
+    body_key = 0;
+    reply_key = 0;
+    return access::ok;
+}
+
+bool shm_link::end_access(std::uint32_t slot, access_end how) noexcept {
+    if (how == access_end::fence)
+        return false;
+    if (how == access_end::abandon && slot < slots()) {
+        // The request is in the server's ring, in shared memory: its epoch
+        // flips there.
+        std::byte* flags = staging(slot) + offsetof(message_header, flags);
+        *flags ^= std::byte{flag_epoch};
+    }
+    return true;
+}
+
+std::optional<link_end> shm_link::ended(bool events) noexcept {
+    if (corrupt_ || (events && peer_gone()))
+        return link_end{};
+    return std::nullopt;
+}
+
+shm_link::~shm_link() {
     if (wake_server_ >= 0)
         ::close(wake_server_);
     if (wake_client_ >= 0)
         ::close(wake_client_);
 }
 
-bool local_link::prepare_sleep() noexcept {
+bool shm_link::sleep(bool going) noexcept {
     if (my_sleep_ == nullptr)
         return true;
-    (void)my_sleep_->exchange(1, std::memory_order_seq_cst);
-    return in_.queued() == 0;
-}
-
-void local_link::woke() noexcept {
-    if (my_sleep_ == nullptr)
-        return;
+    if (going) {
+        (void)my_sleep_->exchange(1, std::memory_order_seq_cst);
+        return in_.queued() == 0;
+    }
     my_sleep_->store(0, std::memory_order_relaxed);
     std::uint64_t n = 0;
     (void)!::read(wake_fd(), &n, sizeof n);
+    return true;
 }
 
-bool local_link::peer_gone() noexcept {
+bool shm_link::peer_gone() noexcept {
     // Nothing comes on the socket after the handshake but its end. Bytes
     // there (descriptors with them are dropped by the kernel) are the peer
     // breaking the protocol; left unread, they would keep the endpoint's
@@ -211,9 +237,10 @@ bool local_link::peer_gone() noexcept {
     return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-void local_link::close() noexcept {
+void shm_link::close() noexcept {
     if (channel_.fd() >= 0)
         shutdown(channel_.fd(), SHUT_RDWR);
 }
 
+} // namespace detail
 } // namespace rdmax::rpc

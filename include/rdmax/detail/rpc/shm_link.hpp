@@ -1,5 +1,5 @@
 #pragma once
-// local_link: an RPC connection between two processes on one node, through
+// shm_link: an RPC connection between two processes on one node, through
 // their shared memory instead of the RDMA device. The wire format is the
 // same (wire.hpp); what changes is how it moves:
 //
@@ -23,14 +23,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <sys/types.h>
 
+#include <rdmax/detail/local/spsc_ring.hpp>
+#include <rdmax/detail/rpc/link.hpp>
 #include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/local/shared_segment.hpp>
-#include <rdmax/local/spsc_ring.hpp>
-#include <rdmax/rpc/link_wire.hpp>
 
 namespace rdmax::rpc {
 
@@ -59,19 +60,21 @@ inline constexpr std::uint32_t local_ok = 0, local_no_cma = 1, local_refused = 2
 /// The abstract Unix name a server listening on addr:port also answers on.
 [[nodiscard]] std::string local_name(std::string_view addr, std::uint16_t port);
 
-class local_link final : public link_wire {
+namespace detail {
+
+class shm_link final : public link {
 public:
     enum class side : std::uint8_t { server, client };
 
     /// Server: makes the segment for `slots` x `slot_bytes` and the two
     /// wake-up eventfds; `peer` is the client's pid (for CMA).
-    local_link(local::unix_channel channel, pid_t peer, std::uint16_t slots,
-               std::uint32_t slot_bytes);
+    shm_link(local::unix_channel channel, pid_t peer, std::uint16_t slots,
+             std::uint32_t slot_bytes);
     /// Client: maps the server's segment; takes the eventfds that wake the
     /// server and this side (it owns them from now on).
-    local_link(local::unix_channel channel, local::shared_segment segment, pid_t peer,
-               std::uint16_t slots, std::uint32_t slot_bytes, int wake_server, int wake_client);
-    ~local_link() override;
+    shm_link(local::unix_channel channel, local::shared_segment segment, pid_t peer,
+             std::uint16_t slots, std::uint32_t slot_bytes, int wake_server, int wake_client);
+    ~shm_link() override;
     /// The eventfds, for the welcome message: {wake the server, wake the client}.
     [[nodiscard]] std::array<int, 2> wake_fds() const noexcept {
         return {wake_server_, wake_client_};
@@ -85,52 +88,51 @@ public:
     void send(std::span<const std::byte> bytes, std::span<const int> fds) {
         channel_.send(bytes, fds);
     }
+    /// The segment was not laid out as this geometry says (client side).
+    [[nodiscard]] bool corrupt() const noexcept { return corrupt_; }
 
-    [[nodiscard]] std::span<const std::byte> inbound(std::uint32_t s,
-                                                     std::uint32_t bytes) const noexcept override {
-        return {in_slots_ + std::size_t{s} * slot_bytes(), bytes};
-    }
-    [[nodiscard]] std::byte* staging(std::uint32_t s) const noexcept override {
-        return out_slots_ + std::size_t{s} * slot_bytes();
-    }
+    /// Pushes the immediate into the message ring; wakes a peer that sleeps.
     [[nodiscard]] status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
                                    sched::priority p, bool epoch) noexcept override;
-    [[nodiscard]] transfer read_body(sched::priority p, local_buffer<rights::local_write> dst,
-                                     const buffer_descriptor& src,
+    /// By CMA: done when it returns.
+    [[nodiscard]] transfer move_body(body_way way, sched::priority p,
+                                     local_buffer<rights::local_write> local,
+                                     const buffer_descriptor& remote,
                                      std::uint64_t wr_id) noexcept override;
-    [[nodiscard]] transfer write_body(sched::priority p, local_buffer<rights::local_write> src,
-                                      const buffer_descriptor& dst,
-                                      std::uint64_t wr_id) noexcept override;
-    [[nodiscard]] int poll_transfers(std::span<verbs::completion>) noexcept override { return 0; }
-    [[nodiscard]] bool needs_progress() const noexcept override { return false; }
-    [[nodiscard]] bool has_outstanding() const noexcept override { return false; }
-    [[nodiscard]] bool failed() const noexcept override { return corrupt_; }
-    [[nodiscard]] bool peer_gone() noexcept override;
-    [[nodiscard]] int event_fd() const noexcept override { return channel_.fd(); }
-    [[nodiscard]] local::ring_status next_imm(std::uint32_t& imm) noexcept override;
+    /// Nothing to withdraw: a CMA copy is over when move_body returns.
+    [[nodiscard]] bool cancel(std::uint64_t) noexcept override { return false; }
+    /// The immediates in the message ring (no priority: in order).
+    [[nodiscard]] int poll(std::span<link_event> out, bool thorough) noexcept override;
+    [[nodiscard]] std::optional<link_end> ended(bool events) noexcept override;
+    [[nodiscard]] bool sleep(bool going) noexcept override;
     void close() noexcept override;
-    [[nodiscard]] bool is_local() const noexcept override { return true; }
-    [[nodiscard]] int wake_fd() const noexcept override {
-        return who_ == side::server ? wake_server_ : wake_client_;
-    }
-    [[nodiscard]] bool prepare_sleep() noexcept override;
-    void woke() noexcept override;
-    [[nodiscard]] bool needs_registration() const noexcept override { return false; }
+    /// The segment came with the welcome: up from the start.
+    [[nodiscard]] bool established(bool) noexcept override { return true; }
+    /// No keys: the server reads and writes the caller's memory by CMA.
+    [[nodiscard]] access grant_access(std::uint32_t slot, std::span<const std::byte> body,
+                                      std::span<std::byte> reply, std::uint32_t& body_key,
+                                      std::uint32_t& reply_key) noexcept override;
+    /// A call given up (abandon) flips the epoch of its request in the
+    /// server's ring, which the server checks before it reads the body or
+    /// writes the reply by CMA (a copy that cannot be revoked once under
+    /// way). Nothing to fence.
+    bool end_access(std::uint32_t slot, access_end how) noexcept override;
 
 private:
     void lay_out(side who) noexcept;
+    [[nodiscard]] bool peer_gone() noexcept;
 
     local::unix_channel channel_;
     local::shared_segment seg_;
     pid_t peer_;
     local::spsc_ring in_, out_;
-    std::byte* in_slots_ = nullptr;
-    std::byte* out_slots_ = nullptr;
     bool corrupt_ = false;
     side who_ = side::server;
     int wake_server_ = -1, wake_client_ = -1;
     std::atomic<std::uint32_t>* my_sleep_ = nullptr;   ///< set while this side sleeps
     std::atomic<std::uint32_t>* peer_sleep_ = nullptr; ///< set while the peer sleeps
 };
+
+} // namespace detail
 
 } // namespace rdmax::rpc

@@ -1,13 +1,19 @@
+// The memory a client's call shows its server: registrations through the
+// cache, and type-2 windows over exactly the call's bytes where the device
+// has them, bound ahead of the request and revoked or fenced when it ends.
+
 #include <algorithm>
 
-#include <rdmax/rpc/peer_link.hpp>
+#include <rdmax/detail/rpc/rdma_link.hpp>
 
-rdmax::detail::peer_link_hooks& rdmax::detail::peer_link_test_hooks() noexcept {
-    static peer_link_hooks hooks;
+#include "../notice.hpp"
+
+rdmax::detail::rdma_link_hooks& rdmax::detail::rdma_link_test_hooks() noexcept {
+    static rdma_link_hooks hooks;
     return hooks;
 }
 
-namespace rdmax::rpc {
+namespace rdmax::rpc::detail {
 
 namespace {
 // Work request ids of the windows' own requests (posted beside the
@@ -17,54 +23,131 @@ constexpr std::uint64_t window_op_tag = std::uint64_t{0x5257} << 48;
 constexpr std::uint64_t fence_tag = std::uint64_t{0x5246} << 48;
 
 ibv_mw* alloc_window(ibv_pd* pd) noexcept {
-    if (auto* hook = rdmax::detail::peer_link_test_hooks().alloc_mw)
+    if (auto* hook = rdmax::detail::rdma_link_test_hooks().alloc_mw)
         return hook(pd, IBV_MW_TYPE_2);
     return ibv_alloc_mw(pd, IBV_MW_TYPE_2);
 }
 } // namespace
 
-peer_link::peer_link(registered_arena& arena, handle_issuer& issuer, std::uint16_t slots,
-                     std::uint32_t slot_bytes)
-    : link_wire(slots, slot_bytes)
-    , issuer_(&issuer)
-    , ring_(arena, std::size_t{slots} * slot_bytes)
-    , staging_(arena, std::size_t{slots} * slot_bytes)
-    , key_(issuer.issue(ring_.data(), ring_.size(), rights::remote_write)) {
-    // A slot read before the peer wrote it holds zeros, not old bytes.
-    std::fill_n(ring_.data(), ring_.size(), std::byte{0});
+access rdma_link::grant_access(std::uint32_t slot, std::span<const std::byte> body,
+                               std::span<std::byte> reply, std::uint32_t& body_key,
+                               std::uint32_t& reply_key) noexcept {
+    body_key = 0;
+    reply_key = 0;
+    if (slot >= calls_.size())
+        return access::no_room; // not a client's link
+    call_access& a = calls_[slot];
+    const bool windows = has_windows();
+    // The previous call's windows: an invalidation the send queue had no
+    // room for is still owed (the window stays bound, its registration held):
+    // not bound again, nor the registration released, before it is posted.
+    if (windows && (a.body || a.reply) && !settled(2 * slot, 2))
+        return access::owed;
+    a.body.reset(); // the previous call's, kept until now (its windows are revoked)
+    a.reply.reset();
+    if (body.empty() && reply.empty())
+        return access::ok;
+    if (!register_call(a, body, reply, windows))
+        return access::registration_failed;
+    if (!windows) {
+        body_key = a.body ? a.body.rkey() : 0;
+        reply_key = a.reply ? a.reply.rkey() : 0;
+        return access::ok;
+    }
+    return bind_call(slot, a, body, reply, body_key, reply_key) ? access::ok : access::no_room;
 }
 
-peer_link::~peer_link() {
-    sched_.reset();
-    // A window holds on to its queue pair; deallocating one revokes it.
-    for (window& w : windows_)
-        if (w.mw != nullptr)
-            ibv_dealloc_mw(w.mw);
-    conn_.reset();
-    issuer_->revoke(key_);
+bool rdma_link::register_call(call_access& a, std::span<const std::byte> body,
+                              std::span<std::byte> reply, bool windows) noexcept {
+    constexpr rights read_bind = rights::remote_read | rights::mw_bind;
+    constexpr rights write_bind = rights::local_write | rights::remote_write | rights::mw_bind;
+    try {
+        verbs_cache& cache = memory_.cache(memory_.owner);
+        if (!body.empty())
+            a.body = windows ? cache.get<read_bind>(body.data(), body.size())
+                             : cache.get<rights::remote_read>(body.data(), body.size());
+        if (!reply.empty())
+            a.reply = windows ? cache.get<write_bind>(reply.data(), reply.size())
+                              : cache.get<rights::remote_write>(reply.data(), reply.size());
+        return true;
+    } catch (...) {
+        // Memory the device cannot pin (or a registration limit): not a size.
+        a.body.reset();
+        a.reply.reset();
+        return false;
+    }
 }
 
-ring_offer peer_link::offer() const noexcept {
-    ring_offer o;
-    o.slots = slots();
-    o.slot_bytes = slot_bytes();
-    o.rkey = key_.rkey;
-    o.addr = key_.addr;
-    return o;
+bool rdma_link::bind_call(std::uint32_t slot, call_access& a, std::span<const std::byte> body,
+                          std::span<std::byte> reply, std::uint32_t& body_key,
+                          std::uint32_t& reply_key) noexcept {
+    exposure e[2];
+    std::size_t n = 0;
+    if (a.body)
+        e[n++] = {2 * slot, a.body.registration(), reinterpret_cast<std::uint64_t>(body.data()),
+                  body.size(), rights::remote_read};
+    if (a.reply)
+        e[n++] = {2 * slot + 1, a.reply.registration(),
+                  reinterpret_cast<std::uint64_t>(reply.data()), reply.size(),
+                  rights::remote_write};
+    if (!expose(std::span(e, n))) {
+        // The send queue is full (or failed): nothing goes out unfenced.
+        a.body.reset();
+        a.reply.reset();
+        windows_lost();
+        return false;
+    }
+    a.windows = true;
+    for (std::size_t i = 0; i < n; ++i)
+        (e[i].window == 2 * slot ? body_key : reply_key) = e[i].rkey;
+    return true;
 }
 
-void peer_link::attach(verbs::connection conn, const ring_offer& peer,
-                       const sched::scheduler_options& opts) {
-    // The geometry granted (the server's, at most what was asked for) addresses both rings.
-    grant(std::min(slots(), peer.slots), std::min(slot_bytes(), peer.slot_bytes));
-    peer_ring_ = {peer.addr, std::uint64_t{slots()} * slot_bytes(), peer.rkey, 0};
-    conn_.emplace(std::move(conn));
-    qp_num_ = conn_->qp().qp_num();
-    qp_ = &conn_->qp();
-    sched_.emplace(conn_->qp(), opts);
+bool rdma_link::end_access(std::uint32_t slot, access_end how) noexcept {
+    if (slot >= calls_.size())
+        return how != access_end::fence; // not a client's link: nothing was shown
+    call_access& a = calls_[slot];
+    switch (how) {
+    case access_end::fence:
+        // A signaled invalidation; the result goes out once its completion
+        // is in (the call's binds ran before its request, which was answered).
+        if (!a.windows || broken || !fence(2 * slot, 2))
+            return false;
+        a.windows = false;
+        a.fencing = true;
+        ++fencing_calls_;
+        return true;
+    case access_end::lazy:
+        if (!a.windows) {
+            // Registrations' own keys (no windows): nothing to revoke; the
+            // registration goes back to the cache.
+            a.body.reset();
+            a.reply.reset();
+            return true;
+        }
+        // Queued; the registrations are held until the slot's next call.
+        a.windows = false;
+        revoke(2 * slot, 2);
+        return true;
+    case access_end::now:
+    case access_end::abandon:
+        // The caller reuses its buffers as soon as it sees the result, so the
+        // windows die before (an invalidation could wait behind a stalled
+        // send queue); then the registrations can go at once.
+        if (a.windows || a.fencing)
+            revoke_now(2 * slot, 2);
+        if (a.fencing)
+            --fencing_calls_;
+        a.windows = false;
+        a.fencing = false;
+        a.body.reset();
+        a.reply.reset();
+        return true;
+    }
+    return true;
 }
 
-bool peer_link::enable_windows() noexcept {
+bool rdma_link::enable_windows() noexcept {
     // Windows for the calls' large bodies and reply buffers, where the device
     // has type 2: the peer then sees a call's bytes only, and only until the
     // call ends. Without them, the registrations' own keys (docs/rpc.md).
@@ -81,7 +164,7 @@ bool peer_link::enable_windows() noexcept {
         if (!ws.empty() && ws.back().mw != nullptr) {
             fenced_.reserve(slots()); // one fence per slot at most: none allocates
             windows_ = std::move(ws);
-            sched_->on_foreign(&peer_link::on_window_completion, this);
+            sched_->on_foreign(&rdma_link::on_window_completion, this);
         } else {
             for (window& w : ws)
                 if (w.mw != nullptr)
@@ -93,7 +176,7 @@ bool peer_link::enable_windows() noexcept {
     return !windows_.empty();
 }
 
-bool peer_link::expose(std::span<exposure> e) noexcept {
+bool rdma_link::expose(std::span<exposure> e) noexcept {
     if (windows_.empty() || broken)
         return false;
     for (const exposure& x : e) {
@@ -129,12 +212,12 @@ bool peer_link::expose(std::span<exposure> e) noexcept {
     return true;
 }
 
-bool peer_link::stage_invalidations(verbs::send_batch& b, std::uint32_t first,
+bool rdma_link::stage_invalidations(verbs::send_batch& b, std::uint32_t first,
                                     std::uint32_t count) noexcept {
     for (std::uint32_t w = first; w < first + count && w < windows_.size(); ++w) {
         if (!windows_[w].bound)
             continue;
-        if (auto* refuse = rdmax::detail::peer_link_test_hooks().refuse_invalidate;
+        if (auto* refuse = rdmax::detail::rdma_link_test_hooks().refuse_invalidate;
             refuse && refuse())
             return false;
         if (b.local_invalidate(windows_[w].mw->rkey, window_op_tag | window_ops_++,
@@ -144,7 +227,7 @@ bool peer_link::stage_invalidations(verbs::send_batch& b, std::uint32_t first,
     return true;
 }
 
-void peer_link::revoke(std::uint32_t first, std::uint32_t count) noexcept {
+void rdma_link::revoke(std::uint32_t first, std::uint32_t count) noexcept {
     bool ok = false;
     {
         verbs::send_batch b = conn_->qp().batch();
@@ -172,7 +255,7 @@ void peer_link::revoke(std::uint32_t first, std::uint32_t count) noexcept {
     }
 }
 
-void peer_link::settle() noexcept {
+void rdma_link::settle() noexcept {
     if (broken)
         return;
     for (std::uint32_t w = 0; w < windows_.size() && owed_ != 0; ++w) {
@@ -190,7 +273,7 @@ void peer_link::settle() noexcept {
     }
 }
 
-bool peer_link::settled(std::uint32_t first, std::uint32_t count) noexcept {
+bool rdma_link::settled(std::uint32_t first, std::uint32_t count) noexcept {
     if (owed_ != 0)
         settle();
     for (std::uint32_t w = first; w < first + count && w < windows_.size(); ++w)
@@ -199,7 +282,7 @@ bool peer_link::settled(std::uint32_t first, std::uint32_t count) noexcept {
     return true;
 }
 
-bool peer_link::fence(std::uint32_t first, std::uint32_t count) noexcept {
+bool rdma_link::fence(std::uint32_t first, std::uint32_t count) noexcept {
     if (windows_.empty() || broken || first >= windows_.size() || windows_[first].fencing)
         return false;
     std::uint32_t last = UINT32_MAX;
@@ -233,15 +316,37 @@ bool peer_link::fence(std::uint32_t first, std::uint32_t count) noexcept {
     return true;
 }
 
-std::size_t peer_link::take_fenced(std::span<std::uint32_t> out) noexcept {
-    const std::size_t n = std::min(out.size(), fenced_.size());
-    std::copy_n(fenced_.begin(), n, out.begin());
-    fenced_.erase(fenced_.begin(), fenced_.begin() + static_cast<std::ptrdiff_t>(n));
+int rdma_link::take_fenced(std::span<link_event> out) noexcept {
+    int n = 0;
+    const auto hand_out = [&](std::uint32_t slot) {
+        call_access& a = calls_[slot];
+        a.fencing = false;
+        --fencing_calls_;
+        // Its windows are dead: the registrations may go.
+        a.body.reset();
+        a.reply.reset();
+        out[static_cast<std::size_t>(n++)] = link_event::of_fenced(slot);
+    };
+    std::size_t taken = 0;
+    for (; taken < fenced_.size() && static_cast<std::size_t>(n) < out.size(); ++taken) {
+        const std::uint32_t slot = fenced_[taken] / 2;
+        if (slot < calls_.size() && calls_[slot].fencing)
+            hand_out(slot);
+    }
+    fenced_.erase(fenced_.begin(), fenced_.begin() + static_cast<std::ptrdiff_t>(taken));
+    // Every window deallocated (none could be allocated in one's place):
+    // each fence left is moot, and nothing would complete for it.
+    if (windows_.empty())
+        for (std::uint32_t s = 0;
+             s < calls_.size() && fencing_calls_ != 0 && static_cast<std::size_t>(n) < out.size();
+             ++s)
+            if (calls_[s].fencing)
+                hand_out(s);
     return n;
 }
 
-void peer_link::on_window_completion(void* self, const verbs::completion& c) noexcept {
-    peer_link& l = *static_cast<peer_link*>(self);
+void rdma_link::on_window_completion(void* self, const verbs::completion& c) noexcept {
+    rdma_link& l = *static_cast<rdma_link*>(self);
     if ((c.wr_id & ~((std::uint64_t{1} << 48) - 1)) != fence_tag)
         return;
     const auto first = static_cast<std::uint32_t>(c.wr_id & 0xffffffffU);
@@ -259,14 +364,29 @@ void peer_link::on_window_completion(void* self, const verbs::completion& c) noe
         l.fenced_.push_back(first); // reserved for every slot: no allocation
 }
 
-void peer_link::revoke_now(std::uint32_t first, std::uint32_t count) noexcept {
+void rdma_link::revoke_now(std::uint32_t first, std::uint32_t count) noexcept {
+    if (!windows_.empty() && memory_.counters != nullptr)
+        memory_.counters->window_reallocs += count;
     // Every window of the range, bound or not: one whose LOCAL_INV an
     // earlier revoke() posted may not have executed yet.
     for (std::uint32_t w = first; w < first + count && w < windows_.size(); ++w)
         replace_window(w);
+    windows_lost();
 }
 
-void peer_link::replace_window(std::uint32_t w) noexcept {
+void rdma_link::windows_lost() noexcept {
+    if (!windows_wanted_ || !windows_.empty())
+        return;
+    // A replacement window could not be allocated: the link gave its windows up.
+    windows_wanted_ = false;
+    if (memory_.counters != nullptr)
+        ++memory_.counters->windows_unavailable;
+    rdmax::detail::notice("rpc::client: a connection lost its memory windows (ibv_alloc_mw "
+                          "failed): its calls' large bodies and reply buffers go under the "
+                          "cached registrations' own keys from now on");
+}
+
+void rdma_link::replace_window(std::uint32_t w) noexcept {
     window& win = windows_[w];
     ibv_pd* pd = win.mw->pd;
     ibv_dealloc_mw(win.mw);
@@ -292,61 +412,4 @@ void peer_link::replace_window(std::uint32_t w) noexcept {
     }
 }
 
-status peer_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes, sched::priority p,
-                            bool epoch) noexcept {
-    const std::uint64_t at = std::uint64_t{s} * slot_bytes();
-    return sched_->write_imm(p, staging_.local(at, bytes), peer_ring_, at,
-                             encode_imm(k, s, bytes, epoch), s,
-                             sched::request_flags{.signaled = false});
-}
-
-transfer peer_link::read_body(sched::priority p, local_buffer<rights::local_write> dst,
-                              const buffer_descriptor& src, std::uint64_t wr_id) noexcept {
-    const remote_buffer<rights::remote_read> from{src.addr, src.length, src.rkey, 0};
-    return sched_->read(p, dst, from, 0, wr_id) == status::ok ? transfer::started
-                                                              : transfer::failed;
-}
-
-transfer peer_link::write_body(sched::priority p, local_buffer<rights::local_write> src,
-                               const buffer_descriptor& dst, std::uint64_t wr_id) noexcept {
-    const remote_buffer<rights::remote_write> to{dst.addr, dst.length, dst.rkey, 0};
-    // Signaled: the header that follows at the same level tells the peer it
-    // landed, but only the completion tells this side that its source may go.
-    return sched_->write(p, src, to, 0, wr_id) == status::ok ? transfer::started : transfer::failed;
-}
-
-bool peer_link::prepare_sleep() noexcept {
-    // Unsignaled replies complete quietly; only work waiting for room in the
-    // budget needs the completion that makes room (one event, then re-armed
-    // at the next sleep). On rxe, arming is a system call: only here.
-    // A fence's completion hands a result out: it must wake the endpoint too.
-    if (sched_ && (sched_->queued() || fences_ != 0))
-        (void)ibv_req_notify_cq(conn_->qp().send_cq().get(), 0);
-    return true;
-}
-
-verbs::qp_config link_qp_config(inbox& in, std::uint16_t slots, const verbs::device_limits& limits,
-                                bool windows) {
-    verbs::qp_config cfg;
-    // Each call posts one or two requests through the scheduler, which keeps
-    // at most half the queue in flight.
-    std::uint32_t depth = std::clamp<std::uint32_t>(4U * slots, 64, 1024);
-    // Beside it, a call with windows posts 2 binds ahead of its request and,
-    // once answered, 2 invalidations: all of them in the queue at once for
-    // every slot at worst (unsignaled, they are known done only at a later
-    // signaled completion). Without that room, a burst of calls would find
-    // the send queue full while it still has free slots (no_credit).
-    if (windows)
-        depth += 4U * slots;
-    cfg.send_depth = std::max<std::uint32_t>(
-        1, std::min({depth, limits.max_qp_wr, limits.max_cqe != 0 ? limits.max_cqe : depth}));
-    cfg.max_send_sge = 2;
-    cfg.max_recv_sge = 1;
-    cfg.max_inline = 256;
-    cfg.recv_cq = &in.cq();
-    cfg.srq = &in.srq();
-    cfg.send_channel = &in.channel();
-    return cfg;
-}
-
-} // namespace rdmax::rpc
+} // namespace rdmax::rpc::detail

@@ -1,0 +1,218 @@
+#pragma once
+// rpc::detail::endpoint: what rpc::client and rpc::server share, once. The
+// memory their rings live in and the keys over them, the inbox (one
+// completion queue and shared receive queue for every connection, and the
+// epoll set the caller sleeps on), the table of connections with their
+// generations (a peer_id names one connection, never a later one in its
+// place), the map from queue pair numbers to connections, how a connection
+// joins and leaves the table, and the sleep/wake protocol of wait().
+//
+// Each endpoint keeps its own per-connection state (the client's slots, the
+// server's slots and body blocks) in a Peer that derives from peer_base.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <infiniband/verbs.h>
+
+#include <rdmax/detail/no_device.hpp>
+#include <rdmax/detail/rpc/inbox.hpp>
+#include <rdmax/detail/rpc/link.hpp>
+#include <rdmax/mem/handle_issuer.hpp>
+#include <rdmax/mem/registered_arena.hpp>
+#include <rdmax/rpc/peer_id.hpp>
+#include <rdmax/rpc/rpc_counters.hpp>
+#include <rdmax/rpc/rpc_options.hpp>
+#include <rdmax/sched/coarse_clock.hpp>
+
+namespace rdmax::rpc::detail {
+
+/// The keys of the rings: a registration of each ring alone, made before the
+/// connection is up (its key travels in the connection's handshake), which a
+/// window could not be.
+[[nodiscard]] inline handle_options ring_key_options() {
+    handle_options h;
+    h.revoke = revoke_by::memory_region;
+    return h;
+}
+
+/// What an endpoint keeps of every connection.
+struct peer_base {
+    std::uint32_t generation = 0;
+    std::unique_ptr<link> wire; ///< null: a free entry of the table
+};
+
+template <class Peer>
+class endpoint {
+public:
+    /// Throws rdmax::error (the arena, the inbox's queues).
+    endpoint(const verbs::protection_domain& domain, const rpc_options& opts,
+             std::uint32_t inbox_depth)
+        : pd(&domain)
+        , arena(verbs_registrar(domain), opts.ring_arena())
+        , issuer(domain, ring_key_options())
+        , in(domain, inbox_depth)
+        , housekeeping_(opts.housekeeping) {}
+    /// No device (protocol tests): no queues; links are adopted as they are.
+    endpoint(rdmax::detail::no_device_t none, const rpc_options& opts)
+        : pd(nullptr)
+        , arena(verbs_registrar(none), opts.ring_arena())
+        , in(none)
+        , housekeeping_(opts.housekeeping) {}
+    endpoint(const endpoint&) = delete;
+    endpoint& operator=(const endpoint&) = delete;
+    /// Drops every connection left (the owner tore down what it must first).
+    ~endpoint() {
+        for (std::uint32_t i = 0; i < peers.size(); ++i)
+            if (peers[i].wire)
+                drop(i);
+    }
+
+    [[nodiscard]] Peer* find(peer_id p) noexcept {
+        if (p.index >= peers.size() || !peers[p.index].wire ||
+            peers[p.index].generation != p.generation)
+            return nullptr;
+        return &peers[p.index];
+    }
+    [[nodiscard]] const Peer* find(peer_id p) const noexcept {
+        return const_cast<endpoint*>(this)->find(p);
+    }
+    [[nodiscard]] peer_id id_of(std::uint32_t index) const noexcept {
+        return {index, peers[index].generation};
+    }
+
+    /// Makes `fresh` (its own state filled in) the connection over `wire`:
+    /// all or nothing (throws, nothing changed). Returns its index.
+    std::uint32_t add(std::unique_ptr<link> wire, Peer fresh) {
+        if (free_.empty()) {
+            free_.reserve(peers.size() + 1);
+            peers.emplace_back();
+            free_.push_back(static_cast<std::uint32_t>(peers.size() - 1));
+        }
+        by_qp.reserve(by_qp.size() + 1); // the insert below cannot throw then
+        const int event_fd = wire->event_fd();
+        const int wake_fd = wire->wake_fd();
+        in.watch(event_fd);
+        if (wake_fd >= 0) {
+            try {
+                in.watch(wake_fd);
+            } catch (...) {
+                in.forget(event_fd);
+                throw;
+            }
+        }
+        const std::uint32_t index = free_.back();
+        free_.pop_back();
+        if (wire->qp_num() != 0)
+            by_qp[wire->qp_num()] = index;
+        Peer& p = peers[index];
+        p = std::move(fresh);
+        p.generation = ++generations_;
+        p.wire = std::move(wire);
+        return index;
+    }
+    /// Takes connection `index` out of the table: its descriptors leave the
+    /// epoll set, its queue pair number the map, and its link goes (no more
+    /// DMA into this side's memory). Its entry is free for another.
+    void drop(std::uint32_t index) noexcept {
+        Peer& p = peers[index];
+        in.forget(p.wire->event_fd());
+        if (p.wire->wake_fd() >= 0)
+            in.forget(p.wire->wake_fd());
+        if (p.wire->qp_num() != 0)
+            by_qp.erase(p.wire->qp_num());
+        p.wire.reset();
+        free_.push_back(index); // room reserved at add
+    }
+
+    /// The live connection a receive completion is for, or null (counted as
+    /// stray: a queue pair no longer in the table, or a broken link's).
+    [[nodiscard]] Peer* receiver(const ibv_wc& wc, std::uint32_t& index) noexcept {
+        const auto it = by_qp.find(wc.qp_num);
+        if (it == by_qp.end() || peers[it->second].wire->broken) {
+            ++counters.stray_completions;
+            return nullptr;
+        }
+        index = it->second;
+        return &peers[index];
+    }
+    /// Takes the inbox's completions (one batch, or `all` of them), each to
+    /// on_wc, and gives their receives back.
+    template <class OnWc>
+    int take_inbox(OnWc&& on_wc, bool all = false) noexcept {
+        ibv_wc wcs[32];
+        int total = 0;
+        for (int n; (n = in.poll(wcs)) > 0;) {
+            for (int i = 0; i < n; ++i)
+                on_wc(wcs[i]);
+            in.replenish(static_cast<std::uint32_t>(n));
+            total += n;
+            if (!all)
+                break;
+        }
+        return total;
+    }
+
+    [[nodiscard]] bool housekeeping_due() const noexcept {
+        return sched::coarse_clock::now() >= next_housekeeping_;
+    }
+    /// Housekeeping starts now: the next is due one interval on.
+    sched::coarse_clock::time_point start_housekeeping() noexcept {
+        const auto now = sched::coarse_clock::now();
+        next_housekeeping_ = now + housekeeping_;
+        return now;
+    }
+    /// Something changed that housekeeping must look at: at the next poll.
+    void housekeep_soon() noexcept { next_housekeeping_ = {}; }
+
+    /// poll_once(), sleeping on the inbox's epoll up to `timeout` (and at
+    /// most a housekeeping interval) when nothing came. Every live link is
+    /// asked to have its peer wake this side first, and told when it is awake.
+    template <class PollOnce>
+    int wait(std::chrono::microseconds timeout, PollOnce&& poll_once) noexcept {
+        if (const int n = poll_once(); n != 0)
+            return n;
+        (void)in.arm();
+        bool asleep = true;
+        for (Peer& p : peers)
+            if (p.wire && !p.wire->broken && !p.wire->sleep(true))
+                asleep = false;
+        if (const int n = poll_once(); n != 0 || !asleep) {
+            wake_all();
+            return n != 0 ? n : poll_once();
+        }
+        in.sleep(std::min(timeout,
+                          std::chrono::duration_cast<std::chrono::microseconds>(housekeeping_)));
+        wake_all();
+        // Whatever woke it (a completion, a connection event): look now.
+        housekeep_soon();
+        return poll_once();
+    }
+
+    const verbs::protection_domain* pd;
+    registered_arena arena; ///< the rings and staging slots
+    handle_issuer issuer;   ///< the rings' keys
+    inbox in;
+    std::vector<Peer> peers;                                ///< by peer_id::index
+    std::unordered_map<std::uint32_t, std::uint32_t> by_qp; ///< qp_num -> index
+    rpc_counters counters;
+
+private:
+    void wake_all() noexcept {
+        for (Peer& p : peers)
+            if (p.wire)
+                (void)p.wire->sleep(false);
+    }
+
+    std::vector<std::uint32_t> free_; ///< entries with no link, reserved for every entry
+    std::uint32_t generations_ = 0;
+    std::chrono::nanoseconds housekeeping_;
+    sched::coarse_clock::time_point next_housekeeping_{};
+};
+
+} // namespace rdmax::rpc::detail

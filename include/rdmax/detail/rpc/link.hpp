@@ -1,0 +1,202 @@
+#pragma once
+// rpc::detail::link: what an RPC endpoint needs of one connection, whichever
+// way the bytes go. Two implementations, named for the path:
+//
+//   rdma_link  through the device: rings written with write-with-immediate
+//              (the immediates arrive on the endpoint's shared completion
+//              queue), bodies by READ and WRITE under the priority scheduler,
+//              a call's buffers shown through memory windows;
+//   shm_link   between two processes on one node: the rings in a shared
+//              segment, the immediates in a message ring (they come out of
+//              poll()), bodies by CMA.
+//
+// The endpoint never asks which one it holds: everything a caller does with
+// a connection is one of the ten operations below, each with a meaning on
+// both paths (a path where one has nothing to do says so in its answer).
+// Rings and staging slots are plain memory, laid out by the implementation
+// and read without a call.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include <rdmax/detail/rpc/wire.hpp>
+#include <rdmax/mem/buffer.hpp>
+#include <rdmax/mem/rights.hpp>
+#include <rdmax/rpc/rpc_counters.hpp>
+#include <rdmax/sched/priority.hpp>
+#include <rdmax/sched/scheduler_options.hpp>
+#include <rdmax/status.hpp>
+#include <rdmax/verbs/completion.hpp>
+
+namespace rdmax::rpc::detail {
+
+/// How a body transfer went: finished already (CMA), under way (its
+/// completion comes from poll()), or refused (nothing moved).
+enum class transfer : std::uint8_t { done, started, failed };
+
+/// Which way a body goes: the peer's bytes into this side (a request body),
+/// or this side's into the peer's buffer (a reply body).
+enum class body_way : std::uint8_t { read, write };
+
+/// What poll() hands the endpoint.
+struct link_event {
+    enum class kind : std::uint8_t {
+        imm,      ///< an immediate from the peer (where it does not come through the CQ)
+        transfer, ///< a body READ or WRITE ended (completion.ok() or not)
+        fenced,   ///< the call in `slot` is fenced: the peer's keys to its buffers are dead
+    } what = kind::imm;
+    std::uint32_t imm = 0;  ///< imm
+    std::uint32_t slot = 0; ///< fenced
+    verbs::completion done; ///< transfer
+
+    [[nodiscard]] static link_event of_imm(std::uint32_t imm) noexcept {
+        link_event e;
+        e.imm = imm;
+        return e;
+    }
+    [[nodiscard]] static link_event of_transfer(const verbs::completion& c) noexcept {
+        link_event e;
+        e.what = kind::transfer;
+        e.done = c;
+        return e;
+    }
+    [[nodiscard]] static link_event of_fenced(std::uint32_t slot) noexcept {
+        link_event e;
+        e.what = kind::fenced;
+        e.slot = slot;
+        return e;
+    }
+};
+
+/// A call's buffers made reachable by the peer (grant_access).
+enum class access : std::uint8_t {
+    ok,
+    owed,                ///< the slot's last windows still owe an invalidation: try another slot
+    no_room,             ///< the binds could not be posted (send queue full, or failed)
+    registration_failed, ///< the device would not register the memory
+};
+
+/// How a call's buffers stop being the peer's (end_access).
+enum class access_end : std::uint8_t {
+    lazy,    ///< an invalidation queued behind the send queue (the request never went)
+    fence,   ///< one whose completion poll() reports (fenced): false if none was posted
+    now,     ///< dead when it returns (windows deallocated): the caller reuses the buffers
+    abandon, ///< as now, for a call given up at its deadline: the peer must drop it too
+};
+
+class link {
+public:
+    link(std::uint16_t slots, std::uint32_t slot_bytes, bool node_local) noexcept
+        : slots_(slots)
+        , slot_bytes_(slot_bytes)
+        , node_local_(node_local) {}
+    link(const link&) = delete;
+    link& operator=(const link&) = delete;
+    virtual ~link() = default;
+
+    [[nodiscard]] std::uint16_t slots() const noexcept { return slots_; }
+    [[nodiscard]] std::uint32_t slot_bytes() const noexcept { return slot_bytes_; }
+    /// This side's slot s, as the peer wrote it (`bytes` from the immediate).
+    [[nodiscard]] std::span<const std::byte> inbound(std::uint32_t s,
+                                                     std::uint32_t bytes) const noexcept {
+        return {in_slots_ + std::size_t{s} * slot_bytes_, bytes};
+    }
+    /// Where this side builds the message for slot s before send_slot.
+    [[nodiscard]] std::byte* staging(std::uint32_t s) const noexcept {
+        return out_slots_ + std::size_t{s} * slot_bytes_;
+    }
+    /// Readable when a connection event may be waiting (for the endpoint's epoll).
+    [[nodiscard]] int event_fd() const noexcept { return event_fd_; }
+    /// Readable when the peer woke this side; -1 where the endpoint's
+    /// completion channel does it.
+    [[nodiscard]] int wake_fd() const noexcept { return wake_fd_; }
+    /// The queue pair whose receive completions are this link's, or 0.
+    [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
+    /// Through the node's memory, not the device (for rpc::client::is_local).
+    [[nodiscard]] bool node_local() const noexcept { return node_local_; }
+    /// The priority scheduler's counters, where the link posts through one.
+    [[nodiscard]] std::optional<sched::scheduler_counters> scheduler_counters() const noexcept {
+        return counters_of_ != nullptr ? std::optional(counters_of_(this)) : std::nullopt;
+    }
+
+    // ---- the ten operations ----
+
+    /// Sends the first `bytes` of staging slot s to the peer's slot s, with
+    /// the immediate naming them and the slot's epoch, at priority p.
+    [[nodiscard]] virtual status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
+                                           sched::priority p, bool epoch) noexcept = 0;
+    /// Reads the peer's buffer `remote` into `local`, or writes `local` into it.
+    [[nodiscard]] virtual transfer move_body(body_way way, sched::priority p,
+                                             local_buffer<rights::local_write> local,
+                                             const buffer_descriptor& remote,
+                                             std::uint64_t wr_id) noexcept = 0;
+    /// Withdraws the transfer started with `wr_id` if it has not begun (then
+    /// it never completes); false if it has, is done already, or is unknown.
+    [[nodiscard]] virtual bool cancel(std::uint64_t wr_id) noexcept = 0;
+    /// What happened since the last poll: immediates, ended transfers, fenced
+    /// calls. `thorough`: also reap what could wait (housekeeping, or
+    /// transfers the endpoint awaits). -1: the peer corrupted the connection.
+    [[nodiscard]] virtual int poll(std::span<link_event> out, bool thorough) noexcept = 0;
+    /// Why the link ended, if it did: it failed under this side, or (only
+    /// looked at when `events`: a connection event may be waiting) the peer left.
+    [[nodiscard]] virtual std::optional<link_end> ended(bool events) noexcept = 0;
+    /// About to sleep (`going`): asks the peer to wake this side, and says
+    /// false when something came already (do not sleep). Awake again
+    /// (!going): the peer need not wake it any more.
+    [[nodiscard]] virtual bool sleep(bool going) noexcept = 0;
+    /// Starts closing the connection (the peer sees it go).
+    virtual void close() noexcept = 0;
+    /// The handshake is over; `by_traffic`: the peer's first message came,
+    /// which proves it (a server accepts without waiting for it).
+    [[nodiscard]] virtual bool established(bool by_traffic) noexcept = 0;
+    /// Makes the call in `slot` able to reach `body` (its request, when over
+    /// the slot; else empty) and `reply` (the caller's reply buffer, or
+    /// empty) from the peer's side, and gives their keys (0 where no key is
+    /// needed). On any answer but ok, nothing was exposed.
+    [[nodiscard]] virtual access grant_access(std::uint32_t slot, std::span<const std::byte> body,
+                                              std::span<std::byte> reply, std::uint32_t& body_key,
+                                              std::uint32_t& reply_key) noexcept = 0;
+    /// The call in `slot` ended (or never went): the peer loses what
+    /// grant_access gave it, as `how` says. False only for a fence that was
+    /// not posted: then end it `now`.
+    virtual bool end_access(std::uint32_t slot, access_end how) noexcept = 0;
+
+    /// The connection failed, the peer left, or it broke the protocol: no
+    /// more posts; the endpoint tears it down.
+    bool broken = false;
+
+protected:
+    /// The geometry granted (at most what this side built its rings for).
+    void grant(std::uint16_t slots, std::uint32_t slot_bytes) noexcept {
+        slots_ = slots;
+        slot_bytes_ = slot_bytes;
+    }
+    void lay_out(std::byte* in_slots, std::byte* out_slots) noexcept {
+        in_slots_ = in_slots;
+        out_slots_ = out_slots;
+    }
+    void set_fds(int event_fd, int wake_fd) noexcept {
+        event_fd_ = event_fd;
+        wake_fd_ = wake_fd;
+    }
+    void set_qp_num(std::uint32_t qp_num) noexcept { qp_num_ = qp_num; }
+    /// How scheduler_counters() reads them (a plain function: no virtual for it).
+    void set_counters_of(sched::scheduler_counters (*of)(const link*)) noexcept {
+        counters_of_ = of;
+    }
+
+private:
+    std::uint16_t slots_;
+    std::uint32_t slot_bytes_;
+    bool node_local_;
+    std::byte* in_slots_ = nullptr;
+    std::byte* out_slots_ = nullptr;
+    int event_fd_ = -1;
+    int wake_fd_ = -1;
+    std::uint32_t qp_num_ = 0;
+    sched::scheduler_counters (*counters_of_)(const link*) = nullptr;
+};
+
+} // namespace rdmax::rpc::detail

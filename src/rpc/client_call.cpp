@@ -1,0 +1,276 @@
+// rpc::client, the call path: start a call in a free slot (expose its
+// memory over the slot, encode it, post it), and hand results out.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include <rdmax/rpc/client.hpp>
+
+namespace rdmax::rpc {
+
+namespace {
+constexpr std::uint32_t no_slot = UINT32_MAX;
+} // namespace
+
+call_status client::start(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                          const call_options& o) noexcept {
+    slot_ref taken;
+    return start_on(p, method, request, o, taken);
+}
+
+call_status client::start_on(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                             const call_options& o, slot_ref& taken) noexcept {
+    if (method == 0)
+        return call_status::invalid_method;
+    peer* l = ep_.find(p);
+    if (l == nullptr)
+        return call_status::bad_peer;
+    if (l->wire->broken)
+        return call_status::peer_gone;
+    // Every call started and not yet handed back has a place in results_.
+    if (l->free_slots.empty() || in_flight_ >= results_.size()) {
+        ++ep_.counters.no_credit;
+        return call_status::no_credit;
+    }
+    const std::uint32_t slot = l->free_slots.back();
+    outgoing call{.request = request};
+    if (const call_status st = expose_call(*l, slot, o, call); st != call_status::ok)
+        return st;
+    const std::uint32_t call_seq = l->next_seq++;
+    const bool epoch = !l->slots[slot].epoch; // a new epoch for every call in the slot
+    const std::uint32_t bytes = encode_request(*l, slot, method, o, call, call_seq, epoch);
+    if (const status s = l->wire->send_slot(message_kind::request, slot, bytes, o.priority, epoch);
+        s != status::ok)
+        return send_refused(*l, slot, s);
+    track_call(*l, slot, o, call_seq, epoch, bytes, taken);
+    return call_status::ok;
+}
+
+call_status client::expose_call(peer& l, std::uint32_t slot, const call_options& o,
+                                outgoing& call) noexcept {
+    const std::size_t descriptors = o.reply_into.empty() ? 0 : 1;
+    const std::size_t room =
+        l.wire->slot_bytes() - sizeof(message_header) - descriptors * sizeof(buffer_descriptor);
+    call.external = call.request.size() > room;
+    if (call.request.size() > opts_.max_message ||
+        (call.external && room < sizeof(buffer_descriptor)))
+        return call_status::too_large;
+    // Bodies and reply buffers over a slot: registered through the cache (a
+    // registration the first time, nanoseconds after), and shown to the peer
+    // through windows over exactly their bytes where the link has them.
+    const std::span<const std::byte> body =
+        call.external ? call.request : std::span<const std::byte>{};
+    switch (l.wire->grant_access(slot, body, o.reply_into, call.body_key, call.reply_key)) {
+    case detail::access::ok: return call_status::ok;
+    case detail::access::owed:
+        // Taken last from now on: the next start() tries the other free slots.
+        std::rotate(l.free_slots.begin(), l.free_slots.end() - 1, l.free_slots.end());
+        ++ep_.counters.no_credit;
+        return call_status::no_credit;
+    case detail::access::no_room: ++ep_.counters.no_credit; return call_status::no_credit;
+    case detail::access::registration_failed: return call_status::registration_failed;
+    }
+    return call_status::registration_failed;
+}
+
+std::uint32_t client::encode_request(peer& l, std::uint32_t slot, std::uint16_t method,
+                                     const call_options& o, const outgoing& call,
+                                     std::uint32_t call_seq, bool epoch) noexcept {
+    message_header header;
+    header.call_seq = call_seq;
+    header.method = method;
+    header.priority = std::min<std::uint8_t>(o.priority.level, sched::priority_levels - 1);
+    header.body_bytes = static_cast<std::uint32_t>(call.request.size());
+    std::byte* out = l.wire->staging(slot);
+    std::size_t at = sizeof(message_header);
+    const auto put = [&](const buffer_descriptor& d) {
+        std::memcpy(out + at, &d, sizeof d);
+        at += sizeof d;
+    };
+    if (call.external) {
+        header.flags |= flag_external_body;
+        put({reinterpret_cast<std::uint64_t>(call.request.data()), call.body_key,
+             static_cast<std::uint32_t>(call.request.size())});
+        ++ep_.counters.external_bodies;
+    }
+    if (!o.reply_into.empty()) {
+        header.flags |= flag_reply_buffer;
+        put({reinterpret_cast<std::uint64_t>(o.reply_into.data()), call.reply_key,
+             static_cast<std::uint32_t>(std::min<std::size_t>(o.reply_into.size(), UINT32_MAX))});
+    }
+    if (!call.external && !call.request.empty()) {
+        std::memcpy(out + at, call.request.data(), call.request.size());
+        at += call.request.size();
+    }
+    if (epoch)
+        header.flags |= flag_epoch;
+    std::memcpy(out, &header, sizeof header);
+    return static_cast<std::uint32_t>(at);
+}
+
+call_status client::send_refused(peer& l, std::uint32_t slot, status s) noexcept {
+    // The request was not posted, so the peer never learned the keys; the
+    // windows are invalidated all the same (their registrations are held
+    // until the slot's next call: one cannot go while bound).
+    (void)l.wire->end_access(slot, detail::access_end::lazy);
+    if (s == status::queue_full) {
+        ++ep_.counters.no_credit;
+        return call_status::no_credit;
+    }
+    ep_.counters.count_link_end(l.wire->ended(false).value_or(link_end{}));
+    ++ep_.counters.disconnected; // fail_link (in housekeeping) counts a broken link no more
+    l.wire->broken = true;
+    ep_.housekeep_soon();
+    return call_status::peer_gone;
+}
+
+void client::track_call(peer& l, std::uint32_t slot, const call_options& o, std::uint32_t call_seq,
+                        bool epoch, std::uint32_t bytes, slot_ref& taken) noexcept {
+    l.free_slots.pop_back();
+    slot_state& ss = l.slots[slot];
+    ss.phase = slot_phase::in_flight;
+    ss.epoch = epoch;
+    ss.seq = call_seq;
+    ss.cookie = o.cookie;
+    ss.reply_into = o.reply_into;
+    const auto timeout =
+        o.timeout.count() > 0
+            ? o.timeout
+            : std::chrono::duration_cast<std::chrono::microseconds>(opts_.call_timeout);
+    ss.deadline = sched::coarse_clock::now() + timeout;
+    ++l.in_flight;
+    ++in_flight_;
+    ++ep_.counters.calls;
+    ep_.counters.bytes_out += bytes;
+    taken = {static_cast<std::uint32_t>(&l - ep_.peers.data()), slot, call_seq, true};
+}
+
+// ---- results --------------------------------------------------------------------------------
+
+void client::grow_results() {
+    std::size_t need = 0;
+    for (const peer& l : ep_.peers)
+        need += l.slots.size();
+    if (need <= results_.size())
+        return;
+    std::vector<call_result> r(need);
+    std::vector<slot_ref> q(need);
+    for (std::size_t i = 0; i < results_count_; ++i) {
+        r[i] = results_[(results_head_ + i) % results_.size()];
+        q[i] = queued_slots_[(results_head_ + i) % results_.size()];
+    }
+    results_ = std::move(r);
+    queued_slots_ = std::move(q);
+    results_head_ = 0;
+    handed_out_.reserve(need);
+}
+
+void client::push_result(const call_result& r, const slot_ref& ref) noexcept {
+    // Never full: it holds one result per slot at most, and has room for every slot.
+    const std::size_t at = (results_head_ + results_count_) % results_.size();
+    results_[at] = r;
+    queued_slots_[at] = ref;
+    ++results_count_;
+}
+
+void client::release_handed_out() noexcept {
+    for (const slot_ref& r : handed_out_) {
+        peer& l = ep_.peers[r.link];
+        if (!r.release || r.slot == no_slot || !l.wire)
+            continue;
+        slot_state& ss = l.slots[r.slot];
+        if (ss.phase == slot_phase::done && ss.seq == r.seq) {
+            ss.phase = slot_phase::free;
+            --l.held;
+            if (!l.wire->broken)
+                l.free_slots.push_back(static_cast<std::uint16_t>(r.slot));
+        }
+    }
+    handed_out_.clear();
+}
+
+int client::poll(std::span<call_result> out) noexcept {
+    release_handed_out();
+    progress();
+    int n = 0;
+    while (results_count_ > 0 && static_cast<std::size_t>(n) < out.size()) {
+        out[static_cast<std::size_t>(n++)] = results_[results_head_];
+        handed_out_.push_back(queued_slots_[results_head_]);
+        results_head_ = (results_head_ + 1) % results_.size();
+        --results_count_;
+        --in_flight_;
+    }
+    return n;
+}
+
+bool client::take_result(const slot_ref& taken, call_result& mine) noexcept {
+    for (std::size_t i = 0; i < results_count_; ++i) {
+        const std::size_t at = (results_head_ + i) % results_.size();
+        const slot_ref& r = queued_slots_[at];
+        // The same entry of the table may hold a later connection by now:
+        // its generation tells them apart.
+        if (r.link != taken.link || r.seq != taken.seq ||
+            results_[at].peer.generation != ep_.peers[taken.link].generation)
+            continue;
+        mine = results_[at];
+        handed_out_.push_back(r);
+        for (std::size_t j = i; j + 1 < results_count_; ++j) {
+            const std::size_t from = (results_head_ + j + 1) % results_.size();
+            const std::size_t to = (results_head_ + j) % results_.size();
+            results_[to] = results_[from];
+            queued_slots_[to] = queued_slots_[from];
+        }
+        --results_count_;
+        --in_flight_;
+        return true;
+    }
+    return false;
+}
+
+call_result client::call(peer_id p, std::uint16_t method, std::span<const std::byte> request,
+                         const call_options& o) noexcept {
+    release_handed_out();
+    slot_ref taken;
+    if (const call_status s = start_on(p, method, request, o, taken); s != call_status::ok)
+        return {o.cookie, p, s, {}};
+    call_result mine;
+    for (;;) {
+        progress();
+        if (take_result(taken, mine))
+            return mine;
+    }
+}
+
+int client::wait(std::span<call_result> out, std::chrono::microseconds timeout) noexcept {
+    return ep_.wait(timeout, [&] { return poll(out); });
+}
+
+// ---- what a caller asks about a peer ---------------------------------------------------------
+
+bool client::is_local(peer_id p) const noexcept {
+    const peer* l = ep_.find(p);
+    return l != nullptr && l->wire->node_local();
+}
+
+std::optional<sched::scheduler_counters> client::scheduler_counters(peer_id p) const noexcept {
+    const peer* l = ep_.find(p);
+    return l != nullptr ? l->wire->scheduler_counters() : std::nullopt;
+}
+
+bool client::connected(peer_id p) const noexcept {
+    const peer* l = ep_.find(p);
+    return l != nullptr && !l->wire->broken;
+}
+
+std::uint16_t client::slots(peer_id p) const noexcept {
+    const peer* l = ep_.find(p);
+    return l != nullptr ? l->wire->slots() : 0;
+}
+
+std::uint32_t client::slot_bytes(peer_id p) const noexcept {
+    const peer* l = ep_.find(p);
+    return l != nullptr ? l->wire->slot_bytes() : 0;
+}
+
+} // namespace rdmax::rpc

@@ -1,0 +1,283 @@
+// rpc::client, connecting: through the node's memory when the server is on
+// this node (a Unix socket handshake, a shared segment, CMA), else through
+// the device (rdma_cm, the rings' keys in its private data).
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include <fmt/format.h>
+
+#include <rdmax/detail/rpc/rdma_link.hpp>
+#include <rdmax/detail/rpc/shm_link.hpp>
+#include <rdmax/error.hpp>
+#include <rdmax/local/cma.hpp>
+#include <rdmax/local/node_address.hpp>
+#include <rdmax/rpc/client.hpp>
+#include <rdmax/verbs/listener.hpp>
+
+#include "../notice.hpp"
+
+namespace rdmax::rpc {
+
+namespace {
+std::uint32_t inbox_depth(const rpc_options& o) {
+    return std::clamp<std::uint32_t>(std::uint32_t{o.slots} * 8U, 256, 8192);
+}
+} // namespace
+
+client::client(const verbs::protection_domain& pd, rpc_options opts)
+    : opts_((opts.check("rpc::client"), opts))
+    , ep_(pd, opts_, inbox_depth(opts_)) {}
+
+client::client(detail::no_device_t none, rpc_options opts)
+    : opts_((opts.check("rpc::client"), opts))
+    , ep_(none, opts_) {}
+
+client::~client() = default;
+
+verbs_cache& client::cache() {
+    // The cache cannot move, so make_unique (which forwards a reference)
+    // cannot take make_verbs_cache's result: new builds it in place.
+    if (!cache_) {
+        // NOLINTNEXTLINE(modernize-make-unique)
+        cache_ =
+            std::unique_ptr<verbs_cache>(new verbs_cache(make_verbs_cache(*ep_.pd, opts_.cache)));
+    }
+    return *cache_;
+}
+
+peer_id client::connect(std::string_view addr, std::uint16_t port) {
+    if (opts_.local)
+        if (std::unique_ptr<detail::link> local = connect_local(addr, port))
+            return add_link(std::move(local));
+    return add_link(connect_device(addr, port));
+}
+
+std::unique_ptr<detail::link> client::connect_device(std::string_view addr, std::uint16_t port) {
+    const verbs::protection_domain& pd = *ep_.pd;
+    auto wire =
+        std::make_unique<detail::rdma_link>(ep_.arena, ep_.issuer, opts_.slots, opts_.slot_bytes);
+    const ring_offer mine = wire->offer();
+    verbs::connection conn = verbs::connection::connect(
+        pd, addr, port, verbs::payload_of(mine),
+        detail::link_qp_config(ep_.in, opts_.slots, pd.device().limits(), windows_wanted()),
+        opts_.connect_timeout);
+    const std::optional<ring_offer> granted = conn.peer_payload_as<ring_offer>();
+    const char* why = granted ? check_offer(*granted) : "no ring offer in the reply";
+    if (why == nullptr && (granted->slots > mine.slots || granted->slot_bytes > mine.slot_bytes))
+        why = "the server granted more than was asked";
+    if (why != nullptr) {
+        ep_.counters.count_refusal(EPROTO, why);
+        throw_error("rpc::client::connect", EPROTO, fmt::format("{}:{}: {}", addr, port, why));
+    }
+    wire->attach(std::move(conn), *granted, opts_.scheduler);
+    const detail::call_memory memory{
+        .cache = [](void* self) -> verbs_cache& { return static_cast<client*>(self)->cache(); },
+        .owner = this,
+        .counters = &ep_.counters};
+    if (!wire->serve_calls(memory, windows_wanted())) {
+        // Not silently: the server then sees the registrations' keys.
+        const int err = errno;
+        ++ep_.counters.windows_unavailable;
+        rdmax::detail::notice(fmt::format(
+            "rpc::client: {}:{}: no memory windows for this connection (ibv_alloc_mw: {}): "
+            "its calls' large bodies and reply buffers go under the cached registrations' own "
+            "keys, which the server keeps for as long as the registrations live",
+            addr, port, std::strerror(err)));
+    }
+    return wire;
+}
+
+bool client::windows_wanted() const noexcept {
+    // Windows need type 2 and a pinned registration to bind to (not ODP).
+    return ep_.pd->device().limits().memory_windows && !opts_.cache.on_demand;
+}
+
+peer_id client::add_link(std::unique_ptr<detail::link> wire) {
+    peer fresh;
+    fresh.slots = std::vector<slot_state>(wire->slots());
+    fresh.free_slots.reserve(wire->slots());
+    for (std::uint32_t s = wire->slots(); s-- > 0;)
+        fresh.free_slots.push_back(static_cast<std::uint16_t>(s));
+    const std::uint32_t index = ep_.add(std::move(wire), std::move(fresh));
+    grow_results();
+    ++ep_.counters.connected;
+    return ep_.id_of(index);
+}
+
+void client::grant_cma(pid_t server) noexcept {
+    using grant = rpc_options::ptracer_grant;
+    if (opts_.ptracer == grant::off || ptracer_ == -1 || ptracer_ == server || server <= 0)
+        return;
+    // Only where Yama asks for it: under scope 0 the user's own processes
+    // may already, and under 2 or 3 no grant helps.
+    int scope = -1;
+    if (std::FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "re")) {
+        if (std::fscanf(f, "%d", &scope) != 1)
+            scope = -1;
+        std::fclose(f);
+    }
+    if (scope != 1)
+        return;
+    if (opts_.ptracer == grant::any) {
+        if (local::allow_cma_from(0))
+            ptracer_ = -1;
+    } else if (ptracer_ == 0 && local::allow_cma_from(server)) {
+        ptracer_ = server; // one process at a time: a second server is not granted
+    }
+}
+
+local::unix_channel client::find_local_server(std::string_view addr, std::uint16_t port) {
+    local::unix_channel ch;
+    try {
+        ch = local::unix_channel::connect(local_name(addr, port));
+        return ch;
+    } catch (const error&) {
+    }
+    // Nobody answers that name. A server on this node listening on a
+    // wildcard address answers for every address of the node: try its
+    // names, but only if addr is this node's (else the server on the port
+    // here would be the wrong one).
+    if (!local::is_node_address(addr))
+        return ch;
+    for (const std::string_view any : {"0.0.0.0", "::"}) {
+        try {
+            ch = local::unix_channel::connect(local_name(any, port));
+            break;
+        } catch (const error&) {
+        }
+    }
+    return ch;
+}
+
+std::unique_ptr<detail::link> client::connect_local(std::string_view addr, std::uint16_t port) {
+    local::unix_channel ch = find_local_server(addr, port);
+    if (ch.fd() < 0)
+        return nullptr; // the server is not on this node
+    try {
+        grant_cma(ch.peer().pid); // the process that listens on the name
+    } catch (const error&) {
+        // No credentials: the probe in the handshake tells whether CMA works anyway.
+    }
+    return local_handshake(std::move(ch), addr, port);
+}
+
+std::size_t client::exchange_hello(local::unix_channel& ch, local_welcome& w,
+                                   std::vector<int>& fds) {
+    if (probe_ == 0)
+        probe_ = std::random_device{}() | 1U;
+    local_hello hello;
+    hello.slots = opts_.slots;
+    hello.slot_bytes = opts_.slot_bytes;
+    hello.probe_addr = reinterpret_cast<std::uint64_t>(&probe_);
+    hello.probe_value = probe_;
+    ch.send(std::as_bytes(std::span(&hello, 1)));
+    return ch.receive(std::as_writable_bytes(std::span(&w, 1)), fds, opts_.connect_timeout);
+}
+
+std::unique_ptr<detail::link> client::local_handshake(local::unix_channel ch, std::string_view addr,
+                                                      std::uint16_t port) {
+    local_welcome w;
+    std::vector<int> fds;
+    const auto close_all = [&] {
+        for (int fd : fds)
+            ::close(fd);
+    };
+    std::size_t n = 0;
+    try {
+        n = exchange_hello(ch, w, fds);
+    } catch (const error& e) {
+        const int err = e.code().value();
+        if (err == ECONNRESET || err == EPIPE) {
+            // The server closed without a welcome: it refused this connection
+            // (too many handshakes under way, from this user or all). The
+            // device may still take it.
+            return refuse_local(fds, err, "the node-local server closed the handshake", addr, port,
+                                fmt::format("it closed the node-local handshake ({})", e.what()));
+        }
+        close_all();
+        throw_error(
+            "rpc::client::connect", EPROTO,
+            fmt::format("{}:{}: the node-local handshake failed: {}", addr, port, e.what()));
+    }
+    const bool welcome = n == sizeof w && w.magic == protocol_magic;
+    if (welcome && w.status == local_no_cma) {
+        close_all();
+        rdmax::detail::notice(fmt::format(
+            "rpc::client: {}:{} is on this node, but it may not read this process's memory "
+            "(CMA: {}{}): through the device",
+            addr, port, local::why_not_permitted(getpid()),
+            opts_.ptracer == rpc_options::ptracer_grant::any
+                ? ""
+                : "; RDMAX_RPC_PTRACER=any lets every server of this user do it"));
+        return nullptr;
+    }
+    if (welcome && w.status == local_refused)
+        return refuse_local(fds, EBUSY, "the node-local server refused the connection", addr, port,
+                            "it refused the node-local connection");
+    if (!welcome || w.version != protocol_version || w.status != local_ok || fds.size() != 3 ||
+        w.slots == 0 || w.slots > opts_.slots || w.slot_bytes < min_slot_bytes ||
+        w.slot_bytes > opts_.slot_bytes ||
+        w.segment_bytes < detail::shm_link::segment_bytes(w.slots, w.slot_bytes)) {
+        close_all();
+        ep_.counters.count_refusal(EPROTO, "the node-local server answered nonsense");
+        throw_error("rpc::client::connect", EPROTO,
+                    fmt::format("{}:{}: the node-local server answered nonsense", addr, port));
+    }
+    return map_segment(std::move(ch), w, fds, addr, port);
+}
+
+std::unique_ptr<detail::link> client::map_segment(local::unix_channel ch, const local_welcome& w,
+                                                  std::vector<int>& fds, std::string_view addr,
+                                                  std::uint16_t port) {
+    local::shared_segment seg;
+    try {
+        seg = local::shared_segment::attach(fds[0], w.segment_bytes, true, /*require_sealed=*/true);
+    } catch (const error& e) {
+        if (e.code().value() == EPERM) {
+            // A server older than sealed segments: its peers could cut the
+            // segment under this process. Not node-local, then.
+            return refuse_local(fds, EPERM, "the node-local server's segment is not sealed", addr,
+                                port, "its shared segment is not sealed (an older server)");
+        }
+        for (int fd : fds)
+            ::close(fd);
+        throw;
+    } catch (...) {
+        for (int fd : fds)
+            ::close(fd);
+        throw;
+    }
+    ::close(fds[0]); // mapped: the mapping keeps the memory
+    const pid_t server_pid = ch.peer().pid;
+    auto wire = std::make_unique<detail::shm_link>(std::move(ch), std::move(seg), server_pid,
+                                                   w.slots, w.slot_bytes, fds[1], fds[2]);
+    if (wire->corrupt())
+        throw_error("rpc::client::connect", EPROTO,
+                    fmt::format("{}:{}: the node-local segment is not laid out", addr, port));
+    return wire;
+}
+
+std::unique_ptr<detail::link> client::refuse_local(std::vector<int>& fds, int err,
+                                                   std::string_view reason, std::string_view addr,
+                                                   std::uint16_t port, std::string_view what) {
+    for (int fd : fds)
+        ::close(fd);
+    fds.clear();
+    ep_.counters.count_refusal(err, reason);
+    rdmax::detail::notice(fmt::format(
+        "rpc::client: {}:{} is on this node, but {}: through the device", addr, port, what));
+    return nullptr;
+}
+
+void client::disconnect(peer_id p) noexcept {
+    if (peer* l = ep_.find(p)) {
+        fail_link(*l, p.index);
+        l->wire->close();
+    }
+}
+
+} // namespace rdmax::rpc

@@ -1,0 +1,285 @@
+// rpc::client, progress: replies as they arrive (through the inbox, or a
+// node-local link's own ring), fences that end, links that fail, and every
+// housekeeping interval the calls past their deadline and links to tear down.
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cstddef>
+
+#include <rdmax/rpc/client.hpp>
+
+namespace rdmax::rpc {
+
+namespace {
+constexpr std::uint32_t no_slot = UINT32_MAX;
+} // namespace
+
+void client::progress() noexcept {
+    ep_.take_inbox([this](const ibv_wc& wc) { on_receive(wc); });
+    const bool due = ep_.housekeeping_due();
+    for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {
+        peer& l = ep_.peers[i];
+        if (l.wire && !l.wire->broken)
+            on_link_events(l, i, due);
+    }
+    if (due)
+        housekeeping();
+}
+
+void client::on_link_events(peer& l, std::uint32_t index, bool due) noexcept {
+    detail::link_event events[32];
+    // Unless due, a link polls only what cannot wait: a call waits for its
+    // reply, not for the completions of its unsignaled requests.
+    const int n = l.wire->poll(events, due);
+    if (n < 0) {
+        ++ep_.counters.rejected_malformed;
+        fail_link(l, index);
+        return;
+    }
+    for (int k = 0; k < n && !l.wire->broken; ++k) {
+        const detail::link_event& e = events[k];
+        switch (e.what) {
+        case detail::link_event::kind::imm: on_imm(l, index, e.imm); break;
+        case detail::link_event::kind::transfer:
+            if (!e.done.ok())
+                fail_link(l, index);
+            break;
+        case detail::link_event::kind::fenced:
+            if (e.slot < l.slots.size() && l.slots[e.slot].phase == slot_phase::fencing)
+                fenced(l, index, e.slot, false);
+            break;
+        }
+    }
+    if (l.fencing != 0 && !l.wire->broken) {
+        // A fence's invalidation (or another request) failed: its call is
+        // never named fenced, and the link ends.
+        if (const std::optional<link_end> why = l.wire->ended(false)) {
+            ep_.counters.count_link_end(*why);
+            fail_link(l, index);
+        }
+    }
+}
+
+void client::on_receive(const ibv_wc& wc) noexcept {
+    std::uint32_t index = 0;
+    peer* l = ep_.receiver(wc, index);
+    if (l == nullptr)
+        return;
+    if (wc.status != IBV_WC_SUCCESS) {
+        link_end e = l->wire->ended(false).value_or(link_end{});
+        if (wc.status != IBV_WC_WR_FLUSH_ERR)
+            e.failure = wc.status;
+        ep_.counters.count_link_end(e);
+        if (wc.status != IBV_WC_WR_FLUSH_ERR)
+            ep_.counters.count(violation::bad_opcode);
+        fail_link(*l, index);
+        return;
+    }
+    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+        ep_.counters.count(violation::bad_opcode);
+        fail_link(*l, index);
+        return;
+    }
+    on_imm(*l, index, ntohl(wc.imm_data));
+}
+
+void client::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
+    const imm_fields f = decode_imm(imm);
+    if (const violation v =
+            check_imm(f, message_kind::reply, l.wire->slots(), l.wire->slot_bytes());
+        v != violation::none) {
+        ep_.counters.count(v);
+        fail_link(l, index);
+        return;
+    }
+    slot_state& ss = l.slots[f.slot];
+    if (ss.phase != slot_phase::in_flight || f.epoch != ss.epoch) {
+        stray_reply(l, index, f.slot, violation::credit); // a reply for no call, if not late
+        return;
+    }
+    // The header's call_seq before the strict parse: a late immediate taken
+    // against the bytes of this slot's next reply (or of a call two epochs
+    // back, the same bit) disagrees in length or call_seq; it is late, not
+    // malformed (check_imm let through a header's bytes at least).
+    if (detail::load<message_header>(l.wire->inbound(f.slot, sizeof(message_header)).data())
+            .call_seq != ss.seq) {
+        stray_reply(l, index, f.slot, violation::malformed);
+        return;
+    }
+    parsed_reply reply;
+    const auto offered =
+        static_cast<std::uint32_t>(std::min<std::size_t>(ss.reply_into.size(), UINT32_MAX));
+    if (const violation v = parse_reply(l.wire->inbound(f.slot, f.bytes), offered, reply);
+        v != violation::none) {
+        ep_.counters.count(v);
+        fail_link(l, index);
+        return;
+    }
+    ep_.counters.bytes_in += f.bytes;
+    std::span<const std::byte> body = reply.inline_body;
+    if ((reply.header.flags & flag_external_reply) != 0) {
+        body = {ss.reply_into.data(), reply.header.body_bytes};
+        ++ep_.counters.external_replies;
+    }
+    finish(l, index, f.slot, static_cast<call_status>(reply.header.status), body);
+}
+
+void client::stray_reply(peer& l, std::uint32_t index, std::uint32_t slot, violation v) noexcept {
+    slot_state& ss = l.slots[slot];
+    if (ss.late == 0) {
+        ep_.counters.count(v);
+        fail_link(l, index);
+        return;
+    }
+    // The reply of a call that timed out: the slot is not its any more
+    // (free, or another call's), so it is dropped unread.
+    --ss.late;
+    ++ep_.counters.late_replies;
+}
+
+void client::finish(peer& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                    std::span<const std::byte> reply) noexcept {
+    slot_state& ss = l.slots[slot];
+    // The caller owns its buffers again once it sees the result: the peer's
+    // keys die before, not at an invalidation that runs later (7.x soft-RoCE
+    // posts from a work queue; a stalled send queue holds it). A signaled
+    // invalidation, and the result once its completion is in (the reply's
+    // bytes are in the ring or the caller's buffer already); where it cannot
+    // be posted, the windows are deallocated now (the reply came, so the
+    // request and the binds before it ran).
+    if (!l.wire->broken && l.wire->end_access(slot, detail::access_end::fence)) {
+        ss.phase = slot_phase::fencing;
+        ss.fenced_status = st;
+        ss.fenced_reply = reply;
+        ++l.fencing;
+        return;
+    }
+    (void)l.wire->end_access(slot, detail::access_end::now);
+    push_done(l, index, slot, st, reply);
+}
+
+void client::push_done(peer& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                       std::span<const std::byte> reply) noexcept {
+    slot_state& ss = l.slots[slot];
+    ss.phase = slot_phase::done;
+    --l.in_flight;
+    ++l.held;
+    if (st == call_status::ok)
+        ++ep_.counters.completed;
+    else
+        ++ep_.counters.failed;
+    push_result({ss.cookie, ep_.id_of(index), st, reply}, {index, slot, ss.seq, true});
+}
+
+void client::fenced(peer& l, std::uint32_t index, std::uint32_t slot, bool dealloc) noexcept {
+    slot_state& ss = l.slots[slot];
+    --l.fencing;
+    if (dealloc)
+        (void)l.wire->end_access(slot, detail::access_end::now);
+    push_done(l, index, slot, ss.fenced_status, ss.fenced_reply);
+}
+
+void client::fail_link(peer& l, std::uint32_t index) noexcept {
+    if (l.wire->broken && l.in_flight == 0)
+        return;
+    if (!l.wire->broken)
+        ++ep_.counters.disconnected;
+    l.wire->broken = true;
+    for (std::uint32_t s = 0; s < l.slots.size(); ++s) {
+        const slot_phase phase = l.slots[s].phase;
+        if (phase == slot_phase::in_flight)
+            finish(l, index, s, call_status::peer_gone, {});
+        else if (phase == slot_phase::fencing)
+            // Answered, but its invalidation will not complete now (or
+            // failed): deallocated, then the answer goes out.
+            fenced(l, index, s, true);
+    }
+    ep_.housekeep_soon();
+}
+
+void client::housekeeping() noexcept {
+    const auto now = ep_.start_housekeeping();
+    // Connection events are read only when a channel has one (one epoll_wait).
+    const bool events = ep_.in.events_pending();
+    for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {
+        peer& l = ep_.peers[i];
+        if (!l.wire)
+            continue;
+        if (!l.wire->broken) {
+            if (const std::optional<link_end> why = l.wire->ended(events)) {
+                ep_.counters.count_link_end(*why);
+                fail_link(l, i);
+            }
+        } else if (l.in_flight != 0) {
+            fail_link(l, i); // broken by a send that failed: its other calls end too
+        }
+        if (l.wire->broken || l.in_flight == 0)
+            continue;
+        if (fence_stalled(l, now)) {
+            // An answered call's invalidation did not complete by the call's
+            // deadline: the send queue is stalled (a peer that answers but
+            // posts no receives holds it in retries for ever). The link ends;
+            // the answers go out once their windows are deallocated.
+            ++ep_.counters.fence_stalls;
+            ep_.counters.count_link_end(l.wire->ended(false).value_or(link_end{}));
+            fail_link(l, i);
+            continue;
+        }
+        expire_calls(l, i, now);
+    }
+    teardown_idle();
+}
+
+void client::expire_calls(peer& l, std::uint32_t index,
+                          sched::coarse_clock::time_point now) noexcept {
+    for (std::uint32_t s = 0; s < l.slots.size(); ++s) {
+        slot_state& ss = l.slots[s];
+        if (ss.phase != slot_phase::in_flight || ss.deadline > now)
+            continue;
+        // The slot is the caller's again at once: its next call goes with
+        // the other epoch, which tells the server to drop this one, and a
+        // late reply of this one is dropped unread.
+        ss.phase = slot_phase::free;
+        // The server is fenced out of the call's buffers from now on: a late
+        // READ or WRITE fails at the device (and ends the link), and a
+        // node-local server finds the call given up before it copies.
+        (void)l.wire->end_access(s, detail::access_end::abandon);
+        if (ss.late < UINT8_MAX)
+            ++ss.late;
+        // Taken last: calls go to other free slots first, which gives a slow
+        // server's answer the time to come and leaves its call be.
+        l.free_slots.push_back(static_cast<std::uint16_t>(s));
+        std::rotate(l.free_slots.begin(), l.free_slots.end() - 1, l.free_slots.end());
+        --l.in_flight;
+        ++ep_.counters.timed_out;
+        ++ep_.counters.failed;
+        push_result({ss.cookie, ep_.id_of(index), call_status::timed_out, {}},
+                    {index, no_slot, ss.seq, false});
+    }
+}
+
+bool client::fence_stalled(const peer& l, sched::coarse_clock::time_point now) const noexcept {
+    if (l.fencing == 0)
+        return false;
+    return std::any_of(l.slots.begin(), l.slots.end(), [&](const slot_state& ss) {
+        return ss.phase == slot_phase::fencing && ss.deadline + opts_.housekeeping <= now;
+    });
+}
+
+void client::teardown_idle() noexcept {
+    for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {
+        peer& l = ep_.peers[i];
+        if (!l.wire || !l.wire->broken || l.held != 0 || l.in_flight != 0)
+            continue;
+        // Only once every completion queued for it was taken: none is then
+        // left for a queue pair number a later connection may reuse.
+        ep_.take_inbox([this](const ibv_wc& wc) { on_receive(wc); }, true);
+        if (l.held != 0 || l.in_flight != 0)
+            continue;
+        ep_.drop(i);
+        l.slots.clear();
+        l.free_slots.clear();
+    }
+}
+
+} // namespace rdmax::rpc

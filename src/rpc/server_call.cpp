@@ -1,0 +1,379 @@
+// rpc::server, the call path: a request arrives (checked against the slot's
+// state), its body is read if it stayed in the caller's memory, the handler
+// runs, and the answer goes into the caller's slot (or its reply buffer).
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cstring>
+
+#include <rdmax/rpc/server.hpp>
+
+namespace rdmax::rpc {
+
+// ---- request_context ------------------------------------------------------------------------
+
+std::size_t request_context::reply_capacity() const noexcept {
+    const server::peer* l = srv_->ep_.find(peer_);
+    std::size_t most = space_.size();
+    if (l != nullptr && l->slots[slot_].reply_buffer)
+        most = std::max<std::size_t>(most, l->slots[slot_].reply_buffer->length);
+    return most;
+}
+
+void request_context::reply(std::span<const std::byte> bytes) noexcept {
+    if (answered_)
+        return;
+    answered_ = true;
+    if (server::peer* l = srv_->ep_.find(peer_))
+        srv_->answer(*l, peer_.index, slot_, call_status::ok, bytes, false);
+}
+
+void request_context::reply_in_place(std::size_t n) noexcept {
+    if (answered_)
+        return;
+    answered_ = true;
+    if (server::peer* l = srv_->ep_.find(peer_))
+        srv_->answer(*l, peer_.index, slot_, call_status::ok,
+                     space_.first(std::min(n, space_.size())), true);
+}
+
+void request_context::fail(call_status s) noexcept {
+    if (answered_)
+        return;
+    answered_ = true;
+    if (!server_status(static_cast<std::uint32_t>(s)) || s == call_status::ok)
+        s = call_status::handler_failed;
+    if (server::peer* l = srv_->ep_.find(peer_))
+        srv_->answer(*l, peer_.index, slot_, s, {}, false);
+}
+
+deferred_call request_context::defer() noexcept {
+    answered_ = true;
+    return {peer_, slot_, seq_};
+}
+
+// ---- a request arrives ----------------------------------------------------------------------
+
+void server::on_receive(const ibv_wc& wc) noexcept {
+    std::uint32_t index = 0;
+    peer* l = ep_.receiver(wc, index);
+    if (l == nullptr)
+        return;
+    if (l->establish_by) {
+        (void)l->wire->established(true); // the peer's first message proves the connection
+        l->establish_by.reset();
+    }
+    if (wc.status != IBV_WC_SUCCESS) {
+        // A flush is the connection going away; anything else is the peer's
+        // doing (a send into a zero-length receive: local length error).
+        if (wc.status == IBV_WC_WR_FLUSH_ERR)
+            l->wire->broken = true;
+        else
+            reject(*l, violation::bad_opcode);
+        return;
+    }
+    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+        reject(*l, violation::bad_opcode);
+        return;
+    }
+    on_imm(*l, index, ntohl(wc.imm_data));
+}
+
+void server::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
+    const imm_fields f = decode_imm(imm);
+    if (const violation v =
+            check_imm(f, message_kind::request, l.wire->slots(), l.wire->slot_bytes());
+        v != violation::none) {
+        reject(l, v);
+        return;
+    }
+    on_request(l, index, f.slot, f.bytes, f.epoch);
+}
+
+void server::on_request(peer& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
+                        bool epoch) noexcept {
+    const slot_state& ss = l.slots[slot];
+    // The header's epoch first (check_imm let through a header's bytes at
+    // least): an immediate taken late finds the slot holding the caller's
+    // next call already (whose own immediate follows, and whose length this
+    // one does not say), or a call the caller gave up. Dropped unread.
+    const std::span<const std::byte> in = l.wire->inbound(slot, bytes);
+    const auto head = detail::load<message_header>(in.data());
+    if (((head.flags & flag_epoch) != 0) != epoch)
+        return;
+    // The epoch is one bit: an immediate two calls back carries the same
+    // one. Its byte count differs from the header's (dropped as stale), or
+    // the slot's bytes are the call's whose own immediate follows: it runs
+    // now, and that immediate then finds its call_seq taken already (the
+    // caller's call_seq grows per link, so per slot too). Neither counts as
+    // the peer's fault.
+    if (request_bytes(head) != bytes)
+        return;
+    if (ss.accepted_any && static_cast<std::int32_t>(head.call_seq - ss.last_seq) <= 0)
+        return;
+    parsed_request pr;
+    if (const violation v = parse_request(in, pr); v != violation::none) {
+        reject(l, v);
+        return;
+    }
+    if (ss.busy) {
+        if (epoch == ss.epoch) {
+            reject(l, violation::credit);
+            return;
+        }
+        supersede(l, slot);
+    }
+    accept_request(l, slot, epoch, bytes, pr);
+    if (pr.external_body)
+        read_request_body(l, index, slot, *pr.external_body);
+    else
+        run_handler(l, index, slot, pr.inline_body);
+}
+
+void server::supersede(peer& l, std::uint32_t slot) noexcept {
+    slot_state& ss = l.slots[slot];
+    // The other epoch: the caller gave up on the call in this slot (its
+    // deadline passed) and took the slot back. That call is dropped
+    // unanswered: a deferred answer finds it gone (another call_seq), a READ
+    // of its body still in flight lands in a block no longer the slot's,
+    // which its completion gives back. A READ still waiting in the scheduler
+    // is withdrawn: the caller revoked the window it names when it gave up,
+    // and posting it would fail the queue pair (and end the caller's new
+    // call with it).
+    if (ss.body_at != no_block && l.wire->cancel(make_wr_id(tag_read, ss.body_at, slot))) {
+        if (l.reads > 0)
+            --l.reads;
+        ++ep_.counters.cancelled_reads;
+        release_block(l, ss.body_at);
+    }
+    ss.busy = false;
+    ss.body_at = no_block;
+}
+
+void server::accept_request(peer& l, std::uint32_t slot, bool epoch, std::uint32_t bytes,
+                            const parsed_request& pr) noexcept {
+    slot_state& ss = l.slots[slot];
+    ep_.counters.bytes_in += bytes;
+    ss.accepted_any = true;
+    ss.last_seq = pr.header.call_seq;
+    ss.busy = true;
+    ss.epoch = epoch;
+    ss.seq = pr.header.call_seq;
+    ss.prio = pr.header.priority;
+    ss.method = pr.header.method;
+    ss.reply_buffer = pr.reply_buffer;
+}
+
+void server::read_request_body(peer& l, std::uint32_t index, std::uint32_t slot,
+                               const buffer_descriptor& d) noexcept {
+    slot_state& ss = l.slots[slot];
+    const auto refuse_call = [&](call_status st) {
+        ++ep_.counters.calls;
+        answer(l, index, slot, st, {}, false);
+    };
+    if (d.length > opts_.max_message) {
+        refuse_call(call_status::request_too_large);
+        return;
+    }
+    if (l.free_blocks.empty())
+        return refuse_call(call_status::read_failed);
+    const std::uint16_t at = l.free_blocks.back();
+    try {
+        l.blocks[at] = detail::arena_block(ep_.arena, d.length);
+    } catch (...) {
+        return refuse_call(call_status::read_failed);
+    }
+    l.free_blocks.pop_back();
+    ss.body_at = at;
+    const detail::arena_block& blk = l.blocks[at];
+    if (abandoned(l, slot)) {
+        // Checked again right before the copy (the block's allocation came
+        // between): the caller gave the call up, its memory is not read (a
+        // CMA read could not be revoked once under way). Dropped unanswered,
+        // as a late immediate is.
+        ss.body_at = no_block;
+        ss.busy = false;
+        release_block(l, at);
+        return;
+    }
+    ++ep_.counters.external_bodies;
+    switch (l.wire->move_body(detail::body_way::read, sched::priority{ss.prio},
+                              blk.local(0, d.length), d, make_wr_id(tag_read, at, slot))) {
+    case detail::transfer::started: ++l.reads; break;
+    case detail::transfer::done: // read already (by CMA): the handler runs now
+        run_handler(l, index, slot, {blk.data(), d.length});
+        break;
+    case detail::transfer::failed:
+        ss.body_at = no_block;
+        release_block(l, at);
+        refuse_call(call_status::read_failed);
+        break;
+    }
+}
+
+void server::release_block(peer& l, std::uint16_t at) noexcept {
+    l.blocks[at].reset();
+    l.free_blocks.push_back(at); // room reserved for every block
+}
+
+bool server::abandoned(const peer& l, std::uint32_t slot) noexcept {
+    // A caller that gives a call up flips the epoch in its request where it
+    // can (node-local: the ring is shared memory), and its next call in the
+    // slot writes another request there: either way the ring no longer
+    // holds the call this slot is busy with.
+    const slot_state& ss = l.slots[slot];
+    const auto h =
+        detail::load<message_header>(l.wire->inbound(slot, sizeof(message_header)).data());
+    return h.call_seq != ss.seq || ((h.flags & flag_epoch) != 0) != ss.epoch;
+}
+
+void server::run_handler(peer& l, std::uint32_t index, std::uint32_t slot,
+                         std::span<const std::byte> body) noexcept {
+    const slot_state& ss = l.slots[slot];
+    ++ep_.counters.calls;
+    // The body read from the caller is the handler's only while it runs.
+    const auto done_with_body = [&] {
+        slot_state& now = l.slots[slot];
+        if (now.body_at != no_block) {
+            release_block(l, now.body_at);
+            now.body_at = no_block;
+        }
+    };
+    if (ss.method >= handlers_.size() || !handlers_[ss.method]) {
+        ++ep_.counters.unknown_method;
+        answer(l, index, slot, call_status::unknown_method, {}, false);
+        done_with_body();
+        return;
+    }
+    request_context ctx;
+    ctx.srv_ = this;
+    ctx.peer_ = ep_.id_of(index);
+    ctx.slot_ = slot;
+    ctx.seq_ = ss.seq;
+    ctx.method_ = ss.method;
+    ctx.prio_ = sched::priority{ss.prio};
+    ctx.body_ = body;
+    ctx.space_ = {l.wire->staging(slot) + sizeof(message_header),
+                  l.wire->slot_bytes() - sizeof(message_header)};
+    try {
+        handlers_[ss.method](ctx);
+    } catch (...) {
+        // Answered below, if the handler had not yet.
+    }
+    // The handler may have dropped the connection (disconnect()).
+    if (ep_.find(ctx.peer_) == nullptr)
+        return;
+    if (!ctx.answered_)
+        answer(l, index, slot, call_status::handler_failed, {}, false);
+    done_with_body();
+}
+
+// ---- the answer -----------------------------------------------------------------------------
+
+void server::answer(peer& l, std::uint32_t index, std::uint32_t slot, call_status st,
+                    std::span<const std::byte> body, bool in_place) noexcept {
+    (void)index;
+    slot_state& ss = l.slots[slot];
+    if (!ss.busy || l.wire->broken)
+        return;
+    ss.busy = false;
+    message_header h;
+    h.call_seq = ss.seq;
+    h.priority = ss.prio;
+    h.status = static_cast<std::uint32_t>(st);
+    std::byte* out = l.wire->staging(slot);
+    const std::size_t room = l.wire->slot_bytes() - sizeof(message_header);
+    std::uint32_t bytes = sizeof(message_header);
+    if (body.size() <= room) {
+        if (!in_place && !body.empty())
+            std::memmove(out + sizeof(message_header), body.data(), body.size());
+        h.body_bytes = static_cast<std::uint32_t>(body.size());
+        bytes += h.body_bytes;
+    } else {
+        h.status = static_cast<std::uint32_t>(write_reply_body(l, slot, body, h));
+        if (l.wire->broken)
+            return;
+    }
+    std::memcpy(out, &h, sizeof h);
+    if (l.wire->send_slot(message_kind::reply, slot, bytes, sched::priority{ss.prio}, ss.epoch) !=
+        status::ok) {
+        ep_.counters.count_link_end(l.wire->ended(false).value_or(link_end{}));
+        l.wire->broken = true;
+        return;
+    }
+    ep_.counters.bytes_out += bytes;
+}
+
+call_status server::write_reply_body(peer& l, std::uint32_t slot, std::span<const std::byte> body,
+                                     message_header& h) noexcept {
+    const slot_state& ss = l.slots[slot];
+    const auto st = static_cast<call_status>(h.status);
+    if (!ss.reply_buffer || body.size() > ss.reply_buffer->length ||
+        body.size() > opts_.max_message || abandoned(l, slot) || l.free_blocks.empty())
+        return call_status::reply_too_large;
+    // Too large for the slot: into the buffer the caller offered, then the
+    // header says so (same level, so posted after the data). The block stays
+    // the WRITE's until its completion: the slot may be reused (and answered
+    // again) before then.
+    const std::uint16_t at = l.free_blocks.back();
+    detail::arena_block& blk = l.blocks[at];
+    try {
+        blk = detail::arena_block(ep_.arena, body.size());
+    } catch (...) {
+        return call_status::reply_too_large;
+    }
+    std::memcpy(blk.data(), body.data(), body.size());
+    if (abandoned(l, slot)) {
+        // Checked again right before the copy into the caller's memory (the
+        // copy above came between): only the header goes, which the caller drops.
+        blk.reset();
+        return call_status::reply_too_large;
+    }
+    switch (l.wire->move_body(detail::body_way::write, sched::priority{ss.prio},
+                              blk.local(0, body.size()), *ss.reply_buffer,
+                              make_wr_id(tag_external, at, slot))) {
+    case detail::transfer::started:
+        l.free_blocks.pop_back();
+        ++l.writes;
+        break;
+    case detail::transfer::done: blk.reset(); break; // copied already (CMA)
+    case detail::transfer::failed:
+        blk.reset();
+        ep_.counters.count_link_end(l.wire->ended(false).value_or(link_end{}));
+        l.wire->broken = true;
+        return st;
+    }
+    ++ep_.counters.external_replies;
+    h.flags = flag_external_reply;
+    h.body_bytes = static_cast<std::uint32_t>(body.size());
+    ep_.counters.bytes_out += body.size();
+    return st;
+}
+
+server::peer* server::deferred_peer(const deferred_call& d) noexcept {
+    peer* l = ep_.find(d.peer);
+    if (l == nullptr || l->wire->broken || d.slot >= l->slots.size() || !l->slots[d.slot].busy ||
+        l->slots[d.slot].seq != d.call_seq)
+        return nullptr;
+    return l;
+}
+
+bool server::reply(const deferred_call& d, std::span<const std::byte> bytes) noexcept {
+    peer* l = deferred_peer(d);
+    if (l == nullptr)
+        return false;
+    answer(*l, d.peer.index, d.slot, call_status::ok, bytes, false);
+    return !l->wire->broken;
+}
+
+bool server::fail(const deferred_call& d, call_status s) noexcept {
+    peer* l = deferred_peer(d);
+    if (l == nullptr)
+        return false;
+    if (!server_status(static_cast<std::uint32_t>(s)) || s == call_status::ok)
+        s = call_status::handler_failed;
+    answer(*l, d.peer.index, d.slot, s, {}, false);
+    return !l->wire->broken;
+}
+
+} // namespace rdmax::rpc

@@ -1,0 +1,176 @@
+// rpc::server, progress: what arrived (through the inbox, or a node-local
+// link's own ring), body transfers that ended, and every housekeeping
+// interval new connections and the links to tear down.
+
+#include <rdmax/error.hpp>
+#include <rdmax/rpc/server.hpp>
+
+namespace rdmax::rpc {
+
+void server::on(std::uint16_t method, handler h) {
+    if (method == 0)
+        throw_error("rpc::server::on", EINVAL, "method id 0 is reserved");
+    if (handlers_.size() <= method)
+        handlers_.resize(std::size_t{method} + 1);
+    handlers_[method] = std::move(h);
+}
+
+int server::poll() noexcept {
+    const std::uint64_t before = ep_.counters.calls;
+    ep_.take_inbox([this](const ibv_wc& wc) { on_receive(wc); });
+    for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {
+        peer& l = ep_.peers[i];
+        if (l.wire && !l.wire->broken)
+            drive(l, i, l.reads != 0 || l.writes != 0);
+    }
+    if (ep_.housekeeping_due())
+        housekeeping();
+    return static_cast<int>(ep_.counters.calls - before);
+}
+
+int server::wait(std::chrono::microseconds timeout) noexcept {
+    return ep_.wait(timeout, [this] { return poll(); });
+}
+
+void server::drive(peer& l, std::uint32_t index, bool thorough) noexcept {
+    detail::link_event events[32];
+    const int n = l.wire->poll(events, thorough);
+    if (n < 0) {
+        reject(l, violation::malformed); // a node-local peer's ring is corrupt
+        return;
+    }
+    for (int k = 0; k < n; ++k) {
+        const detail::link_event& e = events[k];
+        if (e.what == detail::link_event::kind::transfer)
+            transfer_ended(l, index, e.done);
+        else if (e.what == detail::link_event::kind::imm && !l.wire->broken)
+            on_imm(l, index, e.imm);
+    }
+    // A link that failed has an error completion to show for it: looked at
+    // only then, or when thorough (the hot loop skips it).
+    if (n > 0 || thorough)
+        check_failed(l);
+}
+
+void server::transfer_ended(peer& l, std::uint32_t index, const verbs::completion& c) noexcept {
+    const std::uint64_t tag = c.wr_id >> 56;
+    const auto at = static_cast<std::uint16_t>((c.wr_id >> 16) & 0xffffU);
+    const auto slot = static_cast<std::uint32_t>(c.wr_id & 0xffffU);
+    if (!c.ok())
+        l.wire->broken = true;
+    // The transfer is over (done or flushed): its block is free again, once
+    // the handler had a request body.
+    const bool owned = at < l.blocks.size() && l.blocks[at];
+    if (tag == tag_external && owned) {
+        release_block(l, at);
+        --l.writes;
+        return;
+    }
+    if (tag != tag_read)
+        return;
+    if (l.reads > 0)
+        --l.reads;
+    if (!owned)
+        return;
+    // Still the body of the call in its slot (not one superseded)?
+    slot_state* ss = slot < l.slots.size() ? &l.slots[slot] : nullptr;
+    const bool current = ss != nullptr && ss->busy && ss->body_at == at;
+    if (current && !l.wire->broken) {
+        run_handler(l, index, slot, {l.blocks[at].data(), l.blocks[at].size()});
+        return;
+    }
+    if (current)
+        ss->body_at = no_block;
+    release_block(l, at);
+}
+
+void server::check_failed(peer& l) noexcept {
+    if (l.wire->broken)
+        return;
+    if (const std::optional<link_end> why = l.wire->ended(false)) {
+        ep_.counters.count_link_end(*why);
+        l.wire->broken = true;
+    }
+}
+
+void server::reject(peer& l, violation v) noexcept {
+    if (v == violation::none)
+        return;
+    ep_.counters.count(v);
+    // Closed at the next housekeeping, after the completions already queued
+    // for it are taken; from now on they are dropped.
+    l.wire->broken = true;
+    ep_.housekeep_soon();
+}
+
+void server::housekeeping() noexcept {
+    (void)ep_.start_housekeeping();
+    // The rdma_cm channels (new requests, peers that left) are read only when
+    // one has something: otherwise this costs one epoll_wait.
+    const bool events = ep_.in.events_pending();
+    accept_new(events);
+    reap_links(events);
+}
+
+void server::reap_links(bool events) noexcept {
+    bool any_broken = false;
+    const auto now = sched::coarse_clock::now();
+    for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {
+        peer& l = ep_.peers[i];
+        if (!l.wire)
+            continue;
+        // Reaps what poll() left (unsignaled requests' slots, failures).
+        if (!l.wire->broken)
+            drive(l, i, true);
+        if (!l.wire->broken && events) {
+            if (const std::optional<link_end> why = l.wire->ended(true)) {
+                ep_.counters.count_link_end(*why);
+                l.wire->broken = true;
+            }
+        }
+        if (l.establish_by && !l.wire->broken) {
+            if (l.wire->established(false))
+                l.establish_by.reset();
+            else if (now >= *l.establish_by)
+                l.wire->broken = true; // its handshake never ended
+        }
+        any_broken = any_broken || l.wire->broken;
+    }
+    if (!any_broken)
+        return;
+    // Take every completion already queued (a broken link's are dropped), so
+    // that none is left for a queue pair number a new connection may reuse.
+    ep_.take_inbox([this](const ibv_wc& wc) { on_receive(wc); }, true);
+    for (std::uint32_t i = 0; i < ep_.peers.size(); ++i)
+        if (ep_.peers[i].wire && ep_.peers[i].wire->broken)
+            teardown(i);
+}
+
+void server::teardown(std::uint32_t index) noexcept {
+    peer& l = ep_.peers[index];
+    ep_.drop(index); // no more DMA into or out of the slots' blocks
+    l.slots.clear();
+    l.blocks.clear();
+    l.free_blocks.clear();
+    --live_;
+    ++ep_.counters.disconnected;
+}
+
+void server::disconnect(peer_id p) noexcept {
+    if (peer* l = ep_.find(p)) {
+        l->wire->broken = true;
+        ep_.housekeep_soon();
+    }
+}
+
+bool server::is_local(peer_id p) const noexcept {
+    const peer* l = ep_.find(p);
+    return l != nullptr && l->wire->node_local();
+}
+
+std::optional<sched::scheduler_counters> server::scheduler_counters(peer_id p) noexcept {
+    const peer* l = ep_.find(p);
+    return l != nullptr ? l->wire->scheduler_counters() : std::nullopt;
+}
+
+} // namespace rdmax::rpc

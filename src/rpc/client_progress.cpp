@@ -3,7 +3,6 @@
 // housekeeping interval the calls past their deadline and links to tear down.
 
 #include <algorithm>
-#include <arpa/inet.h>
 #include <cstddef>
 
 #include <rdmax/rpc/client.hpp>
@@ -70,27 +69,22 @@ void client::on_receive(const ibv_wc& wc) noexcept {
         if (wc.status != IBV_WC_WR_FLUSH_ERR)
             e.failure = wc.status;
         ep_.counters.count_link_end(e);
-        if (wc.status != IBV_WC_WR_FLUSH_ERR)
-            ep_.counters.count(violation::bad_opcode);
-        fail_link(*l, index);
-        return;
     }
-    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+    std::uint32_t imm = 0;
+    const detail::receipt r = detail::receipt_of(wc, imm);
+    if (r == detail::receipt::imm)
+        return on_imm(*l, index, imm);
+    if (r == detail::receipt::bad)
         ep_.counters.count(violation::bad_opcode);
-        fail_link(*l, index);
-        return;
-    }
-    on_imm(*l, index, ntohl(wc.imm_data));
+    fail_link(*l, index);
 }
 
 void client::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
-    const imm_fields f = decode_imm(imm);
-    if (const violation v =
-            check_imm(f, message_kind::reply, l.wire->slots(), l.wire->slot_bytes());
+    imm_fields f;
+    if (const violation v = detail::checked_imm(imm, message_kind::reply, *l.wire, f);
         v != violation::none) {
         ep_.counters.count(v);
-        fail_link(l, index);
-        return;
+        return fail_link(l, index);
     }
     slot_state& ss = l.slots[f.slot];
     if (ss.phase != slot_phase::in_flight || f.epoch != ss.epoch) {

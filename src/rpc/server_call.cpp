@@ -3,7 +3,6 @@
 // runs, and the answer goes into the caller's slot (or its reply buffer).
 
 #include <algorithm>
-#include <arpa/inet.h>
 #include <cstring>
 
 #include <rdmax/rpc/server.hpp>
@@ -63,31 +62,26 @@ void server::on_receive(const ibv_wc& wc) noexcept {
         (void)l->wire->established(true); // the peer's first message proves the connection
         l->establish_by.reset();
     }
-    if (wc.status != IBV_WC_SUCCESS) {
-        // A flush is the connection going away; anything else is the peer's
-        // doing (a send into a zero-length receive: local length error).
-        if (wc.status == IBV_WC_WR_FLUSH_ERR)
-            l->wire->broken = true;
-        else
-            reject(*l, violation::bad_opcode);
-        return;
-    }
-    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || (wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+    // A flush is the connection going away; anything else but an
+    // immediate is the peer's doing.
+    std::uint32_t imm = 0;
+    const detail::receipt r = detail::receipt_of(wc, imm);
+    if (r == detail::receipt::imm) {
+        on_imm(*l, index, imm);
+    } else if (r == detail::receipt::flushed) {
+        l->wire->broken = true;
+    } else {
         reject(*l, violation::bad_opcode);
-        return;
     }
-    on_imm(*l, index, ntohl(wc.imm_data));
 }
 
 void server::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
-    const imm_fields f = decode_imm(imm);
-    if (const violation v =
-            check_imm(f, message_kind::request, l.wire->slots(), l.wire->slot_bytes());
-        v != violation::none) {
+    imm_fields f;
+    if (const violation v = detail::checked_imm(imm, message_kind::request, *l.wire, f);
+        v == violation::none)
+        on_request(l, index, f.slot, f.bytes, f.epoch);
+    else
         reject(l, v);
-        return;
-    }
-    on_request(l, index, f.slot, f.bytes, f.epoch);
 }
 
 void server::on_request(peer& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,

@@ -11,6 +11,7 @@
 // server's slots and body blocks) in a Peer that derives from peer_base.
 
 #include <algorithm>
+#include <arpa/inet.h>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -39,6 +40,31 @@ namespace rdmax::rpc::detail {
     handle_options h;
     h.revoke = revoke_by::memory_region;
     return h;
+}
+
+/// What a receive completion on the inbox brings.
+enum class receipt : std::uint8_t {
+    imm,     ///< a write-with-immediate: its immediate (host order)
+    flushed, ///< nothing: the connection is going away
+    bad,     ///< the peer's doing: an error completion but a flush, or another opcode
+};
+[[nodiscard]] inline receipt receipt_of(const ibv_wc& wc, std::uint32_t& imm) noexcept {
+    if (wc.status == IBV_WC_WR_FLUSH_ERR)
+        return receipt::flushed;
+    // Not success: a send into a zero-length receive (local length error)...
+    if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM ||
+        (wc.wc_flags & IBV_WC_WITH_IMM) == 0)
+        return receipt::bad;
+    imm = ntohl(wc.imm_data);
+    return receipt::imm;
+}
+
+/// The fields of an immediate from `l`'s peer, checked against the
+/// link's geometry for a message of kind `k` (none: it may be read).
+[[nodiscard]] inline violation checked_imm(std::uint32_t imm, message_kind k, const link& l,
+                                           imm_fields& f) noexcept {
+    f = decode_imm(imm);
+    return check_imm(f, k, l.slots(), l.slot_bytes());
 }
 
 /// What an endpoint keeps of every connection.

@@ -105,8 +105,8 @@ void server::on_request(peer& l, std::uint32_t index, std::uint32_t slot, std::u
         return;
     if (ss.accepted_any && static_cast<std::int32_t>(head.call_seq - ss.last_seq) <= 0)
         return;
-    parsed_request pr;
-    if (const violation v = parse_request(in, pr); v != violation::none) {
+    parsed_request request;
+    if (const violation v = parse_request(in, request); v != violation::none) {
         reject(l, v);
         return;
     }
@@ -117,11 +117,11 @@ void server::on_request(peer& l, std::uint32_t index, std::uint32_t slot, std::u
         }
         supersede(l, slot);
     }
-    accept_request(l, slot, epoch, bytes, pr);
-    if (pr.external_body)
-        read_request_body(l, index, slot, *pr.external_body);
+    accept_request(l, slot, epoch, bytes, request);
+    if (request.external_body)
+        read_request_body(l, index, slot, *request.external_body);
     else
-        run_handler(l, index, slot, pr.inline_body);
+        run_handler(l, index, slot, request.inline_body);
 }
 
 void server::supersede(peer& l, std::uint32_t slot) noexcept {
@@ -145,17 +145,17 @@ void server::supersede(peer& l, std::uint32_t slot) noexcept {
 }
 
 void server::accept_request(peer& l, std::uint32_t slot, bool epoch, std::uint32_t bytes,
-                            const parsed_request& pr) noexcept {
+                            const parsed_request& request) noexcept {
     slot_state& ss = l.slots[slot];
     ep_.counters.bytes_in += bytes;
     ss.accepted_any = true;
-    ss.last_seq = pr.header.call_seq;
+    ss.last_seq = request.header.call_seq;
     ss.busy = true;
     ss.epoch = epoch;
-    ss.seq = pr.header.call_seq;
-    ss.prio = pr.header.priority;
-    ss.method = pr.header.method;
-    ss.reply_buffer = pr.reply_buffer;
+    ss.seq = request.header.call_seq;
+    ss.prio = request.header.priority;
+    ss.method = request.header.method;
+    ss.reply_buffer = request.reply_buffer;
 }
 
 void server::read_request_body(peer& l, std::uint32_t index, std::uint32_t slot,

@@ -21,7 +21,7 @@ int server::poll() noexcept {
     for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {
         peer& l = ep_.peers[i];
         if (l.wire && !l.wire->broken)
-            drive(l, i, l.reads != 0 || l.writes != 0);
+            on_link_events(l, i, l.reads != 0 || l.writes != 0);
     }
     if (ep_.housekeeping_due())
         housekeeping();
@@ -32,7 +32,7 @@ int server::wait(std::chrono::microseconds timeout) noexcept {
     return ep_.wait(timeout, [this] { return poll(); });
 }
 
-void server::drive(peer& l, std::uint32_t index, bool thorough) noexcept {
+void server::on_link_events(peer& l, std::uint32_t index, bool thorough) noexcept {
     detail::link_event events[32];
     const int n = l.wire->poll(events, thorough);
     if (n < 0) {
@@ -121,7 +121,7 @@ void server::reap_links(bool events) noexcept {
             continue;
         // Reaps what poll() left (unsignaled requests' slots, failures).
         if (!l.wire->broken)
-            drive(l, i, true);
+            on_link_events(l, i, true);
         if (!l.wire->broken && events) {
             if (const std::optional<link_end> why = l.wire->ended(true)) {
                 ep_.counters.count_link_end(*why);

@@ -15,8 +15,8 @@
 // Two paths, as the library has: path::device (the immediates come through
 // the endpoint's completion queue: the test hands them to the endpoint's
 // on_receive as an ibv_wc would come; body READs and WRITEs complete later,
-// through poll_transfers) and path::node_local (the immediates come through
-// next_imm, taken by the endpoint's own poll; bodies move at once, as CMA).
+// through the link's poll) and path::node_local (the immediates come out of
+// the link's poll, as a shm_link's do; bodies move at once, as CMA).
 //
 // protocol_test_access builds an endpoint with no device (no queues, no
 // listener) and adopts a link into it without a connection.
@@ -87,7 +87,7 @@ struct fake_end {
     std::vector<std::byte> ring;       ///< this side's slots, as the peer writes them
     std::vector<std::byte> staging;    ///< where this side builds its messages
     std::deque<fake_message> outbox;   ///< sent by this side, not yet landed
-    std::deque<std::uint32_t> arrived; ///< node-local: landed immediates for next_imm
+    std::deque<std::uint32_t> arrived; ///< node-local: landed immediates for poll
     fake_end* peer = nullptr;          ///< the joined end, if any
     int event_fd;                      ///< readable once the peer is gone
     std::uint32_t qp_num = 0;
@@ -98,7 +98,7 @@ struct fake_end {
     fake_transfer writes = fake_transfer::ok;
     bool hold_completions = false; ///< transfers' completions wait (a slow READ)
     bool gone = false;             ///< peer_gone() says so (set with leave())
-    bool corrupt = false;          ///< failed() says so; node-local: next_imm says corrupt
+    bool corrupt = false;          ///< ended() says so; node-local: poll says corrupt
 
     // What happened.
     std::uint32_t sends = 0, reads_started = 0, writes_started = 0, closes = 0;

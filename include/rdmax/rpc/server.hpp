@@ -234,7 +234,7 @@ private:
                     bool epoch) noexcept;
     /// The slot's request is taken (after the checks of on_request).
     void accept_request(peer& l, std::uint32_t slot, bool epoch, std::uint32_t bytes,
-                        const parsed_request& pr) noexcept;
+                        const parsed_request& request) noexcept;
     /// A request into a busy slot with the other epoch: the caller gave up
     /// the call in it. Dropped unanswered.
     void supersede(peer& l, std::uint32_t slot) noexcept;
@@ -259,7 +259,7 @@ private:
 
     // Progress (server_progress.cpp).
     /// Reaps the link's events: body transfers that ended, immediates.
-    void drive(peer& l, std::uint32_t index, bool thorough) noexcept;
+    void on_link_events(peer& l, std::uint32_t index, bool thorough) noexcept;
     void transfer_ended(peer& l, std::uint32_t index, const verbs::completion& c) noexcept;
     void reject(peer& l, violation v) noexcept;
     /// Ends the link (counted) when it failed under this side.

@@ -173,28 +173,13 @@ inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::pump() noe
     std::size_t most_urgent_staged = priority_levels;
     for (;;) {
         if (in_flight_wqes_ >= opts_.budget_wqes || port_.slots_free() == 0) {
-            if (any_queued())
-                ++counters_.budget_stalls;
+            note_budget_stall();
             break;
         }
-        // Over the byte budget only a small request of the most urgent
-        // level with work may still go: it adds next to nothing to the
-        // wait of what follows, and it then waits for the bytes in flight
-        // only, not also for the budget to come back.
         const bool over_budget = in_flight_bytes_ >= budget_;
-        level_mask ready = 0;
-        for (std::size_t l = 0; l < priority_levels; ++l) {
-            if (queues_[l].empty())
-                continue;
-            const request& r = queues_[l].front();
-            if (over_budget && (r.length - r.posted > opts_.small_slice || contended(l, now)))
-                continue;
-            if (startable(r))
-                ready |= level_mask{1} << l;
-        }
+        const level_mask ready = ready_levels(over_budget, now);
         if (over_budget && ready == 0) {
-            if (any_queued())
-                ++counters_.budget_stalls;
+            note_budget_stall();
             break;
         }
         const int picked = policy_.pick(ready);
@@ -209,8 +194,10 @@ inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::pump() noe
         if (level > most_urgent_staged)
             break;
         const status st = post_slice(queues_[level].front(), level, contended(level, now));
-        if (st == status::ok)
+        if (st == status::ok) {
             most_urgent_staged = std::min(most_urgent_staged, level);
+            continue;
+        }
         if (st == status::batch_full && next_slice_ != chain_first) {
             if (!ring(chain_first))
                 return;
@@ -225,21 +212,64 @@ inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::pump() noe
                 port_failed();
             return;
         }
-        if (st != status::ok)
-            break; // queue_full: the queue pair's own completions free slots
+        break; // queue_full: the queue pair's own completions free slots
     }
     if (next_slice_ != chain_first)
         ring(chain_first);
 }
 
 template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
+inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::note_budget_stall() noexcept {
+    // A stall only when something waits: a pass that found the queues
+    // empty was not held back.
+    if (any_queued())
+        ++counters_.budget_stalls;
+}
+
+template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
+inline level_mask basic_priority_scheduler<Policy, Port, Clock, FineClock>::ready_levels(
+    bool over_budget, clock::time_point now) const noexcept {
+    // Over the byte budget only a small request of the most urgent
+    // level with work may still go: it adds next to nothing to the
+    // wait of what follows, and it then waits for the bytes in flight
+    // only, not also for the budget to come back.
+    level_mask ready = 0;
+    for (std::size_t l = 0; l < priority_levels; ++l) {
+        if (queues_[l].empty())
+            continue;
+        const request& r = queues_[l].front();
+        if (over_budget && (r.length - r.posted > opts_.small_slice || contended(l, now)))
+            continue;
+        if (startable(r))
+            ready |= level_mask{1} << l;
+    }
+    return ready;
+}
+
+template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
 inline status
 basic_priority_scheduler<Policy, Port, Clock, FineClock>::post_slice(request& r, std::size_t level,
                                                                      bool small) noexcept {
+    // RDMA writes and reads go in slices; a send is one message, whole.
     const bool sliced = r.wr.opcode == IBV_WR_RDMA_WRITE ||
                         r.wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
                         r.wr.opcode == IBV_WR_RDMA_READ;
     const std::uint64_t left = r.length - r.posted;
+    const auto len = static_cast<std::uint32_t>(sliced ? std::min(left, slice_cut(small)) : left);
+    const bool last = r.posted + len == r.length;
+    const bool read = r.wr.opcode == IBV_WR_RDMA_READ;
+    const slice_request s = next_slice_of(r, len, last, read);
+    if (const status st = port_.stage(s); st != status::ok)
+        return st;
+    if (adaptive() && s.signaled && !sampling_)
+        start_sample(len);
+    note_staged(r, level, len, read, s.signaled, small && sliced);
+    return status::ok;
+}
+
+template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
+inline std::uint64_t
+basic_priority_scheduler<Policy, Port, Clock, FineClock>::slice_cut(bool small) const noexcept {
     // A large slice fills what is left of the budget, and no more: posted
     // whole past it, the first urgent request after a quiet spell would
     // wait for all of it (1 MiB: 84 us at 100 Gb/s) instead of the budget.
@@ -251,12 +281,15 @@ basic_priority_scheduler<Policy, Port, Clock, FineClock>::post_slice(request& r,
     // With a measured budget, the first slice after a quiet spell is a
     // short probe: nothing is ahead of it, so its latency is the base
     // latency, with little of its own bytes' time in it.
-    const std::uint64_t cut_now =
-        adaptive() && in_flight_bytes_ == 0 ? std::min(cut, probe_bytes) : cut;
-    const auto len = static_cast<std::uint32_t>(sliced ? std::min(left, cut_now) : left);
-    const bool last = r.posted + len == r.length;
-    const bool read = r.wr.opcode == IBV_WR_RDMA_READ;
+    return adaptive() && in_flight_bytes_ == 0 ? std::min(cut, probe_bytes) : cut;
+}
 
+template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
+inline slice_request basic_priority_scheduler<Policy, Port, Clock, FineClock>::next_slice_of(
+    const request& r, std::uint32_t len, bool last, bool read) const noexcept {
+    // The request's template, moved on by what is posted; the immediate,
+    // the solicited bit and WITH_IMM go with the last slice only, the
+    // fence with the first.
     slice_request s = r.wr;
     s.id = next_slice_;
     s.local = r.wr.local + r.posted;
@@ -277,19 +310,30 @@ basic_priority_scheduler<Policy, Port, Clock, FineClock>::post_slice(request& r,
                  in_flight_wqes_ + 1 >= opts_.budget_wqes ||
                  unsignaled_bytes_ + len >= budget_ / 2 ||
                  (read && reads_in_flight_ + 1 >= port_.max_rd_atomic());
-    if (const status st = port_.stage(s); st != status::ok)
-        return st;
-    if (adaptive() && s.signaled && !sampling_) {
-        // One sample at a time: this slice's time to completion, and the
-        // bytes that complete with it (everything in flight before it).
-        sampling_ = true;
-        sample_id_ = next_slice_;
-        sample_ahead_ = in_flight_bytes_;
-        sample_len_ = len;
-        sample_rung_ = false;
-        sample_start_ = fine_clock::now();
-    }
+    return s;
+}
 
+template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
+inline void
+basic_priority_scheduler<Policy, Port, Clock, FineClock>::start_sample(std::uint32_t len) noexcept {
+    // One sample at a time: this slice's time to completion, and the
+    // bytes that complete with it (everything in flight before it).
+    // Called before note_staged: next_slice_ is still this slice's id and
+    // in_flight_bytes_ does not count it yet.
+    sampling_ = true;
+    sample_id_ = next_slice_;
+    sample_ahead_ = in_flight_bytes_;
+    sample_len_ = len;
+    sample_rung_ = false;
+    sample_start_ = fine_clock::now();
+}
+
+template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
+inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::note_staged(
+    request& r, std::size_t level, std::uint32_t len, bool read, bool signaled,
+    bool small_slice) noexcept {
+    // The port took the slice: it is in flight from here (the doorbell
+    // may come later in this pass, and ring() takes it back if refused).
     ring_[next_slice_ % ring_.size()] = {&r, len, read};
     ++next_slice_;
     r.posted += len;
@@ -297,21 +341,22 @@ basic_priority_scheduler<Policy, Port, Clock, FineClock>::post_slice(request& r,
     in_flight_bytes_ += len;
     ++in_flight_wqes_;
     reads_in_flight_ += read ? 1U : 0U;
-    unsignaled_bytes_ = s.signaled ? 0 : unsignaled_bytes_ + len;
+    unsignaled_bytes_ = signaled ? 0 : unsignaled_bytes_ + len;
     counters_.in_flight_bytes = in_flight_bytes_;
     counters_.max_in_flight = std::max(counters_.max_in_flight, in_flight_bytes_);
     ++counters_.slices;
-    counters_.small_slices += small && sliced ? 1U : 0U;
-    counters_.signaled += s.signaled ? 1U : 0U;
+    counters_.small_slices += small_slice ? 1U : 0U;
+    counters_.signaled += signaled ? 1U : 0U;
     counters_.bytes += len;
     policy_.charge(level, len);
-    if (last) {
+    if (r.posted == r.length) {
+        // Posted whole: it leaves its level's queue, and finishes when
+        // its last slice in flight completes (finish_if_done).
         queues_[level].pop_front();
         r.queued = false;
         if (queues_[level].empty())
             policy_.idle(level);
     }
-    return status::ok;
 }
 
 template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>

@@ -265,8 +265,28 @@ private:
     /// Posts slices while the budget allows, one doorbell for all of them.
     void pump() noexcept;
 
+    /// Counts a pass held back by the budget (wqes, slots or bytes) while work waits.
+    void note_budget_stall() noexcept;
+
+    /// The levels whose oldest request may take a slice now (the policy picks among them).
+    [[nodiscard]] level_mask ready_levels(bool over_budget, clock::time_point now) const noexcept;
+
     /// Stages the next slice of `r`.
     status post_slice(request& r, std::size_t level, bool small) noexcept;
+
+    /// The most bytes the next slice of a sliced request may carry.
+    [[nodiscard]] std::uint64_t slice_cut(bool small) const noexcept;
+
+    /// The next slice of `r`, `len` bytes, signaled or not.
+    [[nodiscard]] slice_request next_slice_of(const request& r, std::uint32_t len, bool last,
+                                              bool read) const noexcept;
+
+    /// Times the slice about to be staged (a measured budget's sample).
+    void start_sample(std::uint32_t len) noexcept;
+
+    /// The books after the port took a slice: in flight, counters, the policy, the queue.
+    void note_staged(request& r, std::size_t level, std::uint32_t len, bool read, bool signaled,
+                     bool small_slice) noexcept;
 
     /// Rings the doorbell for the slices staged from id `first` on. False if
     /// the device refused some, which fails the scheduler.

@@ -42,9 +42,10 @@ verbs_cache& client::cache() {
     // The cache cannot move, so make_unique (which forwards a reference)
     // cannot take make_verbs_cache's result: new builds it in place.
     if (!cache_) {
-        // NOLINTNEXTLINE(modernize-make-unique)
+        // NOLINTBEGIN(modernize-make-unique)
         cache_ =
             std::unique_ptr<verbs_cache>(new verbs_cache(make_verbs_cache(*ep_.pd, opts_.cache)));
+        // NOLINTEND(modernize-make-unique)
     }
     return *cache_;
 }

@@ -38,14 +38,14 @@ void client::on_link_events(peer& l, std::uint32_t index, bool due) noexcept {
     for (int k = 0; k < n && !l.wire->broken; ++k) {
         const detail::link_event& e = events[k];
         switch (e.what) {
-        case detail::link_event::kind::imm: on_imm(l, index, e.imm); break;
+        case detail::link_event::kind::imm: on_imm(l, index, e.imm()); break;
         case detail::link_event::kind::transfer:
-            if (!e.done.ok())
+            if (!e.ok())
                 fail_link(l, index);
             break;
         case detail::link_event::kind::fenced:
-            if (e.slot < l.slots.size() && l.slots[e.slot].phase == slot_phase::fencing)
-                fenced(l, index, e.slot, false);
+            if (e.slot() < l.slots.size() && l.slots[e.slot()].phase == slot_phase::fencing)
+                fenced(l, index, e.slot(), false);
             break;
         }
     }

@@ -42,9 +42,9 @@ void server::on_link_events(peer& l, std::uint32_t index, bool thorough) noexcep
     for (int k = 0; k < n; ++k) {
         const detail::link_event& e = events[k];
         if (e.what == detail::link_event::kind::transfer)
-            transfer_ended(l, index, e.done);
+            transfer_ended(l, index, e);
         else if (e.what == detail::link_event::kind::imm && !l.wire->broken)
-            on_imm(l, index, e.imm);
+            on_imm(l, index, e.imm());
     }
     // A link that failed has an error completion to show for it: looked at
     // only then, or when thorough (the hot loop skips it).
@@ -52,7 +52,7 @@ void server::on_link_events(peer& l, std::uint32_t index, bool thorough) noexcep
         check_failed(l);
 }
 
-void server::transfer_ended(peer& l, std::uint32_t index, const verbs::completion& c) noexcept {
+void server::transfer_ended(peer& l, std::uint32_t index, const detail::link_event& c) noexcept {
     const std::uint64_t tag = c.wr_id >> 56;
     const auto at = static_cast<std::uint16_t>((c.wr_id >> 16) & 0xffffU);
     const auto slot = static_cast<std::uint32_t>(c.wr_id & 0xffffU);

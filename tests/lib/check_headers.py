@@ -8,7 +8,9 @@
   means outside detail/ and not an -inl.hpp);
 - verbs/ (and detail/verbs/) headers know nothing of the scheduler above them:
   no include of rdmax/sched/, no sched:: name outside comments (a port reaches
-  the queue pair through its *_for_port members).
+  the queue pair through its *_for_port members);
+- the RPC transport seam (detail/rpc/link.hpp, rpc::detail::link) declares at
+  most 10 virtual operations: what both paths share, no more (issue 24).
 
 check_headers.py INCLUDE-DIR
 """
@@ -17,6 +19,7 @@ import re
 import sys
 
 MAX_LINES = 400
+MAX_LINK_VIRTUALS = 10
 
 root = pathlib.Path(sys.argv[1]) / "rdmax"
 failures = []
@@ -41,9 +44,19 @@ for header in sorted([*(root / "verbs").rglob("*.hpp"), *(root / "detail" / "ver
         if "rdmax/sched/" in line or "sched::" in code:
             failures.append(f"{header}:{n}: verbs knows about sched: {line.strip()}")
 
+seam = root / "detail" / "rpc" / "link.hpp"
+if seam.exists():
+    code = "\n".join(line.split("//")[0] for line in seam.read_text().splitlines())
+    virtuals = [m.group(1) for m in re.finditer(r"\bvirtual\b[^;{(]*?\b(\w+)\s*\(", code)
+                if not m.group(1).startswith("~")]
+    virtuals = [v for v in virtuals if v != "link"]
+    if len(virtuals) > MAX_LINK_VIRTUALS:
+        failures.append(f"{seam}: {len(virtuals)} virtual operations, over "
+                        f"{MAX_LINK_VIRTUALS}: {', '.join(virtuals)}")
+
 for f in failures:
     print(f"FAIL: {f}")
 if failures:
     sys.exit(1)
 print(f"ok: rdmax.hpp includes no detail/ header; public headers <= {MAX_LINES} lines; "
-      "verbs names no sched")
+      "verbs names no sched; the RPC link seam has <= 10 virtuals")

@@ -2,7 +2,8 @@
 """Unit-suite test of check_headers.py on scratch include trees: a public
 header of 400 lines passes and one of 401 fails, also in a subdirectory;
 -inl.hpp and detail/ headers may be longer; rdmax.hpp including a detail/
-header fails; a verbs/ header naming sched:: fails in code, not in a comment.
+header fails; a verbs/ header naming sched:: fails in code, not in a comment;
+an RPC link seam (detail/rpc/link.hpp) of 11 virtuals fails, of 10 passes.
 Each failing tree must fail for its own reason (the line check_headers.py
 prints for it), so a rule that stopped firing is caught.
 
@@ -57,4 +58,14 @@ expect("a verbs/ header naming sched:: in a comment only",
 expect("a verbs/ header naming sched:: in code",
        {"verbs/qp.hpp": "friend class sched::queue_pair_port;\n"}, 1,
        "verbs knows about sched")
+
+
+def seam(n):
+    ops = "".join(f"    virtual int op{i}(int x) noexcept = 0;\n" for i in range(n))
+    return f"class link {{\npublic:\n    virtual ~link() = default;\n{ops}}};\n"
+
+
+expect("an RPC link seam of 10 virtuals", {"detail/rpc/link.hpp": seam(10)}, 0)
+expect("an RPC link seam of 11 virtuals", {"detail/rpc/link.hpp": seam(11)}, 1,
+       "11 virtual operations, over 10")
 sys.exit(1 if failures else 0)

@@ -260,7 +260,7 @@ private:
     // Progress (server_progress.cpp).
     /// Reaps the link's events: body transfers that ended, immediates.
     void on_link_events(peer& l, std::uint32_t index, bool thorough) noexcept;
-    void transfer_ended(peer& l, std::uint32_t index, const verbs::completion& c) noexcept;
+    void transfer_ended(peer& l, std::uint32_t index, const detail::link_event& c) noexcept;
     void reject(peer& l, violation v) noexcept;
     /// Ends the link (counted) when it failed under this side.
     void check_failed(peer& l) noexcept;

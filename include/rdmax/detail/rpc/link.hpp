@@ -40,33 +40,31 @@ enum class transfer : std::uint8_t { done, started, failed };
 /// or this side's into the peer's buffer (a reply body).
 enum class body_way : std::uint8_t { read, write };
 
-/// What poll() hands the endpoint.
+/// What poll() hands the endpoint. Trivial (no initializers): the
+/// endpoints' arrays of them cost nothing on a poll that finds nothing.
 struct link_event {
     enum class kind : std::uint8_t {
         imm,      ///< an immediate from the peer (where it does not come through the CQ)
-        transfer, ///< a body READ or WRITE ended (completion.ok() or not)
+        transfer, ///< a body READ or WRITE ended (ok() or not)
         fenced,   ///< the call in `slot` is fenced: the peer's keys to its buffers are dead
-    } what = kind::imm;
-    std::uint32_t imm = 0;  ///< imm
-    std::uint32_t slot = 0; ///< fenced
-    verbs::completion done; ///< transfer
+    };
+    std::uint64_t wr_id; ///< transfer: the wr_id it was started with
+    std::uint32_t value; ///< imm: the immediate (host order); fenced: the slot
+    ibv_wc_status status;
+    kind what;
+
+    [[nodiscard]] bool ok() const noexcept { return status == IBV_WC_SUCCESS; }
+    [[nodiscard]] std::uint32_t imm() const noexcept { return value; }
+    [[nodiscard]] std::uint32_t slot() const noexcept { return value; }
 
     [[nodiscard]] static link_event of_imm(std::uint32_t imm) noexcept {
-        link_event e;
-        e.imm = imm;
-        return e;
+        return {0, imm, IBV_WC_SUCCESS, kind::imm};
     }
     [[nodiscard]] static link_event of_transfer(const verbs::completion& c) noexcept {
-        link_event e;
-        e.what = kind::transfer;
-        e.done = c;
-        return e;
+        return {c.wr_id, 0, c.status, kind::transfer};
     }
     [[nodiscard]] static link_event of_fenced(std::uint32_t slot) noexcept {
-        link_event e;
-        e.what = kind::fenced;
-        e.slot = slot;
-        return e;
+        return {0, slot, IBV_WC_SUCCESS, kind::fenced};
     }
 };
 

@@ -118,7 +118,7 @@ call_status client::send_refused(peer& l, std::uint32_t slot, status s) noexcept
         ++ep_.counters.no_credit;
         return call_status::no_credit;
     }
-    ep_.counters.count_link_end(l.wire->ended(false).value_or(link_end{}));
+    ep_.counters.count_link_end(l.wire->ended(detail::look::cause).value_or(link_end{}));
     ++ep_.counters.disconnected; // fail_link (in housekeeping) counts a broken link no more
     l.wire->broken = true;
     ep_.housekeep_soon();
@@ -148,8 +148,8 @@ void client::track_call(peer& l, std::uint32_t slot, const call_options& o, std:
 
 // ---- results --------------------------------------------------------------------------------
 
-void client::grow_results() {
-    std::size_t need = 0;
+void client::grow_results(std::size_t more) {
+    std::size_t need = more;
     for (const peer& l : ep_.peers)
         need += l.slots.size();
     if (need <= results_.size())

@@ -98,13 +98,15 @@ bool client::windows_wanted() const noexcept {
 }
 
 peer_id client::add_link(std::unique_ptr<detail::link> wire) {
+    // Room for the new slots' results first: once the link is in the table,
+    // nothing may throw.
+    grow_results(wire->slots());
     peer fresh;
     fresh.slots = std::vector<slot_state>(wire->slots());
     fresh.free_slots.reserve(wire->slots());
     for (std::uint32_t s = wire->slots(); s-- > 0;)
         fresh.free_slots.push_back(static_cast<std::uint16_t>(s));
     const std::uint32_t index = ep_.add(std::move(wire), std::move(fresh));
-    grow_results();
     ++ep_.counters.connected;
     return ep_.id_of(index);
 }

@@ -52,7 +52,7 @@ void client::on_link_events(peer& l, std::uint32_t index, bool due) noexcept {
     if (l.fencing != 0 && !l.wire->broken) {
         // A fence's invalidation (or another request) failed: its call is
         // never named fenced, and the link ends.
-        if (const std::optional<link_end> why = l.wire->ended(false)) {
+        if (const std::optional<link_end> why = l.wire->ended(detail::look::failure)) {
             ep_.counters.count_link_end(*why);
             fail_link(l, index);
         }
@@ -65,7 +65,7 @@ void client::on_receive(const ibv_wc& wc) noexcept {
     if (l == nullptr)
         return;
     if (wc.status != IBV_WC_SUCCESS) {
-        link_end e = l->wire->ended(false).value_or(link_end{});
+        link_end e = l->wire->ended(detail::look::cause).value_or(link_end{});
         if (wc.status != IBV_WC_WR_FLUSH_ERR)
             e.failure = wc.status;
         ep_.counters.count_link_end(e);
@@ -200,7 +200,8 @@ void client::housekeeping() noexcept {
         if (!l.wire)
             continue;
         if (!l.wire->broken) {
-            if (const std::optional<link_end> why = l.wire->ended(events)) {
+            if (const std::optional<link_end> why =
+                    l.wire->ended(events ? detail::look::events : detail::look::failure)) {
                 ep_.counters.count_link_end(*why);
                 fail_link(l, i);
             }
@@ -215,7 +216,7 @@ void client::housekeeping() noexcept {
             // posts no receives holds it in retries for ever). The link ends;
             // the answers go out once their windows are deallocated.
             ++ep_.counters.fence_stalls;
-            ep_.counters.count_link_end(l.wire->ended(false).value_or(link_end{}));
+            ep_.counters.count_link_end(l.wire->ended(detail::look::cause).value_or(link_end{}));
             fail_link(l, i);
             continue;
         }

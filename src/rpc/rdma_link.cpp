@@ -65,8 +65,9 @@ link_end rdma_link::why_ended() const noexcept {
     return e;
 }
 
-std::optional<link_end> rdma_link::ended(bool events) noexcept {
-    if (sched_->failed() || (events && conn_->peer_disconnected()))
+std::optional<link_end> rdma_link::ended(look what) noexcept {
+    if (what == look::cause || sched_->failed() ||
+        (what == look::events && conn_->peer_disconnected()))
         return why_ended();
     return std::nullopt;
 }

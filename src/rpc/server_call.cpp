@@ -291,7 +291,7 @@ void server::answer(peer& l, std::uint32_t index, std::uint32_t slot, call_statu
     std::memcpy(out, &h, sizeof h);
     if (l.wire->send_slot(message_kind::reply, slot, bytes, sched::priority{ss.prio}, ss.epoch) !=
         status::ok) {
-        ep_.counters.count_link_end(l.wire->ended(false).value_or(link_end{}));
+        ep_.counters.count_link_end(l.wire->ended(detail::look::cause).value_or(link_end{}));
         l.wire->broken = true;
         return;
     }
@@ -333,7 +333,7 @@ call_status server::write_reply_body(peer& l, std::uint32_t slot, std::span<cons
     case detail::transfer::done: blk.reset(); break; // copied already (CMA)
     case detail::transfer::failed:
         blk.reset();
-        ep_.counters.count_link_end(l.wire->ended(false).value_or(link_end{}));
+        ep_.counters.count_link_end(l.wire->ended(detail::look::cause).value_or(link_end{}));
         l.wire->broken = true;
         return st;
     }

@@ -46,10 +46,9 @@ void server::on_link_events(peer& l, std::uint32_t index, bool thorough) noexcep
         else if (e.what == detail::link_event::kind::imm && !l.wire->broken)
             on_imm(l, index, e.imm());
     }
-    // A link that failed has an error completion to show for it: looked at
-    // only then, or when thorough (the hot loop skips it).
-    if (n > 0 || thorough)
-        check_failed(l);
+    // Also when it polled nothing: the scheduler may have failed posting
+    // queued work (its error completion comes later).
+    check_failed(l);
 }
 
 void server::transfer_ended(peer& l, std::uint32_t index, const detail::link_event& c) noexcept {
@@ -87,7 +86,7 @@ void server::transfer_ended(peer& l, std::uint32_t index, const detail::link_eve
 void server::check_failed(peer& l) noexcept {
     if (l.wire->broken)
         return;
-    if (const std::optional<link_end> why = l.wire->ended(false)) {
+    if (const std::optional<link_end> why = l.wire->ended(detail::look::failure)) {
         ep_.counters.count_link_end(*why);
         l.wire->broken = true;
     }
@@ -123,7 +122,7 @@ void server::reap_links(bool events) noexcept {
         if (!l.wire->broken)
             on_link_events(l, i, true);
         if (!l.wire->broken && events) {
-            if (const std::optional<link_end> why = l.wire->ended(true)) {
+            if (const std::optional<link_end> why = l.wire->ended(detail::look::events)) {
                 ep_.counters.count_link_end(*why);
                 l.wire->broken = true;
             }

@@ -147,7 +147,7 @@ status shm_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
 }
 
 int shm_link::poll(std::span<link_event> out, bool) noexcept {
-    if (corrupt_)
+    if (corrupt_ || ring_bad_)
         return -1;
     int n = 0;
     for (; static_cast<std::size_t>(n) < out.size(); ++n) {
@@ -156,8 +156,12 @@ int shm_link::poll(std::span<link_event> out, bool) noexcept {
         const local::ring_status st = in_.try_pop(std::as_writable_bytes(std::span(&imm, 1)), got);
         if (st == local::ring_status::empty)
             break;
-        if (st != local::ring_status::ok || got != sizeof imm)
-            return -1; // the peer wrote nonsense into the message ring
+        if (st != local::ring_status::ok || got != sizeof imm) {
+            // The peer wrote nonsense into the message ring: what came
+            // before it is handed out, the next poll says so.
+            ring_bad_ = true;
+            return n > 0 ? n : -1;
+        }
         out[static_cast<std::size_t>(n)] = link_event::of_imm(imm);
     }
     return n;
@@ -195,8 +199,10 @@ bool shm_link::end_access(std::uint32_t slot, access_end how) noexcept {
     return true;
 }
 
-std::optional<link_end> shm_link::ended(bool events) noexcept {
-    if (corrupt_ || (events && peer_gone()))
+std::optional<link_end> shm_link::ended(look what) noexcept {
+    // Nothing more is known of why than that it ended: no completion
+    // status, no rdma_cm event.
+    if (what == look::cause || corrupt_ || (what == look::events && peer_gone()))
         return link_end{};
     return std::nullopt;
 }

@@ -2004,7 +2004,9 @@ public:
     }
     bool cancel(std::uint64_t) noexcept override { return false; }
     int poll(std::span<rpc::detail::link_event>, bool) noexcept override { return 0; }
-    std::optional<rpc::link_end> ended(bool) noexcept override { return rpc::link_end{}; }
+    std::optional<rpc::link_end> ended(rpc::detail::look) noexcept override {
+        return rpc::link_end{};
+    }
     bool sleep(bool) noexcept override { return true; }
     void close() noexcept override {}
     bool established(bool) noexcept override { return true; }

@@ -216,8 +216,10 @@ public:
         }
         return n;
     }
-    [[nodiscard]] std::optional<rpc::link_end> ended(bool events) noexcept override {
-        if ((e_->corrupt && e_->path == fake_path::device) || (events && e_->gone))
+    [[nodiscard]] std::optional<rpc::link_end> ended(rpc::detail::look what) noexcept override {
+        using rpc::detail::look;
+        if (what == look::cause || (e_->corrupt && e_->path == fake_path::device) ||
+            (what == look::events && e_->gone))
             return rpc::link_end{};
         return std::nullopt;
     }

@@ -749,6 +749,49 @@ TEST_CASE("the server tears down a connection whose peer left, and keeps the oth
     CHECK(look(t.g->outbox.back()).body == "still here");
 }
 
+TEST_CASE("a torn-down connection's table entry is reused under a new generation",
+          "[rpc-protocol][peer-gone]") {
+    // A's call times out (its result waits in the queue), then A's peer
+    // leaves and A is torn down while call() runs; C takes A's entry. C's
+    // call() must end with C's own result, not A's queued one (same entry,
+    // same call_seq 1): results are told apart by generation. Real time
+    // here (housekeeping every millisecond) so that call() returns.
+    rpc::rpc_options o = options();
+    o.housekeeping = std::chrono::milliseconds(1);
+    auto cli = inside::make_client(o);
+    auto a = std::make_shared<fake_end>(fake_path::device, 4, 256);
+    auto b = std::make_shared<fake_end>(fake_path::device, 4, 256);
+    const peer_id pa = inside::adopt(*cli, a);
+    const peer_id pb = inside::adopt(*cli, b);
+    rpc::call_options first;
+    first.cookie = 1;
+    REQUIRE(cli->start(pa, echo, bytes_of("a"), first) == call_status::ok);
+    inside::advance(*cli, std::chrono::hours(1));
+    rpc::call_options quick;
+    quick.timeout = std::chrono::microseconds(1);
+    quick.cookie = 9;
+    CHECK(cli->call(pb, echo, bytes_of("b"), quick).cookie == 9); // A's call timed out meanwhile
+    a->leave();
+    quick.cookie = 8;
+    CHECK(cli->call(pb, echo, bytes_of("b"), quick).cookie == 8); // A torn down meanwhile
+    REQUIRE(a->destroyed);
+    auto c = std::make_shared<fake_end>(fake_path::device, 4, 256);
+    const peer_id pc = inside::adopt(*cli, c);
+    CHECK(pc.index == pa.index);
+    CHECK(pc.generation != pa.generation);
+    CHECK(cli->start(pa, echo, bytes_of("x")) == call_status::bad_peer);
+    quick.cookie = 2;
+    const call_result on_c = cli->call(pc, echo, bytes_of("c"), quick);
+    CHECK(on_c.cookie == 2);
+    CHECK(on_c.peer == pc);
+    CHECK(on_c.status == call_status::timed_out);
+    std::array<call_result, 4> out;
+    REQUIRE(cli->poll(out) == 1); // A's, still queued, for A's peer_id
+    CHECK(out[0].cookie == 1);
+    CHECK(out[0].peer == pa);
+    CHECK(out[0].status == call_status::timed_out);
+}
+
 TEST_CASE("a completion of no live connection is stray", "[rpc-protocol]") {
     client_alone t;
     ibv_wc wc{};

@@ -223,7 +223,8 @@ private:
     /// The queued result of the call `taken`, taken out of the queue (the
     /// others keep their order); false if it has not ended yet.
     bool take_result(const slot_ref& taken, call_result& mine) noexcept;
-    void grow_results();
+    /// Room in the results for every slot, and `more` besides.
+    void grow_results(std::size_t more);
     void release_handed_out() noexcept;
 
     // Progress (client_progress.cpp).

@@ -120,22 +120,27 @@ public:
             peers.emplace_back();
             free_.push_back(static_cast<std::uint32_t>(peers.size() - 1));
         }
-        by_qp.reserve(by_qp.size() + 1); // the insert below cannot throw then
+        const std::uint32_t index = free_.back();
+        const std::uint32_t qp = wire->qp_num();
+        if (qp != 0)
+            by_qp.insert_or_assign(qp, index); // may throw: nothing else changed yet
         const int event_fd = wire->event_fd();
         const int wake_fd = wire->wake_fd();
-        in.watch(event_fd);
-        if (wake_fd >= 0) {
+        try {
+            in.watch(event_fd);
             try {
-                in.watch(wake_fd);
+                if (wake_fd >= 0)
+                    in.watch(wake_fd);
             } catch (...) {
                 in.forget(event_fd);
                 throw;
             }
+        } catch (...) {
+            if (qp != 0)
+                by_qp.erase(qp);
+            throw;
         }
-        const std::uint32_t index = free_.back();
         free_.pop_back();
-        if (wire->qp_num() != 0)
-            by_qp[wire->qp_num()] = index;
         Peer& p = peers[index];
         p = std::move(fresh);
         p.generation = ++generations_;

@@ -68,6 +68,13 @@ struct link_event {
     }
 };
 
+/// What ended() looks at.
+enum class look : std::uint8_t {
+    failure, ///< did the link fail under this side (an error completion, a corrupt ring)?
+    events,  ///< that, or (a connection event may be waiting) did the peer leave?
+    cause,   ///< the link is ending (a post failed): what is known of why, always
+};
+
 /// A call's buffers made reachable by the peer (grant_access).
 enum class access : std::uint8_t {
     ok,
@@ -137,9 +144,8 @@ public:
     /// calls. `thorough`: also reap what could wait (housekeeping, or
     /// transfers the endpoint awaits). -1: the peer corrupted the connection.
     [[nodiscard]] virtual int poll(std::span<link_event> out, bool thorough) noexcept = 0;
-    /// Why the link ended, if it did: it failed under this side, or (only
-    /// looked at when `events`: a connection event may be waiting) the peer left.
-    [[nodiscard]] virtual std::optional<link_end> ended(bool events) noexcept = 0;
+    /// Why the link ended, if it did, as `what` asks (look::cause: always an answer).
+    [[nodiscard]] virtual std::optional<link_end> ended(look what) noexcept = 0;
     /// About to sleep (`going`): asks the peer to wake this side, and says
     /// false when something came already (do not sleep). Awake again
     /// (!going): the peer need not wake it any more.

@@ -87,7 +87,7 @@ public:
     /// housekeeping, and the poll loop stays short (what a call waits for is
     /// the receive side, which comes through the endpoint's queue).
     [[nodiscard]] int poll(std::span<link_event> out, bool thorough) noexcept override;
-    [[nodiscard]] std::optional<link_end> ended(bool events) noexcept override;
+    [[nodiscard]] std::optional<link_end> ended(look what) noexcept override;
     /// Work queued behind the byte budget moves on only when a send
     /// completion frees room: arm the send queue, so that its next completion
     /// wakes the endpoint (the caller polls once more after this).

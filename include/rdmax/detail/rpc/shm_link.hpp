@@ -103,7 +103,7 @@ public:
     [[nodiscard]] bool cancel(std::uint64_t) noexcept override { return false; }
     /// The immediates in the message ring (no priority: in order).
     [[nodiscard]] int poll(std::span<link_event> out, bool thorough) noexcept override;
-    [[nodiscard]] std::optional<link_end> ended(bool events) noexcept override;
+    [[nodiscard]] std::optional<link_end> ended(look what) noexcept override;
     [[nodiscard]] bool sleep(bool going) noexcept override;
     void close() noexcept override;
     /// The segment came with the welcome: up from the start.
@@ -127,6 +127,7 @@ private:
     pid_t peer_;
     local::spsc_ring in_, out_;
     bool corrupt_ = false;
+    bool ring_bad_ = false; ///< the message ring held nonsense: poll() says so
     side who_ = side::server;
     int wake_server_ = -1, wake_client_ = -1;
     std::atomic<std::uint32_t>* my_sleep_ = nullptr;   ///< set while this side sleeps

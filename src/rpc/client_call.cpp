@@ -9,10 +9,6 @@
 
 namespace rdmax::rpc {
 
-namespace {
-constexpr std::uint32_t no_slot = UINT32_MAX;
-} // namespace
-
 call_status client::start(peer_id p, std::uint16_t method, std::span<const std::byte> request,
                           const call_options& o) noexcept {
     slot_ref taken;

@@ -26,6 +26,13 @@ namespace {
 std::uint32_t inbox_depth(const rpc_options& o) {
     return std::clamp<std::uint32_t>(std::uint32_t{o.slots} * 8U, 256, 8192);
 }
+
+/// Closes the descriptors a node-local server sent, and forgets them.
+void close_fds(std::vector<int>& fds) noexcept {
+    for (int fd : fds)
+        ::close(fd);
+    fds.clear();
+}
 } // namespace
 
 client::client(const verbs::protection_domain& pd, rpc_options opts)
@@ -185,10 +192,6 @@ std::unique_ptr<detail::link> client::local_handshake(local::unix_channel ch, st
                                                       std::uint16_t port) {
     local_welcome w;
     std::vector<int> fds;
-    const auto close_all = [&] {
-        for (int fd : fds)
-            ::close(fd);
-    };
     std::size_t n = 0;
     try {
         n = exchange_hello(ch, w, fds);
@@ -201,14 +204,14 @@ std::unique_ptr<detail::link> client::local_handshake(local::unix_channel ch, st
             return refuse_local(fds, err, "the node-local server closed the handshake", addr, port,
                                 fmt::format("it closed the node-local handshake ({})", e.what()));
         }
-        close_all();
+        close_fds(fds);
         throw_error(
             "rpc::client::connect", EPROTO,
             fmt::format("{}:{}: the node-local handshake failed: {}", addr, port, e.what()));
     }
     const bool welcome = n == sizeof w && w.magic == protocol_magic;
     if (welcome && w.status == local_no_cma) {
-        close_all();
+        close_fds(fds);
         rdmax::detail::notice(fmt::format(
             "rpc::client: {}:{} is on this node, but it may not read this process's memory "
             "(CMA: {}{}): through the device",
@@ -225,7 +228,7 @@ std::unique_ptr<detail::link> client::local_handshake(local::unix_channel ch, st
         w.slots == 0 || w.slots > opts_.slots || w.slot_bytes < min_slot_bytes ||
         w.slot_bytes > opts_.slot_bytes ||
         w.segment_bytes < detail::shm_link::segment_bytes(w.slots, w.slot_bytes)) {
-        close_all();
+        close_fds(fds);
         ep_.counters.count_refusal(EPROTO, "the node-local server answered nonsense");
         throw_error("rpc::client::connect", EPROTO,
                     fmt::format("{}:{}: the node-local server answered nonsense", addr, port));
@@ -246,12 +249,10 @@ std::unique_ptr<detail::link> client::map_segment(local::unix_channel ch, const 
             return refuse_local(fds, EPERM, "the node-local server's segment is not sealed", addr,
                                 port, "its shared segment is not sealed (an older server)");
         }
-        for (int fd : fds)
-            ::close(fd);
+        close_fds(fds);
         throw;
     } catch (...) {
-        for (int fd : fds)
-            ::close(fd);
+        close_fds(fds);
         throw;
     }
     ::close(fds[0]); // mapped: the mapping keeps the memory
@@ -267,9 +268,7 @@ std::unique_ptr<detail::link> client::map_segment(local::unix_channel ch, const 
 std::unique_ptr<detail::link> client::refuse_local(std::vector<int>& fds, int err,
                                                    std::string_view reason, std::string_view addr,
                                                    std::uint16_t port, std::string_view what) {
-    for (int fd : fds)
-        ::close(fd);
-    fds.clear();
+    close_fds(fds);
     ep_.counters.count_refusal(err, reason);
     rdmax::detail::notice(fmt::format(
         "rpc::client: {}:{} is on this node, but {}: through the device", addr, port, what));

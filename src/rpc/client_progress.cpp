@@ -9,10 +9,6 @@
 
 namespace rdmax::rpc {
 
-namespace {
-constexpr std::uint32_t no_slot = UINT32_MAX;
-} // namespace
-
 void client::progress() noexcept {
     ep_.take_inbox([this](const ibv_wc& wc) { on_receive(wc); });
     const bool due = ep_.housekeeping_due();

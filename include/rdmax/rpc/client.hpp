@@ -146,6 +146,9 @@ private:
         call_status fenced_status = call_status::ok;
         std::span<const std::byte> fenced_reply;
     };
+    /// A slot_ref of a result that names no slot (a call that timed out: its
+    /// slot was the caller's again at once).
+    static constexpr std::uint32_t no_slot = UINT32_MAX;
     struct slot_ref {
         std::uint32_t link = 0;
         std::uint32_t slot = 0;

@@ -30,6 +30,7 @@
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/client.hpp>
 #include <rdmax/rpc/peer_id.hpp>
+#include <rdmax/rpc/peer_state.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/rpc/server.hpp>

@@ -19,28 +19,53 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
                              const call_options& o, slot_ref& taken) noexcept {
     if (method == 0)
         return call_status::invalid_method;
-    peer* l = ep_.find(p);
-    if (l == nullptr)
+    session* ss = find_session(p);
+    if (ss == nullptr)
         return call_status::bad_peer;
-    if (l->wire->broken)
-        return call_status::peer_gone;
+    if (ss->link != no_link && ep_.peers[ss->link].wire->broken)
+        fail_link(ep_.peers[ss->link], ss->link); // seen now, not at the next housekeeping
+    // No connection to take it (or calls wait ahead of it): it waits too.
+    if (ss->state != peer_state::ready || !ss->waiting.empty())
+        return wait_for_link(p.index, method, request, o, taken);
+    outgoing call{.request = request,
+                  .call_id = next_call_id_,
+                  .flags = static_cast<std::uint8_t>(o.idempotent ? flag_idempotent : 0)};
+    const call_status st = send_on(ss->link, method, call, o, deadline_of(o), taken);
+    if (st == call_status::ok)
+        ++next_call_id_;
+    return st;
+}
+
+call_status client::send_on(std::uint32_t index, std::uint16_t method, outgoing& call,
+                            const call_options& o, sched::coarse_clock::time_point deadline,
+                            slot_ref& taken) noexcept {
+    peer& l = ep_.peers[index];
     // Every call started and not yet handed back has a place in results_.
-    if (l->free_slots.empty() || in_flight_ >= results_.size()) {
+    if (l.free_slots.empty() || in_flight_ >= results_.size()) {
         ++ep_.counters.no_credit;
         return call_status::no_credit;
     }
-    const std::uint32_t slot = l->free_slots.back();
-    outgoing call{.request = request};
-    if (const call_status st = expose_call(*l, slot, o, call); st != call_status::ok)
+    if (o.idempotent)
+        call.flags |= flag_idempotent;
+    const std::uint32_t slot = l.free_slots.back();
+    if (const call_status st = expose_call(l, slot, o, call); st != call_status::ok)
         return st;
-    const std::uint32_t call_seq = l->next_seq++;
-    const bool epoch = !l->slots[slot].epoch; // a new epoch for every call in the slot
-    const std::uint32_t bytes = encode_request(*l, slot, method, o, call, call_seq, epoch);
-    if (const status s = l->wire->send_slot(message_kind::request, slot, bytes, o.priority, epoch);
+    const std::uint32_t call_seq = l.next_seq++;
+    const bool epoch = !l.slots[slot].epoch; // a new epoch for every call in the slot
+    const std::uint32_t bytes = encode_request(l, slot, method, o, call, call_seq, epoch);
+    if (const status s = l.wire->send_slot(message_kind::request, slot, bytes, o.priority, epoch);
         s != status::ok)
-        return send_refused(*l, slot, s);
-    track_call(*l, slot, o, call_seq, epoch, bytes, taken);
+        return send_refused(l, slot, s);
+    track_call(l, slot, o, call, call_seq, epoch, bytes, deadline, taken);
     return call_status::ok;
+}
+
+sched::coarse_clock::time_point client::deadline_of(const call_options& o) const noexcept {
+    const auto timeout =
+        o.timeout.count() > 0
+            ? o.timeout
+            : std::chrono::duration_cast<std::chrono::microseconds>(opts_.call_timeout);
+    return ep_.now() + timeout;
 }
 
 call_status client::expose_call(peer& l, std::uint32_t slot, const call_options& o,
@@ -78,6 +103,8 @@ std::uint32_t client::encode_request(peer& l, std::uint32_t slot, std::uint16_t 
     header.method = method;
     header.priority = std::min<std::uint8_t>(o.priority.level, sched::priority_levels - 1);
     header.body_bytes = static_cast<std::uint32_t>(call.request.size());
+    header.call_id = call.call_id;
+    header.flags = call.flags;
     std::byte* out = l.wire->staging(slot);
     std::size_t at = sizeof(message_header);
     const auto put = [&](const buffer_descriptor& d) {
@@ -121,25 +148,24 @@ call_status client::send_refused(peer& l, std::uint32_t slot, status s) noexcept
     return call_status::peer_gone;
 }
 
-void client::track_call(peer& l, std::uint32_t slot, const call_options& o, std::uint32_t call_seq,
-                        bool epoch, std::uint32_t bytes, slot_ref& taken) noexcept {
+void client::track_call(peer& l, std::uint32_t slot, const call_options& o, const outgoing& call,
+                        std::uint32_t call_seq, bool epoch, std::uint32_t bytes,
+                        sched::coarse_clock::time_point deadline, slot_ref& taken) noexcept {
     l.free_slots.pop_back();
     slot_state& ss = l.slots[slot];
     ss.phase = slot_phase::in_flight;
     ss.epoch = epoch;
     ss.seq = call_seq;
+    ss.bytes = bytes;
+    ss.call_id = call.call_id;
     ss.cookie = o.cookie;
     ss.reply_into = o.reply_into;
-    const auto timeout =
-        o.timeout.count() > 0
-            ? o.timeout
-            : std::chrono::duration_cast<std::chrono::microseconds>(opts_.call_timeout);
-    ss.deadline = sched::coarse_clock::now() + timeout;
+    ss.deadline = deadline;
     ++l.in_flight;
     ++in_flight_;
     ++ep_.counters.calls;
     ep_.counters.bytes_out += bytes;
-    taken = {static_cast<std::uint32_t>(&l - ep_.peers.data()), slot, call_seq, true};
+    taken = {static_cast<std::uint32_t>(&l - ep_.peers.data()), slot, call_seq, true, call.call_id};
 }
 
 // ---- results --------------------------------------------------------------------------------
@@ -189,6 +215,7 @@ void client::release_handed_out() noexcept {
 int client::poll(std::span<call_result> out) noexcept {
     release_handed_out();
     progress();
+    report_states();
     int n = 0;
     while (results_count_ > 0 && static_cast<std::size_t>(n) < out.size()) {
         out[static_cast<std::size_t>(n++)] = results_[results_head_];
@@ -204,10 +231,8 @@ bool client::take_result(const slot_ref& taken, call_result& mine) noexcept {
     for (std::size_t i = 0; i < results_count_; ++i) {
         const std::size_t at = (results_head_ + i) % results_.size();
         const slot_ref& r = queued_slots_[at];
-        // The same entry of the table may hold a later connection by now:
-        // its generation tells them apart.
-        if (r.link != taken.link || r.seq != taken.seq ||
-            results_[at].peer.generation != ep_.peers[taken.link].generation)
+        // By its id: the call may have moved to another connection since.
+        if (r.call_id != taken.call_id)
             continue;
         mine = results_[at];
         handed_out_.push_back(r);
@@ -233,6 +258,7 @@ call_result client::call(peer_id p, std::uint16_t method, std::span<const std::b
     call_result mine;
     for (;;) {
         progress();
+        report_states();
         if (take_result(taken, mine))
             return mine;
     }
@@ -245,28 +271,28 @@ int client::wait(std::span<call_result> out, std::chrono::microseconds timeout) 
 // ---- what a caller asks about a peer ---------------------------------------------------------
 
 bool client::is_local(peer_id p) const noexcept {
-    const peer* l = ep_.find(p);
+    const peer* l = link_of(p);
     return l != nullptr && l->wire->node_local();
 }
 
 std::optional<sched::scheduler_counters> client::scheduler_counters(peer_id p) const noexcept {
-    const peer* l = ep_.find(p);
+    const peer* l = link_of(p);
     return l != nullptr ? l->wire->scheduler_counters() : std::nullopt;
 }
 
 bool client::connected(peer_id p) const noexcept {
-    const peer* l = ep_.find(p);
-    return l != nullptr && !l->wire->broken;
+    const peer* l = link_of(p);
+    return l != nullptr && !l->wire->broken && state(p) == peer_state::ready;
 }
 
 std::uint16_t client::slots(peer_id p) const noexcept {
-    const peer* l = ep_.find(p);
-    return l != nullptr ? l->wire->slots() : 0;
+    const session* ss = find_session(p);
+    return ss != nullptr ? ss->slots : 0;
 }
 
 std::uint32_t client::slot_bytes(peer_id p) const noexcept {
-    const peer* l = ep_.find(p);
-    return l != nullptr ? l->wire->slot_bytes() : 0;
+    const session* ss = find_session(p);
+    return ss != nullptr ? ss->slot_bytes : 0;
 }
 
 } // namespace rdmax::rpc

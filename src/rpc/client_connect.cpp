@@ -43,7 +43,13 @@ client::client(detail::no_device_t none, rpc_options opts)
     : opts_((opts.check("rpc::client"), opts))
     , ep_(none, opts_) {}
 
-client::~client() = default;
+client::~client() {
+    // Goodbye on every connection: the servers may drop this client's
+    // replies at once (a client that crashes leaves them to the linger).
+    for (peer& l : ep_.peers)
+        if (l.wire && !l.wire->broken)
+            (void)ep_.send_control(l, message_kind::request, control::bye);
+}
 
 verbs_cache& client::cache() {
     // The cache cannot move, so make_unique (which forwards a reference)
@@ -58,17 +64,22 @@ verbs_cache& client::cache() {
 }
 
 peer_id client::connect(std::string_view addr, std::uint16_t port) {
+    return add_link(dial(addr, port), addr, port);
+}
+
+std::unique_ptr<detail::link> client::dial(std::string_view addr, std::uint16_t port) {
     if (opts_.local)
         if (std::unique_ptr<detail::link> local = connect_local(addr, port))
-            return add_link(std::move(local));
-    return add_link(connect_device(addr, port));
+            return local;
+    return connect_device(addr, port);
 }
 
 std::unique_ptr<detail::link> client::connect_device(std::string_view addr, std::uint16_t port) {
     const verbs::protection_domain& pd = *ep_.pd;
     auto wire =
         std::make_unique<detail::rdma_link>(ep_.arena, ep_.issuer, opts_.slots, opts_.slot_bytes);
-    const ring_offer mine = wire->offer();
+    ring_offer mine = wire->offer();
+    mine.incarnation = ep_.incarnation;
     verbs::connection conn = verbs::connection::connect(
         pd, addr, port, verbs::payload_of(mine),
         detail::link_qp_config(ep_.in, opts_.slots, pd.device().limits(), windows_wanted()),
@@ -82,6 +93,7 @@ std::unique_ptr<detail::link> client::connect_device(std::string_view addr, std:
         throw_error("rpc::client::connect", EPROTO, fmt::format("{}:{}: {}", addr, port, why));
     }
     wire->attach(std::move(conn), *granted, opts_.scheduler);
+    wire->peer_incarnation = granted->incarnation;
     const detail::call_memory memory{
         .cache = [](void* self) -> verbs_cache& { return static_cast<client*>(self)->cache(); },
         .owner = this,
@@ -104,18 +116,48 @@ bool client::windows_wanted() const noexcept {
     return ep_.pd->device().limits().memory_windows && !opts_.cache.on_demand;
 }
 
-peer_id client::add_link(std::unique_ptr<detail::link> wire) {
+peer_id client::add_link(std::unique_ptr<detail::link> wire, std::string_view addr,
+                         std::uint16_t port) {
+    std::string where(addr); // may throw: nothing changed yet
+    if (free_sessions_.empty()) {
+        sessions_.emplace_back();
+        free_sessions_.push_back(static_cast<std::uint32_t>(sessions_.size() - 1));
+    }
+    const std::uint32_t s = free_sessions_.back();
+    attach(s, std::move(wire)); // all or nothing
+    free_sessions_.pop_back();
+    session& ss = sessions_[s];
+    ss.generation = ++session_generations_;
+    ss.used = true;
+    ss.addr = std::move(where);
+    ss.port = port;
+    ss.server_incarnation = ep_.peers[ss.link].incarnation;
+    ss.state = peer_state::ready;
+    ss.backoff = opts_.reconnect_backoff;
+    return session_id(s);
+}
+
+void client::attach(std::uint32_t s, std::unique_ptr<detail::link> wire) {
     // Room for the new slots' results first: once the link is in the table,
     // nothing may throw.
     grow_results(wire->slots());
+    free_sessions_.reserve(sessions_.size());
     peer fresh;
+    fresh.session = s;
     fresh.slots = std::vector<slot_state>(wire->slots());
     fresh.free_slots.reserve(wire->slots());
-    for (std::uint32_t s = wire->slots(); s-- > 0;)
-        fresh.free_slots.push_back(static_cast<std::uint16_t>(s));
-    const std::uint32_t index = ep_.add(std::move(wire), std::move(fresh));
+    for (std::uint32_t k = wire->slots(); k-- > 0;)
+        fresh.free_slots.push_back(static_cast<std::uint16_t>(k));
+    const std::uint64_t incarnation = wire->peer_incarnation;
+    const std::uint16_t slots = wire->slots();
+    const std::uint32_t slot_bytes = wire->slot_bytes();
+    const std::uint32_t index = ep_.add(std::move(wire), std::move(fresh), incarnation);
+    session& ss = sessions_[s];
+    ss.link = index;
+    ++ss.links;
+    ss.slots = slots;
+    ss.slot_bytes = slot_bytes;
     ++ep_.counters.connected;
-    return ep_.id_of(index);
 }
 
 void client::grant_cma(pid_t server) noexcept {
@@ -184,6 +226,7 @@ std::size_t client::exchange_hello(local::unix_channel& ch, local_welcome& w,
     hello.slot_bytes = opts_.slot_bytes;
     hello.probe_addr = reinterpret_cast<std::uint64_t>(&probe_);
     hello.probe_value = probe_;
+    hello.incarnation = ep_.incarnation;
     ch.send(std::as_bytes(std::span(&hello, 1)));
     return ch.receive(std::as_writable_bytes(std::span(&w, 1)), fds, opts_.connect_timeout);
 }
@@ -226,7 +269,7 @@ std::unique_ptr<detail::link> client::local_handshake(local::unix_channel ch, st
                             "it refused the node-local connection");
     if (!welcome || w.version != protocol_version || w.status != local_ok || fds.size() != 3 ||
         w.slots == 0 || w.slots > opts_.slots || w.slot_bytes < min_slot_bytes ||
-        w.slot_bytes > opts_.slot_bytes ||
+        w.slot_bytes > opts_.slot_bytes || w.incarnation == 0 ||
         w.segment_bytes < detail::shm_link::segment_bytes(w.slots, w.slot_bytes)) {
         close_fds(fds);
         ep_.counters.count_refusal(EPROTO, "the node-local server answered nonsense");
@@ -262,6 +305,7 @@ std::unique_ptr<detail::link> client::map_segment(local::unix_channel ch, const 
     if (wire->corrupt())
         throw_error("rpc::client::connect", EPROTO,
                     fmt::format("{}:{}: the node-local segment is not laid out", addr, port));
+    wire->peer_incarnation = w.incarnation;
     return wire;
 }
 
@@ -276,10 +320,20 @@ std::unique_ptr<detail::link> client::refuse_local(std::vector<int>& fds, int er
 }
 
 void client::disconnect(peer_id p) noexcept {
-    if (peer* l = ep_.find(p)) {
-        fail_link(*l, p.index);
-        l->wire->close();
+    session* ss = find_session(p);
+    if (ss == nullptr)
+        return;
+    const std::uint32_t s = p.index;
+    if (ss->link != no_link) {
+        peer& l = ep_.peers[ss->link];
+        // Goodbye first: the server may drop this client's replies at once.
+        if (!l.wire->broken)
+            (void)ep_.send_control(l, message_kind::request, control::bye);
+        set_state(s, peer_state::closed); // its calls end, not wait
+        fail_link(l, ss->link);
+        l.wire->close();
     }
+    close_session(s, call_status::peer_gone); // the peer_id goes with its last link
 }
 
 } // namespace rdmax::rpc

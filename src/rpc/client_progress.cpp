@@ -77,11 +77,14 @@ void client::on_receive(const ibv_wc& wc) noexcept {
 
 void client::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
     imm_fields f;
+    l.heard = true;
     if (const violation v = detail::checked_imm(imm, message_kind::reply, *l.wire, f);
         v != violation::none) {
         ep_.counters.count(v);
         return fail_link(l, index);
     }
+    if (is_control(f))
+        return on_control(l, index, static_cast<control>(f.slot));
     slot_state& ss = l.slots[f.slot];
     if (ss.phase != slot_phase::in_flight || f.epoch != ss.epoch) {
         stray_reply(l, index, f.slot, violation::credit); // a reply for no call, if not late
@@ -112,6 +115,27 @@ void client::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
         ++ep_.counters.external_replies;
     }
     finish(l, index, f.slot, static_cast<call_status>(reply.header.status), body);
+}
+
+void client::on_control(peer& l, std::uint32_t index, control c) noexcept {
+    switch (c) {
+    case control::ping: (void)ep_.send_control(l, message_kind::request, control::pong); break;
+    case control::pong: break; // heard: that is all a probe asks
+    case control::goaway: {
+        // Nothing new goes here; the calls in flight are answered, then the
+        // server closes, and the session connects again (after a backoff).
+        ++ep_.counters.goaways;
+        (void)ep_.send_control(l, message_kind::request, control::goaway_ack);
+        if (sessions_[l.session].link == index)
+            set_state(l.session, peer_state::draining);
+        break;
+    }
+    case control::goaway_ack:
+    case control::bye: // the client's to say
+        ep_.counters.count(violation::malformed);
+        fail_link(l, index);
+        break;
+    }
 }
 
 void client::stray_reply(peer& l, std::uint32_t index, std::uint32_t slot, violation v) noexcept {
@@ -158,7 +182,8 @@ void client::push_done(peer& l, std::uint32_t index, std::uint32_t slot, call_st
         ++ep_.counters.completed;
     else
         ++ep_.counters.failed;
-    push_result({ss.cookie, ep_.id_of(index), st, reply}, {index, slot, ss.seq, true});
+    push_result({ss.cookie, session_id(l.session), st, reply},
+                {index, slot, ss.seq, true, ss.call_id});
 }
 
 void client::fenced(peer& l, std::uint32_t index, std::uint32_t slot, bool dealloc) noexcept {
@@ -170,19 +195,45 @@ void client::fenced(peer& l, std::uint32_t index, std::uint32_t slot, bool deall
 }
 
 void client::fail_link(peer& l, std::uint32_t index) noexcept {
-    if (l.wire->broken && l.in_flight == 0)
+    const std::uint32_t s = l.session;
+    const bool current = sessions_[s].link == index;
+    if (l.wire->broken && l.in_flight == 0 && !current)
         return;
     if (!l.wire->broken)
         ++ep_.counters.disconnected;
     l.wire->broken = true;
-    for (std::uint32_t s = 0; s < l.slots.size(); ++s) {
-        const slot_phase phase = l.slots[s].phase;
-        if (phase == slot_phase::in_flight)
-            finish(l, index, s, call_status::peer_gone, {});
-        else if (phase == slot_phase::fencing)
+    // The calls answered go out; those in flight wait for the session's next
+    // connection, where it has one (in call id order: the order they went).
+    const bool again = current && sessions_[s].state != peer_state::closed && opts_.reconnect &&
+                       (redial_ || !sessions_[s].addr.empty());
+    std::deque<waiting_call> moved;
+    for (std::uint32_t k = 0; k < l.slots.size(); ++k) {
+        const slot_phase phase = l.slots[k].phase;
+        if (phase == slot_phase::in_flight && again && requeue(l, k, moved)) {
+            (void)l.wire->end_access(k, detail::access_end::now);
+            l.slots[k].phase = slot_phase::free;
+            --l.in_flight;
+        } else if (phase == slot_phase::in_flight) {
+            finish(l, index, k, call_status::peer_gone, {});
+        } else if (phase == slot_phase::fencing) {
             // Answered, but its invalidation will not complete now (or
             // failed): deallocated, then the answer goes out.
-            fenced(l, index, s, true);
+            fenced(l, index, k, true);
+        }
+    }
+    if (current) {
+        session& ss = sessions_[s];
+        std::sort(moved.begin(), moved.end(), [](const waiting_call& a, const waiting_call& b) {
+            return a.call_id < b.call_id;
+        });
+        for (auto it = moved.rbegin(); it != moved.rend(); ++it) {
+            try {
+                ss.waiting.push_front(std::move(*it));
+            } catch (...) {
+                push_slotless(s, *it, call_status::peer_gone);
+            }
+        }
+        lose_link(s);
     }
     ep_.housekeep_soon();
 }
@@ -204,6 +255,8 @@ void client::housekeeping() noexcept {
         } else if (l.in_flight != 0) {
             fail_link(l, i); // broken by a send that failed: its other calls end too
         }
+        if (!l.wire->broken)
+            keep_alive(l, i, now);
         if (l.wire->broken || l.in_flight == 0)
             continue;
         if (fence_stalled(l, now)) {
@@ -218,7 +271,24 @@ void client::housekeeping() noexcept {
         }
         expire_calls(l, i, now);
     }
+    tend_sessions(now);
     teardown_idle();
+}
+
+void client::keep_alive(peer& l, std::uint32_t index,
+                        sched::coarse_clock::time_point now) noexcept {
+    switch (ep_.keepalive(l, now)) {
+    case detail::liveness::fine: break;
+    case detail::liveness::probe:
+        (void)ep_.send_control(l, message_kind::request, control::ping);
+        break;
+    case detail::liveness::silent:
+        // No connection event came (a pulled cable, a hung host, a stopped
+        // server): gone all the same, and its calls wait for the next one.
+        ep_.counters.count_link_end(l.wire->ended(detail::look::cause).value_or(link_end{}));
+        fail_link(l, index);
+        break;
+    }
 }
 
 void client::expire_calls(peer& l, std::uint32_t index,
@@ -244,8 +314,8 @@ void client::expire_calls(peer& l, std::uint32_t index,
         --l.in_flight;
         ++ep_.counters.timed_out;
         ++ep_.counters.failed;
-        push_result({ss.cookie, ep_.id_of(index), call_status::timed_out, {}},
-                    {index, no_slot, ss.seq, false});
+        push_result({ss.cookie, session_id(l.session), call_status::timed_out, {}},
+                    {index, no_slot, ss.seq, false, ss.call_id});
     }
 }
 
@@ -270,6 +340,8 @@ void client::teardown_idle() noexcept {
         ep_.drop(i);
         l.slots.clear();
         l.free_slots.clear();
+        --sessions_[l.session].links;
+        release_session(l.session);
     }
 }
 

@@ -83,7 +83,9 @@ bool rdma_link::established(bool by_traffic) noexcept {
 
 status rdma_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes, sched::priority p,
                             bool epoch) noexcept {
-    const std::uint64_t at = std::uint64_t{s} * slot_bytes();
+    // A control message (no bytes) names a code where the slot goes: it
+    // writes nothing, at the ring's start.
+    const std::uint64_t at = bytes == 0 ? 0 : std::uint64_t{s} * slot_bytes();
     return sched_->write_imm(p, staging_.local(at, bytes), peer_ring_, at,
                              encode_imm(k, s, bytes, epoch), s,
                              sched::request_flags{.signaled = false});

@@ -38,6 +38,18 @@ void rpc_options::check(const char* who) const {
         throw_error(who, EINVAL, "max_peers 0");
     if (call_timeout.count() <= 0 || connect_timeout.count() <= 0 || housekeeping.count() <= 0)
         throw_error(who, EINVAL, "timeouts and the housekeeping interval must be positive");
+    if (keepalive.count() <= 0 || keepalive_timeout < keepalive)
+        throw_error(who, EINVAL,
+                    fmt::format("keepalive {} ms, keepalive_timeout {} ms: positive, and the "
+                                "timeout at least the interval",
+                                keepalive.count(), keepalive_timeout.count()));
+    if (reconnect_backoff.count() <= 0 || reconnect_backoff_max < reconnect_backoff ||
+        reconnect_give_up.count() < 0)
+        throw_error(who, EINVAL,
+                    "reconnect_backoff positive, reconnect_backoff_max at least it, "
+                    "reconnect_give_up not negative");
+    if (reply_cache_calls == 0 || reply_cache_ttl.count() <= 0 || reply_cache_linger.count() < 0)
+        throw_error(who, EINVAL, "reply_cache_calls and reply_cache_ttl must be positive");
 }
 
 arena_options rpc_options::ring_arena() const {

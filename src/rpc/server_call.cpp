@@ -48,7 +48,7 @@ void request_context::fail(call_status s) noexcept {
 
 deferred_call request_context::defer() noexcept {
     answered_ = true;
-    return {peer_, slot_, seq_};
+    return {peer_, slot_, seq_, client_, call_id_};
 }
 
 // ---- a request arrives ----------------------------------------------------------------------
@@ -77,11 +77,31 @@ void server::on_receive(const ibv_wc& wc) noexcept {
 
 void server::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
     imm_fields f;
+    l.heard = true;
     if (const violation v = detail::checked_imm(imm, message_kind::request, *l.wire, f);
-        v == violation::none)
-        on_request(l, index, f.slot, f.bytes, f.epoch);
-    else
+        v != violation::none)
         reject(l, v);
+    else if (is_control(f))
+        on_control(l, static_cast<control>(f.slot));
+    else
+        on_request(l, index, f.slot, f.bytes, f.epoch);
+}
+
+void server::on_control(peer& l, control c) noexcept {
+    switch (c) {
+    case control::ping:
+        // Answered at once; no room in the send queue: the client probes again.
+        (void)ep_.send_control(l, message_kind::reply, control::pong);
+        break;
+    case control::pong: break; // heard: that is all a probe asks
+    case control::goaway_ack: l.goaway_acked = true; break;
+    case control::bye:
+        l.said_bye = true;
+        l.wire->broken = true;
+        ep_.housekeep_soon();
+        break;
+    case control::goaway: reject(l, violation::malformed); break; // the server's to say
+    }
 }
 
 void server::on_request(peer& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
@@ -118,6 +138,8 @@ void server::on_request(peer& l, std::uint32_t index, std::uint32_t slot, std::u
         supersede(l, slot);
     }
     accept_request(l, slot, epoch, bytes, request);
+    if ((request.header.flags & flag_idempotent) == 0 && !admit(l, index, slot, request.header))
+        return;
     if (request.external_body)
         read_request_body(l, index, slot, *request.external_body);
     else
@@ -142,6 +164,37 @@ void server::supersede(peer& l, std::uint32_t slot) noexcept {
     }
     ss.busy = false;
     ss.body_at = no_block;
+    if (ss.kept && !ss.ran)
+        cache_.forget(*ss.kept); // never ran: a copy re-sent later may
+    ss.kept.reset();
+}
+
+bool server::admit(peer& l, std::uint32_t index, std::uint32_t slot,
+                   const message_header& h) noexcept {
+    slot_state& ss = l.slots[slot];
+    std::optional<detail::reply_cache::entry_ref> at;
+    using verdict = detail::reply_cache::verdict;
+    switch (cache_.admit(l.incarnation, h.call_id, (h.flags & flag_retry) != 0, ep_.now(), at)) {
+    case verdict::run: ss.kept = at; return true;
+    case verdict::cached: {
+        std::span<const std::byte> body;
+        const call_status st = cache_.reply(*at, body);
+        ++ep_.counters.duplicates;
+        answer(l, index, slot, st, body, false);
+        return false;
+    }
+    case verdict::running:
+        // Its first copy is a deferred call still running: this one waits
+        // for that answer, as a deferred call does.
+        cache_.set_waiter(*at, {ep_.id_of(index), slot, ss.seq});
+        ss.ran = true;
+        ++ep_.counters.duplicates;
+        return false;
+    case verdict::unknown: break;
+    }
+    ++ep_.counters.unknown_outcomes;
+    answer(l, index, slot, call_status::unknown_outcome, {}, false);
+    return false;
 }
 
 void server::accept_request(peer& l, std::uint32_t slot, bool epoch, std::uint32_t bytes,
@@ -156,6 +209,10 @@ void server::accept_request(peer& l, std::uint32_t slot, bool epoch, std::uint32
     ss.prio = request.header.priority;
     ss.method = request.header.method;
     ss.reply_buffer = request.reply_buffer;
+    ss.call_id = request.header.call_id;
+    ss.idempotent = (request.header.flags & flag_idempotent) != 0;
+    ss.ran = false;
+    ss.kept.reset();
 }
 
 void server::read_request_body(peer& l, std::uint32_t index, std::uint32_t slot,
@@ -187,6 +244,9 @@ void server::read_request_body(peer& l, std::uint32_t index, std::uint32_t slot,
         // as a late immediate is.
         ss.body_at = no_block;
         ss.busy = false;
+        if (ss.kept)
+            cache_.forget(*ss.kept);
+        ss.kept.reset();
         release_block(l, at);
         return;
     }
@@ -223,7 +283,8 @@ bool server::abandoned(const peer& l, std::uint32_t slot) noexcept {
 
 void server::run_handler(peer& l, std::uint32_t index, std::uint32_t slot,
                          std::span<const std::byte> body) noexcept {
-    const slot_state& ss = l.slots[slot];
+    slot_state& ss = l.slots[slot];
+    ss.ran = true;
     ++ep_.counters.calls;
     // The body read from the caller is the handler's only while it runs.
     const auto done_with_body = [&] {
@@ -247,6 +308,9 @@ void server::run_handler(peer& l, std::uint32_t index, std::uint32_t slot,
     ctx.method_ = ss.method;
     ctx.prio_ = sched::priority{ss.prio};
     ctx.body_ = body;
+    ctx.client_ = l.incarnation;
+    ctx.call_id_ = ss.call_id;
+    ctx.idempotent_ = ss.idempotent;
     ctx.space_ = {l.wire->staging(slot) + sizeof(message_header),
                   l.wire->slot_bytes() - sizeof(message_header)};
     try {
@@ -268,11 +332,16 @@ void server::answer(peer& l, std::uint32_t index, std::uint32_t slot, call_statu
                     std::span<const std::byte> body, bool in_place) noexcept {
     (void)index;
     slot_state& ss = l.slots[slot];
-    if (!ss.busy || l.wire->broken)
+    if (!ss.busy)
+        return;
+    if (ss.kept)
+        keep_answer(l, slot, st, body); // also when the connection went: a copy may come
+    if (l.wire->broken)
         return;
     ss.busy = false;
     message_header h;
     h.call_seq = ss.seq;
+    h.call_id = ss.call_id;
     h.priority = ss.prio;
     h.status = static_cast<std::uint32_t>(st);
     std::byte* out = l.wire->staging(slot);
@@ -344,6 +413,30 @@ call_status server::write_reply_body(peer& l, std::uint32_t slot, std::span<cons
     return st;
 }
 
+void server::keep_answer(peer& l, std::uint32_t slot, call_status st,
+                         std::span<const std::byte> body) noexcept {
+    slot_state& ss = l.slots[slot];
+    const detail::reply_cache::entry_ref e = *ss.kept;
+    ss.kept.reset();
+    if (st == call_status::read_failed) {
+        // The handler never ran (its body could not be read, perhaps for the
+        // connection's failure): a copy re-sent later may run.
+        cache_.forget(e);
+        return;
+    }
+    if (const std::optional<detail::reply_cache::waiter> w = cache_.done(e, st, body, ep_.now()))
+        answer_waiter(*w, st, body);
+}
+
+void server::answer_waiter(const detail::reply_cache::waiter& w, call_status st,
+                           std::span<const std::byte> body) noexcept {
+    peer* l = ep_.find(w.peer);
+    if (l == nullptr || l->wire->broken || w.slot >= l->slots.size() || !l->slots[w.slot].busy ||
+        l->slots[w.slot].seq != w.call_seq)
+        return;
+    answer(*l, w.peer.index, w.slot, st, body, false);
+}
+
 server::peer* server::deferred_peer(const deferred_call& d) noexcept {
     peer* l = ep_.find(d.peer);
     if (l == nullptr || l->wire->broken || d.slot >= l->slots.size() || !l->slots[d.slot].busy ||
@@ -352,20 +445,34 @@ server::peer* server::deferred_peer(const deferred_call& d) noexcept {
     return l;
 }
 
+bool server::keep_orphan(const deferred_call& d, call_status st,
+                         std::span<const std::byte> bytes) noexcept {
+    // The call's connection went (or the call was given up): its answer is
+    // kept for the copy the client re-sends, or goes to one waiting already.
+    const std::optional<detail::reply_cache::entry_ref> e = cache_.find(d.client, d.call_id);
+    if (!e)
+        return false;
+    const std::optional<detail::reply_cache::waiter> w = cache_.done(*e, st, bytes, ep_.now());
+    if (!w)
+        return false;
+    answer_waiter(*w, st, bytes);
+    return true;
+}
+
 bool server::reply(const deferred_call& d, std::span<const std::byte> bytes) noexcept {
     peer* l = deferred_peer(d);
     if (l == nullptr)
-        return false;
+        return keep_orphan(d, call_status::ok, bytes);
     answer(*l, d.peer.index, d.slot, call_status::ok, bytes, false);
     return !l->wire->broken;
 }
 
 bool server::fail(const deferred_call& d, call_status s) noexcept {
-    peer* l = deferred_peer(d);
-    if (l == nullptr)
-        return false;
     if (!server_status(static_cast<std::uint32_t>(s)) || s == call_status::ok)
         s = call_status::handler_failed;
+    peer* l = deferred_peer(d);
+    if (l == nullptr)
+        return keep_orphan(d, s, {});
     answer(*l, d.peer.index, d.slot, s, {}, false);
     return !l->wire->broken;
 }

@@ -25,13 +25,17 @@ namespace {
 std::uint32_t inbox_depth(const rpc_options& o) {
     return std::clamp<std::uint32_t>(std::uint32_t{o.slots} * 16U, 256, 16384);
 }
+detail::reply_cache_limits cache_limits(const rpc_options& o) {
+    return {o.reply_cache_calls, o.reply_cache_bytes, o.reply_cache_ttl, o.reply_cache_linger};
+}
 } // namespace
 
 server::server(const verbs::protection_domain& pd, std::string_view addr, std::uint16_t port,
                rpc_options opts)
     : opts_((opts.check("rpc::server"), opts))
     , ep_(pd, opts_, inbox_depth(opts_))
-    , listener_(addr, port) {
+    , listener_(addr, port)
+    , cache_(cache_limits(opts_)) {
     ep_.in.watch(listener_.fd());
     if (opts_.local) {
         // Peers on this node find the server by this name (the address as the
@@ -54,7 +58,8 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
 
 server::server(detail::no_device_t none, rpc_options opts)
     : opts_((opts.check("rpc::server"), opts))
-    , ep_(none, opts_) {
+    , ep_(none, opts_)
+    , cache_(cache_limits(opts_)) {
     ep_.peers.reserve(opts_.max_peers);
 }
 
@@ -75,13 +80,13 @@ void server::accept_new(bool events) noexcept {
         }
         accept_local_pending();
     }
-    if (listener_paused_ && sched::coarse_clock::now() >= listener_back_) {
+    if (listener_paused_ && ep_.now() >= listener_back_) {
         try {
             ep_.in.watch(local_listener_->fd()); // readable: the next round accepts
             listener_paused_ = false;
             ep_.housekeep_soon();
         } catch (...) {
-            listener_back_ = sched::coarse_clock::now() + listener_pause();
+            listener_back_ = ep_.now() + listener_pause();
         }
     }
     progress_handshakes(events);
@@ -116,7 +121,7 @@ void server::pause_listener() noexcept {
     // round, then tried again.
     ep_.in.forget(local_listener_->fd());
     listener_paused_ = true;
-    listener_back_ = sched::coarse_clock::now() + listener_pause();
+    listener_back_ = ep_.now() + listener_pause();
 }
 
 std::chrono::nanoseconds server::listener_pause() const noexcept {
@@ -136,6 +141,8 @@ void server::accept_pending() {
 void server::accept_one(verbs::connection_request req) {
     const std::optional<ring_offer> offer = req.peer_payload_as<ring_offer>();
     const char* bad = !offer ? "no ring offer" : check_offer(*offer);
+    if (draining_)
+        bad = "draining";
     if (live_ >= opts_.max_peers || bad != nullptr) {
         if (bad != nullptr)
             ep_.counters.count_refusal_fmt(EPROTO, "rdma_cm connection request: {}", bad);
@@ -149,7 +156,8 @@ void server::accept_one(verbs::connection_request req) {
     const std::uint32_t slot_bytes = std::min(offer->slot_bytes, opts_.slot_bytes);
     auto wire = std::make_unique<detail::rdma_link>(ep_.arena, ep_.issuer, slots, slot_bytes);
     req.create_qp(*ep_.pd, detail::link_qp_config(ep_.in, slots, ep_.pd->device().limits(), false));
-    const ring_offer mine = wire->offer();
+    ring_offer mine = wire->offer();
+    mine.incarnation = ep_.incarnation;
     // Not waiting for ESTABLISHED: housekeeping looks for it (or the first
     // message proves it), and drops the connection at connect_timeout.
     verbs::connection conn = req.accept_nowait(verbs::payload_of(mine));
@@ -164,11 +172,12 @@ void server::accept_one(verbs::connection_request req) {
     so.max_requests = std::max<std::uint32_t>(
         so.max_requests, 4U * slots + 8U + std::max<std::uint32_t>(so.budget_wqes, 16U));
     wire->attach(std::move(conn), peer_ring, so);
-    const std::uint32_t index = add_link(std::move(wire), slots);
-    ep_.peers[index].establish_by = sched::coarse_clock::now() + opts_.connect_timeout;
+    const std::uint32_t index = add_link(std::move(wire), slots, offer->incarnation);
+    ep_.peers[index].establish_by = ep_.now() + opts_.connect_timeout;
 }
 
-std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t slots) {
+std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t slots,
+                               std::uint64_t client) {
     peer fresh;
     fresh.slots = std::vector<slot_state>(slots);
     // Room for a body being read and a reply being written per slot, and as
@@ -178,7 +187,14 @@ std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t
     fresh.free_blocks.reserve(blocks);
     for (std::size_t i = blocks; i-- > 0;)
         fresh.free_blocks.push_back(static_cast<std::uint16_t>(i));
-    const std::uint32_t index = ep_.add(std::move(wire), std::move(fresh));
+    cache_.attach(client); // its replies, kept across its reconnects
+    std::uint32_t index = 0;
+    try {
+        index = ep_.add(std::move(wire), std::move(fresh), client);
+    } catch (...) {
+        cache_.detach(client, false, ep_.now());
+        throw;
+    }
     ++live_;
     ++ep_.counters.connected;
     return index;
@@ -254,7 +270,7 @@ void server::start_local(local::unix_channel ch) noexcept {
     // Held here until it is in the table: if that throws, the socket is
     // forgotten by the epoll set before it closes (its number may be reused).
     handshake h{std::move(ch), local::message_reader(sizeof(local_hello), 0),
-                sched::coarse_clock::now() + opts_.connect_timeout, uid};
+                ep_.now() + opts_.connect_timeout, uid};
     try {
         handshakes_.push_back(std::move(h));
     } catch (...) {
@@ -264,7 +280,7 @@ void server::start_local(local::unix_channel ch) noexcept {
 }
 
 void server::progress_handshakes(bool readable) noexcept {
-    const auto now = sched::coarse_clock::now();
+    const auto now = ep_.now();
     for (std::size_t i = 0; i < handshakes_.size();) {
         handshake& h = handshakes_[i];
         // Never waits: what the socket has now, at most the hello.
@@ -307,9 +323,14 @@ std::uint32_t server::judge_hello(const local_hello& hello, std::size_t bytes,
     const bool sane = bytes == sizeof hello && hello.magic == protocol_magic &&
                       hello.version == protocol_version && hello.slots != 0 &&
                       hello.slots <= max_slots && hello.slot_bytes >= min_slot_bytes &&
-                      hello.slot_bytes <= max_slot_bytes && hello.slot_bytes % 8 == 0;
+                      hello.slot_bytes <= max_slot_bytes && hello.slot_bytes % 8 == 0 &&
+                      hello.incarnation != 0;
     if (!sane) {
         refuse(EPROTO, "node-local handshake: a hello that is not an rdmax client's");
+        return local_refused;
+    }
+    if (draining_) {
+        refuse(EAGAIN, "node-local handshake: draining");
         return local_refused;
     }
     if (live_ >= opts_.max_peers) {
@@ -339,11 +360,12 @@ void server::accept_local(local::unix_channel ch, std::span<const std::byte> hel
     w.slots = std::min<std::uint16_t>(hello.slots, opts_.slots);
     w.slot_bytes = std::min(hello.slot_bytes, opts_.slot_bytes);
     w.segment_bytes = detail::shm_link::segment_bytes(w.slots, w.slot_bytes);
+    w.incarnation = ep_.incarnation;
     const pid_t pid = ch.peer().pid;
     auto wire = std::make_unique<detail::shm_link>(std::move(ch), pid, w.slots, w.slot_bytes);
     const std::array<int, 3> handed{wire->segment().fd(), wire->wake_fds()[0], wire->wake_fds()[1]};
     wire->send(std::as_bytes(std::span(&w, 1)), handed);
-    (void)add_link(std::move(wire), w.slots);
+    (void)add_link(std::move(wire), w.slots, hello.incarnation);
 }
 
 } // namespace rdmax::rpc

@@ -103,17 +103,39 @@ void server::reject(peer& l, violation v) noexcept {
 }
 
 void server::housekeeping() noexcept {
-    (void)ep_.start_housekeeping();
+    const auto now = ep_.start_housekeeping();
     // The rdma_cm channels (new requests, peers that left) are read only when
     // one has something: otherwise this costs one epoll_wait.
     const bool events = ep_.in.events_pending();
     accept_new(events);
     reap_links(events);
+    cache_.expire(now);
+}
+
+void server::keep_alive(peer& l, sched::coarse_clock::time_point now) noexcept {
+    if (l.wire->broken || l.establish_by)
+        return; // its handshake is not over: nothing may be sent yet
+    if (draining_ && !l.goaway_sent &&
+        ep_.send_control(l, message_kind::reply, control::goaway) == status::ok) {
+        l.goaway_sent = true;
+        ++ep_.counters.goaways;
+    }
+    switch (ep_.keepalive(l, now)) {
+    case detail::liveness::fine: break;
+    case detail::liveness::probe:
+        (void)ep_.send_control(l, message_kind::reply, control::ping);
+        break;
+    case detail::liveness::silent:
+        // No connection event came (a pulled cable, a stopped client): gone all the same.
+        ep_.counters.count_link_end(l.wire->ended(detail::look::cause).value_or(link_end{}));
+        l.wire->broken = true;
+        break;
+    }
 }
 
 void server::reap_links(bool events) noexcept {
     bool any_broken = false;
-    const auto now = sched::coarse_clock::now();
+    const auto now = ep_.now();
     for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {
         peer& l = ep_.peers[i];
         if (!l.wire)
@@ -133,6 +155,7 @@ void server::reap_links(bool events) noexcept {
             else if (now >= *l.establish_by)
                 l.wire->broken = true; // its handshake never ended
         }
+        keep_alive(l, now);
         any_broken = any_broken || l.wire->broken;
     }
     if (!any_broken)
@@ -147,6 +170,13 @@ void server::reap_links(bool events) noexcept {
 
 void server::teardown(std::uint32_t index) noexcept {
     peer& l = ep_.peers[index];
+    // Calls whose handler never ran (their body was being read) did not
+    // happen: a copy the client re-sends may run. Deferred ones keep their
+    // entries: their answer is kept when it comes (keep_orphan).
+    for (slot_state& ss : l.slots)
+        if (ss.busy && ss.kept && !ss.ran)
+            cache_.forget(*ss.kept);
+    cache_.detach(l.incarnation, l.said_bye, ep_.now());
     ep_.drop(index); // no more DMA into or out of the slots' blocks
     l.slots.clear();
     l.blocks.clear();
@@ -160,6 +190,49 @@ void server::disconnect(peer_id p) noexcept {
         l->wire->broken = true;
         ep_.housekeep_soon();
     }
+}
+
+void server::begin_drain() noexcept {
+    draining_ = true;
+    ep_.housekeep_soon(); // the goaways go at the next poll
+}
+
+bool server::drained() const noexcept {
+    for (const peer& l : ep_.peers) {
+        if (!l.wire || l.wire->broken)
+            continue;
+        if (!l.goaway_acked || l.reads != 0 || l.writes != 0)
+            return false;
+        for (const slot_state& ss : l.slots)
+            if (ss.busy)
+                return false;
+    }
+    return true;
+}
+
+void server::end_drain() noexcept {
+    for (peer& l : ep_.peers)
+        if (l.wire && !l.wire->broken) {
+            l.wire->close();
+            l.wire->broken = true;
+        }
+    reap_links(false);
+    draining_ = false;
+}
+
+bool server::drain(std::chrono::milliseconds deadline) noexcept {
+    begin_drain();
+    // Real time, whatever clock the endpoint's deadlines use.
+    const auto end = std::chrono::steady_clock::now() + deadline;
+    bool clean = false;
+    while (!(clean = drained()) && std::chrono::steady_clock::now() < end) {
+        (void)wait(std::min<std::chrono::microseconds>(
+            std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::microseconds>(
+                                              end - std::chrono::steady_clock::now())));
+        ep_.housekeep_soon(); // goaways, and acknowledgements' connections ended
+    }
+    end_drain();
+    return clean;
 }
 
 bool server::is_local(peer_id p) const noexcept {

@@ -1968,7 +1968,7 @@ namespace rdmax::rpc {
 /// no peer can cause from outside, injected.
 struct server_test_access {
     static std::uint32_t add_link(server& s, std::unique_ptr<detail::link> w, std::uint16_t slots) {
-        return s.add_link(std::move(w), slots);
+        return s.add_link(std::move(w), slots, 1);
     }
 };
 } // namespace rdmax::rpc

@@ -179,7 +179,8 @@ public:
         ++e_->sends;
         fake_message m;
         m.imm = rpc::encode_imm(k, s, bytes, epoch);
-        m.bytes.assign(staging(s), staging(s) + bytes);
+        if (bytes != 0) // a control message names a code, not a slot
+            m.bytes.assign(staging(s), staging(s) + bytes);
         m.priority = p;
         e_->outbox.push_back(std::move(m));
         return status::ok;
@@ -311,7 +312,7 @@ struct protocol_test_access {
         return c.add_link(std::make_unique<test::fake_link>(e));
     }
     static peer_id adopt(server& s, const std::shared_ptr<test::fake_end>& e) {
-        return s.ep_.id_of(s.add_link(std::make_unique<test::fake_link>(e), e->slots));
+        return s.ep_.id_of(s.add_link(std::make_unique<test::fake_link>(e), e->slots, 1));
     }
 
     /// A receive completion as the device gives it: on_receive, as poll() would.
@@ -346,9 +347,15 @@ struct protocol_test_access {
     static void housekeep_next_poll(server& s) { s.ep_.housekeep_soon(); }
 
     /// The live connection `p` (a test that asks about a gone one is wrong).
-    template <class Endpoint>
-    static auto& live(Endpoint& e, peer_id p) {
+    static server::peer& live(server& e, peer_id p) {
         auto* l = e.ep_.find(p);
+        if (l == nullptr)
+            throw std::logic_error("protocol_test_access: no such peer");
+        return *l;
+    }
+    /// The client's: the connection its session `p` has now.
+    static const client::peer& live(const client& c, peer_id p) {
+        const client::peer* l = c.link_of(p);
         if (l == nullptr)
             throw std::logic_error("protocol_test_access: no such peer");
         return *l;
@@ -356,7 +363,7 @@ struct protocol_test_access {
 
     // ---- the client's state ----
     static std::size_t free_slots(const client& c, peer_id p) {
-        const client::peer* l = c.ep_.find(p);
+        const client::peer* l = c.link_of(p);
         return l != nullptr ? l->free_slots.size() : 0;
     }
     static bool slot_in_flight(const client& c, peer_id p, std::uint32_t s) {

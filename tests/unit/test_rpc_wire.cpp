@@ -72,14 +72,29 @@ TEST_CASE("check_imm refuses the wrong kind, a slot past the ring and lengths ou
     const auto req = [](std::uint32_t slot, std::uint32_t bytes) {
         return decode_imm(encode_imm(message_kind::request, slot, bytes));
     };
-    CHECK(check_imm(req(0, 16), message_kind::request, 64, 4096) == violation::none);
+    CHECK(check_imm(req(0, 24), message_kind::request, 64, 4096) == violation::none);
     CHECK(check_imm(req(63, 4096), message_kind::request, 64, 4096) == violation::none);
-    CHECK(check_imm(req(64, 16), message_kind::request, 64, 4096) == violation::bad_slot);
-    CHECK(check_imm(req(4095, 16), message_kind::request, 64, 4096) == violation::bad_slot);
-    CHECK(check_imm(req(0, 15), message_kind::request, 64, 4096) == violation::bad_length);
-    CHECK(check_imm(req(0, 0), message_kind::request, 64, 4096) == violation::bad_length);
+    CHECK(check_imm(req(64, 24), message_kind::request, 64, 4096) == violation::bad_slot);
+    CHECK(check_imm(req(4095, 24), message_kind::request, 64, 4096) == violation::bad_slot);
+    CHECK(check_imm(req(0, 23), message_kind::request, 64, 4096) == violation::bad_length);
+    CHECK(check_imm(req(0, 1), message_kind::request, 64, 4096) == violation::bad_length);
     CHECK(check_imm(req(0, 4097), message_kind::request, 64, 4096) == violation::bad_length);
-    CHECK(check_imm(req(0, 16), message_kind::reply, 64, 4096) == violation::wrong_kind);
+    CHECK(check_imm(req(0, 24), message_kind::reply, 64, 4096) == violation::wrong_kind);
+}
+
+TEST_CASE("control messages: no bytes, a known code where the slot goes, no epoch") {
+    for (std::uint32_t c = 0; c < control_codes; ++c) {
+        const imm_fields f = decode_imm(encode_imm(message_kind::request, c, 0));
+        CHECK(is_control(f));
+        // Whatever the ring's geometry: a code is not a slot.
+        CHECK(check_imm(f, message_kind::request, 1, 64) == violation::none);
+        CHECK(check_imm(f, message_kind::reply, 1, 64) == violation::wrong_kind);
+    }
+    CHECK(check_imm(decode_imm(encode_imm(message_kind::request, control_codes, 0)),
+                    message_kind::request, 64, 4096) == violation::malformed);
+    CHECK(check_imm(decode_imm(encode_imm(message_kind::reply, 0, 0, true)), message_kind::reply,
+                    64, 4096) == violation::malformed);
+    CHECK_FALSE(is_control(decode_imm(encode_imm(message_kind::request, 0, 24))));
 }
 
 TEST_CASE("ring offers: the magic, the version and the geometry are checked") {
@@ -88,7 +103,11 @@ TEST_CASE("ring offers: the magic, the version and the geometry are checked") {
     o.slot_bytes = 4096;
     o.addr = 0x10000;
     o.rkey = 5;
+    o.incarnation = 77;
     CHECK(check_offer(o) == nullptr);
+    ring_offer none = o;
+    none.incarnation = 0; // every peer names its incarnation
+    CHECK(check_offer(none) != nullptr);
     ring_offer bad = o;
     bad.magic = 0;
     CHECK(check_offer(bad) != nullptr);
@@ -134,7 +153,7 @@ TEST_CASE("parse_request takes inline bodies, descriptors, and nothing inconsist
         message m(request(1, 0, flag_epoch));
         REQUIRE(parse_request(m.bytes, pr) == violation::none);
         CHECK((pr.header.flags & flag_epoch) != 0);
-        message unknown(request(1, 0, 16)); // a flag no version has
+        message unknown(request(1, 0, 64)); // a flag no version has
         CHECK(parse_request(unknown.bytes, pr) == violation::malformed);
     }
     SECTION("empty body") {
@@ -222,7 +241,8 @@ TEST_CASE("random bytes never pass as a request with a body outside the slot") {
     parsed_request pr;
     int passed = 0;
     for (int i = 0; i < 20000; ++i) {
-        const std::size_t n = 16 + rng() % (slot.size() - 16);
+        constexpr std::size_t head = sizeof(message_header);
+        const std::size_t n = head + rng() % (slot.size() - head);
         for (std::size_t j = 0; j < n; ++j)
             slot[j] = static_cast<std::byte>(rng());
         // Half the time a plausible header, so that the deeper checks run.
@@ -230,7 +250,7 @@ TEST_CASE("random bytes never pass as a request with a body outside the slot") {
             const bool consistent = i % 4 == 0; // a body that matches the length
             message_header h =
                 request(static_cast<std::uint16_t>(1 + rng() % 5),
-                        consistent ? static_cast<std::uint32_t>(n - 16)
+                        consistent ? static_cast<std::uint32_t>(n - head)
                                    : static_cast<std::uint32_t>(rng() % 5000),
                         consistent ? std::uint8_t{0} : static_cast<std::uint8_t>(rng() % 4));
             std::memcpy(slot.data(), &h, sizeof h);

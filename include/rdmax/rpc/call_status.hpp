@@ -17,9 +17,15 @@ enum class [[nodiscard]] call_status : std::uint32_t {
     request_too_large = 3, ///< the request's body is over the server's max_message
     reply_too_large = 4,   ///< the reply fits neither the slot nor the buffer the caller offered
     read_failed = 5,       ///< the server could not read the request's body from the caller
+    /// A call re-sent after its link broke (or waiting while it was down)
+    /// that may or may not have run, and whose reply is lost: the server
+    /// restarted, or no longer keeps the call's reply. Never run twice.
+    unknown_outcome = 6,
     // Decided by the client.
-    timed_out = 16,      ///< no reply before the call's deadline
-    peer_gone = 17,      ///< the connection failed or the peer disconnected
+    timed_out = 16, ///< no reply before the call's deadline
+    /// The connection failed or the peer left, and the call never went (or,
+    /// idempotent, may have run): no reconnect, or it gave up.
+    peer_gone = 17,
     no_credit = 18,      ///< every slot of the connection holds a call: poll, then call again
     too_large = 19,      ///< the request is over max_message, or its body does not fit the slot
     bad_peer = 20,       ///< no such peer (never connected, or disconnected)
@@ -39,6 +45,8 @@ enum class [[nodiscard]] call_status : std::uint32_t {
     case call_status::reply_too_large:
         return "reply fits neither the slot nor the caller's reply buffer";
     case call_status::read_failed: return "the server could not read the request body";
+    case call_status::unknown_outcome:
+        return "the call may have run once, but its reply was lost with the connection";
     case call_status::timed_out: return "no reply before the deadline";
     case call_status::peer_gone: return "the peer disconnected or its connection failed";
     case call_status::no_credit: return "every slot of the connection holds a call";
@@ -54,7 +62,7 @@ enum class [[nodiscard]] call_status : std::uint32_t {
 
 /// A status the server may put in a reply (anything else there is a protocol error).
 [[nodiscard]] constexpr bool server_status(std::uint32_t s) noexcept {
-    return s <= static_cast<std::uint32_t>(call_status::read_failed);
+    return s <= static_cast<std::uint32_t>(call_status::unknown_outcome);
 }
 
 } // namespace rdmax::rpc

@@ -9,8 +9,13 @@
 //     if (r.status == rpc::call_status::ok) use(r.reply);   // valid until the next poll or call
 //
 // Or many calls in flight: start() them (each names a cookie) and poll()
-// for their results. Every call has a deadline; a call whose peer leaves or
-// whose connection fails ends peer_gone within rpc_options::housekeeping.
+// for their results. Every call has a deadline.
+//
+// A peer_id outlives its connection: one that fails, goes silent (keepalive)
+// or is drained is made again with backoff, and its calls in flight are
+// re-sent under the same call id; the server's reply cache answers a copy of
+// a call it ran, so none runs twice (unknown_outcome where it cannot tell).
+// Calls started meanwhile wait, unless fail_fast. docs/rpc.md has the table.
 //
 // Requests that fit a slot are copied into it; larger ones stay in the
 // caller's buffer, registered through the registration cache, and the server
@@ -24,9 +29,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -35,6 +44,7 @@
 #include <rdmax/mem/verbs_cache.hpp>
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/peer_id.hpp>
+#include <rdmax/rpc/peer_state.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
@@ -53,6 +63,12 @@ struct call_options {
     std::span<std::byte> reply_into = {};
     /// The caller's name for the call, handed back in its result.
     std::uint64_t cookie = 0;
+    /// Running it twice does no harm: re-sent after a reconnect even to a
+    /// server that restarted, and the server keeps no reply of it.
+    bool idempotent = false;
+    /// While the connection is being made again, start() refuses the call
+    /// (peer_gone) instead of holding it until the connection is back.
+    bool fail_fast = false;
 };
 
 struct call_result {
@@ -77,13 +93,23 @@ public:
     /// opts.slot_bytes; the server may grant fewer). Throws rdmax::error
     /// naming the step (address, route, refused, deadline).
     [[nodiscard]] peer_id connect(std::string_view addr, std::uint16_t port);
-    /// Closes the connection; its calls in flight end peer_gone.
+    /// Closes the connection for good (the server may drop this client's
+    /// replies at once); its calls end peer_gone, and `p` names nothing more.
     void disconnect(peer_id p) noexcept;
+    /// Where the connection to `p` stands (closed for no such peer).
+    [[nodiscard]] peer_state state(peer_id p) const noexcept;
+    /// Called from poll(), wait(), call() after a connection changes state
+    /// (for logs and metrics: it must not call into this client).
+    void on_state_change(std::function<void(peer_id, peer_state)> f) { on_state_ = std::move(f); }
+    /// This client's incarnation (random, one per object), which its calls'
+    /// ids are unique within.
+    [[nodiscard]] std::uint64_t incarnation() const noexcept { return ep_.incarnation; }
 
     /// Starts a call of `method` (1 .. 65535) with `request`. Returns ok, or
     /// why it did not start (bad_peer, peer_gone, no_credit, too_large,
     /// registration_failed, invalid_method): then nothing was sent and no
-    /// result will come.
+    /// result will come. While the connection is being made again the call
+    /// waits (its body copied when it fits a slot), unless fail_fast.
     call_status start(peer_id p, std::uint16_t method, std::span<const std::byte> request,
                       const call_options& o = {}) noexcept;
     /// Results of calls that ended (at most out.size(); the rest wait).
@@ -138,6 +164,8 @@ private:
         /// replies of an earlier epoch to drop unread.
         std::uint8_t late = 0;
         std::uint32_t seq = 0;
+        std::uint32_t bytes = 0; ///< the request's, in the staging slot (re-sent from there)
+        std::uint64_t call_id = 0;
         std::uint64_t cookie = 0;
         sched::coarse_clock::time_point deadline{};
         std::span<std::byte> reply_into;
@@ -146,17 +174,20 @@ private:
         call_status fenced_status = call_status::ok;
         std::span<const std::byte> fenced_reply;
     };
-    /// A slot_ref of a result that names no slot (a call that timed out: its
-    /// slot was the caller's again at once).
+    /// A slot_ref of a result that names no slot (a call that timed out, or
+    /// ended while waiting for a connection: no slot is the caller's).
     static constexpr std::uint32_t no_slot = UINT32_MAX;
+    static constexpr std::uint32_t no_link = UINT32_MAX;
     struct slot_ref {
         std::uint32_t link = 0;
         std::uint32_t slot = 0;
         std::uint32_t seq = 0;
-        bool release = false; ///< handing the result out gives the slot back at the next poll
+        bool release = false;      ///< handing the result out gives the slot back at the next poll
+        std::uint64_t call_id = 0; ///< names the call across its connections (call())
     };
     /// A connection: the endpoint's, and the calls in its slots.
     struct peer : detail::peer_base {
+        std::uint32_t session = 0; ///< the peer_id (sessions_) it serves
         std::vector<slot_state> slots;
         std::vector<std::uint16_t> free_slots;
         std::uint32_t next_seq = 1;
@@ -164,15 +195,46 @@ private:
         std::uint32_t held = 0;    ///< slots done: results queued or handed out
         std::uint32_t fencing = 0; ///< of in_flight, slots fencing
     };
+    /// A call waiting for a connection (`sent`: in flight on one that ended).
+    struct waiting_call {
+        std::uint64_t call_id = 0;
+        std::uint16_t method = 0;
+        call_options o;
+        sched::coarse_clock::time_point deadline{};
+        bool sent = false;
+        std::span<const std::byte> external; ///< a body over a slot: the caller's buffer
+        std::vector<std::byte> body;         ///< one that fits: a copy
+    };
+    /// What a peer_id names: a server, across its connections.
+    struct session {
+        std::uint32_t generation = 0;
+        bool used = false;
+        std::uint32_t link = no_link; ///< its connection's index in ep_, if it has one
+        std::uint32_t links = 0;      ///< its links in ep_ (ended ones not yet torn down too)
+        peer_state state = peer_state::closed;
+        std::string addr; ///< empty: adopted (tests), made again only through dial_
+        std::uint16_t port = 0;
+        std::uint64_t server_incarnation = 0;
+        std::uint16_t slots = 0;      ///< the last connection's: calls that may wait
+        std::uint32_t slot_bytes = 0; ///< and what fitted its slots
+        std::chrono::nanoseconds backoff{};
+        sched::coarse_clock::time_point next_attempt{};
+        sched::coarse_clock::time_point lost_at{};
+        std::deque<waiting_call> waiting;
+    };
     /// A call as start() encodes it: where its body and reply go.
     struct outgoing {
         std::span<const std::byte> request;
         bool external = false; ///< the body stays in the caller's buffer (over the slot)
         std::uint32_t body_key = 0;
         std::uint32_t reply_key = 0;
+        std::uint64_t call_id = 0;
+        std::uint8_t flags = 0; ///< flag_idempotent, flag_retry
     };
 
     // Connecting (client_connect.cpp).
+    /// A connection to addr:port: node-local if it can, else through the device.
+    std::unique_ptr<detail::link> dial(std::string_view addr, std::uint16_t port);
     /// The node-local path to addr:port, if the server is on this node and
     /// may use CMA on this process; nullptr otherwise (take the device).
     std::unique_ptr<detail::link> connect_local(std::string_view addr, std::uint16_t port);
@@ -189,10 +251,8 @@ private:
     std::unique_ptr<detail::link> map_segment(local::unix_channel ch, const local_welcome& w,
                                               std::vector<int>& fds, std::string_view addr,
                                               std::uint16_t port);
-    /// connect_local() turned down by the server (it closed the handshake,
-    /// refused, or offered a segment that is not sealed): closes `fds`, counts
-    /// the refusal (err, reason), says on stderr that addr:port is on this node
-    /// but `what`, and returns nullptr, so that connect() takes the device.
+    /// connect_local() turned down (handshake closed, refused, segment not
+    /// sealed): closes `fds`, counts and says why, returns nullptr (the device).
     std::unique_ptr<detail::link> refuse_local(std::vector<int>& fds, int err,
                                                std::string_view reason, std::string_view addr,
                                                std::uint16_t port, std::string_view what);
@@ -200,15 +260,59 @@ private:
     /// Lets the server process `server` use CMA on this one where Yama asks
     /// for it, as rpc_options::ptracer allows.
     void grant_cma(pid_t server) noexcept;
-    peer_id add_link(std::unique_ptr<detail::link> wire);
+    /// A new peer_id over `wire` (addr empty: never made again but by dial_).
+    peer_id add_link(std::unique_ptr<detail::link> wire, std::string_view addr = {},
+                     std::uint16_t port = 0);
+    /// Makes `wire` session s's connection; all or nothing (throws).
+    void attach(std::uint32_t s, std::unique_ptr<detail::link> wire);
     /// Connections through this device bind type-2 windows.
     [[nodiscard]] bool windows_wanted() const noexcept;
     verbs_cache& cache();
+
+    // Sessions (client_session.cpp): peer_ids across connections.
+    [[nodiscard]] session* find_session(peer_id p) noexcept;
+    [[nodiscard]] const session* find_session(peer_id p) const noexcept;
+    [[nodiscard]] peer_id session_id(std::uint32_t s) const noexcept {
+        return {s, sessions_[s].generation};
+    }
+    /// The live connection of `p`, or null.
+    [[nodiscard]] const peer* link_of(peer_id p) const noexcept;
+    void set_state(std::uint32_t s, peer_state st) noexcept;
+    /// The connection of session s ended: its calls wait for the next one
+    /// (or end, where it is not made again), and the attempts start.
+    void lose_link(std::uint32_t s) noexcept;
+    /// A call of link l's slot, in flight when the link ended, waits for the
+    /// next connection (false: it could not; the caller ends it).
+    bool requeue(peer& l, std::uint32_t slot, std::deque<waiting_call>& into) noexcept;
+    /// start() while session s has no connection to take it.
+    call_status wait_for_link(std::uint32_t s, std::uint16_t method,
+                              std::span<const std::byte> request, const call_options& o,
+                              slot_ref& taken) noexcept;
+    /// Sends the calls waiting in session s, in order, while its connection has room.
+    void send_waiting(std::uint32_t s) noexcept;
+    /// Housekeeping of the sessions: waiting calls past their deadline, and
+    /// the connection attempts that are due.
+    void tend_sessions(sched::coarse_clock::time_point now) noexcept;
+    void try_reconnect(std::uint32_t s, sched::coarse_clock::time_point now) noexcept;
+    /// The server restarted: calls sent before, not idempotent, end unknown_outcome.
+    void server_restarted(session& ss) noexcept;
+    /// Session s is over: its waiting calls end `st`, and it is closed; its
+    /// peer_id names nothing once its last link is torn down.
+    void close_session(std::uint32_t s, call_status st) noexcept;
+    void release_session(std::uint32_t s) noexcept;
+    /// The result of a call that ended holding no slot.
+    void push_slotless(std::uint32_t s, const waiting_call& c, call_status st) noexcept;
+    /// Hands state changes to on_state_change.
+    void report_states() noexcept;
 
     // The call path (client_call.cpp).
     /// start() for call(): the slot it took, or the status it refused with.
     call_status start_on(peer_id p, std::uint16_t method, std::span<const std::byte> request,
                          const call_options& o, slot_ref& taken) noexcept;
+    /// Sends a call on connection `index` (a free slot there): new, or waiting.
+    call_status send_on(std::uint32_t index, std::uint16_t method, outgoing& call,
+                        const call_options& o, sched::coarse_clock::time_point deadline,
+                        slot_ref& taken) noexcept;
     /// Shows the server the call's memory over the slot (its body, its reply buffer).
     call_status expose_call(peer& l, std::uint32_t slot, const call_options& o,
                             outgoing& call) noexcept;
@@ -218,8 +322,10 @@ private:
                                  const call_options& o, const outgoing& call,
                                  std::uint32_t call_seq, bool epoch) noexcept;
     /// The slot's call is under way: its state, and the counts.
-    void track_call(peer& l, std::uint32_t slot, const call_options& o, std::uint32_t call_seq,
-                    bool epoch, std::uint32_t bytes, slot_ref& taken) noexcept;
+    void track_call(peer& l, std::uint32_t slot, const call_options& o, const outgoing& call,
+                    std::uint32_t call_seq, bool epoch, std::uint32_t bytes,
+                    sched::coarse_clock::time_point deadline, slot_ref& taken) noexcept;
+    [[nodiscard]] sched::coarse_clock::time_point deadline_of(const call_options& o) const noexcept;
     /// send_slot refused the request: why, for the caller.
     call_status send_refused(peer& l, std::uint32_t slot, status s) noexcept;
     void push_result(const call_result& r, const slot_ref& ref) noexcept;
@@ -235,6 +341,7 @@ private:
     void on_receive(const ibv_wc& wc) noexcept;
     void on_link_events(peer& l, std::uint32_t index, bool due) noexcept;
     void on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept;
+    void on_control(peer& l, std::uint32_t index, control c) noexcept;
     /// A reply for no call in flight in its slot: late (dropped), or the
     /// server's fault (the link ends).
     void stray_reply(peer& l, std::uint32_t index, std::uint32_t slot, violation v) noexcept;
@@ -247,8 +354,12 @@ private:
     /// The result of a call that ended, queued for the caller.
     void push_done(peer& l, std::uint32_t index, std::uint32_t slot, call_status st,
                    std::span<const std::byte> reply) noexcept;
+    /// The link ended: answered calls go out, the others wait for the
+    /// session's next connection (or end peer_gone where none comes).
     void fail_link(peer& l, std::uint32_t index) noexcept;
     void housekeeping() noexcept;
+    /// Probes an idle link, or ends a silent one.
+    void keep_alive(peer& l, std::uint32_t index, sched::coarse_clock::time_point now) noexcept;
     /// The calls of `l` past their deadline end timed_out.
     void expire_calls(peer& l, std::uint32_t index, sched::coarse_clock::time_point now) noexcept;
     /// A fencing slot is past its call's deadline (and a housekeeping period).
@@ -266,13 +377,23 @@ private:
     /// Whom this process let use CMA on it (Yama scope 1): 0 nobody yet, -1
     /// any process, else a server's pid.
     pid_t ptracer_ = 0;
-    // Results: a ring of those not yet handed out, and the slots handed out
-    // by the last poll (freed at the next). Sized at connect for every slot.
+    // Results not yet handed out (a ring sized for every slot), and the slots
+    // handed out by the last poll (freed at the next).
     std::vector<call_result> results_;
     std::size_t results_head_ = 0, results_count_ = 0;
     std::vector<slot_ref> queued_slots_; ///< parallel to results_: its slot, or link UINT32_MAX
     std::vector<slot_ref> handed_out_;
     std::size_t in_flight_ = 0;
+    // Sessions: what peer_ids name.
+    std::vector<session> sessions_;
+    std::vector<std::uint32_t> free_sessions_;
+    std::uint32_t session_generations_ = 0;
+    std::uint64_t next_call_id_ = 1;
+    /// How a session's connection is made again: dial(addr, port), or a test's.
+    std::function<std::unique_ptr<detail::link>(std::uint32_t session)> redial_;
+    std::function<void(peer_id, peer_state)> on_state_;
+    std::vector<std::pair<peer_id, peer_state>> state_changes_;
+    std::minstd_rand jitter_{static_cast<std::minstd_rand::result_type>(ep_.incarnation)};
 };
 
 } // namespace rdmax::rpc

@@ -51,9 +51,19 @@ struct rpc_counters {
     /// Server: READs of a request body withdrawn before they were posted,
     /// the caller having given the call up (its window is dead).
     std::uint64_t cancelled_reads = 0;
-    std::uint64_t bytes_in = 0;       ///< message bytes received (headers included)
-    std::uint64_t bytes_out = 0;      ///< message bytes sent (headers included)
-    std::uint64_t unknown_method = 0; ///< server: requests with no handler (answered so)
+    // Surviving failures (docs/rpc.md, "Failures and retries").
+    std::uint64_t keepalive_probes = 0;   ///< probes sent to connections idle a keepalive
+    std::uint64_t keepalive_timeouts = 0; ///< connections declared gone after keepalive_timeout
+    std::uint64_t reconnects = 0;         ///< client: connections made again after one ended
+    std::uint64_t reconnect_attempts = 0; ///< client: of those, attempts that failed
+    std::uint64_t retried_calls = 0;      ///< client: calls re-sent on a new connection
+    std::uint64_t unknown_outcomes = 0;   ///< calls that ended (client) or were answered
+                                          ///< (server) unknown_outcome
+    std::uint64_t duplicates = 0;         ///< server: re-sent calls answered from the reply cache
+    std::uint64_t goaways = 0;            ///< goaways sent (server) or received (client)
+    std::uint64_t bytes_in = 0;           ///< message bytes received (headers included)
+    std::uint64_t bytes_out = 0;          ///< message bytes sent (headers included)
+    std::uint64_t unknown_method = 0;     ///< server: requests with no handler (answered so)
     // A peer that breaks the protocol: each rejection counted, the message
     // dropped, the peer's connection closed.
     std::uint64_t rejected_kind = 0;      ///< wrong message kind
@@ -150,6 +160,8 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "calls {} completed {} failed {} (timed out {}, late replies {}, no credit {}) "
             "external bodies {} replies {} window reallocs {} windows unavailable {} "
             "fence stalls {} cancelled reads {} "
+            "keepalive probes {} timeouts {} reconnects {} (failed attempts {}) retried {} "
+            "unknown outcomes {} duplicates {} goaways {} "
             "bytes in {} out {} unknown method {} "
             "rejected {} (kind {} slot {} length {} malformed {} credit {} opcode {}) "
             "stray {} connected {} refused {} (last: {}{}{}) disconnected {} link failures {} "
@@ -157,9 +169,11 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "last link event {} ({})",
             c.calls, c.completed, c.failed, c.timed_out, c.late_replies, c.no_credit,
             c.external_bodies, c.external_replies, c.window_reallocs, c.windows_unavailable,
-            c.fence_stalls, c.cancelled_reads, c.bytes_in, c.bytes_out, c.unknown_method,
-            c.rejected(), c.rejected_kind, c.rejected_slot, c.rejected_length, c.rejected_malformed,
-            c.rejected_credit, c.rejected_opcode, c.stray_completions, c.connected, c.refused,
+            c.fence_stalls, c.cancelled_reads, c.keepalive_probes, c.keepalive_timeouts,
+            c.reconnects, c.reconnect_attempts, c.retried_calls, c.unknown_outcomes, c.duplicates,
+            c.goaways, c.bytes_in, c.bytes_out, c.unknown_method, c.rejected(), c.rejected_kind,
+            c.rejected_slot, c.rejected_length, c.rejected_malformed, c.rejected_credit,
+            c.rejected_opcode, c.stray_completions, c.connected, c.refused,
             c.refused == 0 ? "none" : c.last_refusal.what(), c.last_refusal.error == 0 ? "" : ": ",
             c.last_refusal.error == 0 ? std::string_view{}
                                       : std::string_view{std::strerror(c.last_refusal.error)},

@@ -38,6 +38,36 @@ struct rpc_options {
     /// and deadlines: an epoll_wait (and, when it reports one, the events'
     /// reads), so not at every poll. Deadlines are this precise.
     std::chrono::microseconds housekeeping{5000};
+    /// Keepalive: a connection that brought nothing for this long is probed
+    /// (a zero-length write-with-immediate, which the peer's poll answers),
+    /// and one silent for keepalive_timeout is declared gone: its calls are
+    /// re-sent after a reconnect (client) or its state freed (server), even
+    /// when no connection event ever comes (a pulled cable, a hung host, a
+    /// stopped process). A peer answers probes when it polls: a client that
+    /// does not poll for keepalive_timeout is dropped by its server, and
+    /// reconnects at its next call.
+    std::chrono::milliseconds keepalive{1000};
+    std::chrono::milliseconds keepalive_timeout{5000};
+    /// Client: a connection that ended (failed, silent, drained) is made
+    /// again, with exponential backoff from reconnect_backoff up to
+    /// reconnect_backoff_max and jitter (each wait a random 50-100 % of the
+    /// step); its calls wait for it up to their deadlines (unless fail_fast).
+    /// Off: they end peer_gone, and so they do after reconnect_give_up of
+    /// failed attempts (0: never give up).
+    bool reconnect = true;
+    std::chrono::milliseconds reconnect_backoff{50};
+    std::chrono::milliseconds reconnect_backoff_max{2000};
+    std::chrono::milliseconds reconnect_give_up{0};
+    /// Server: the replies of calls not marked idempotent are kept per client
+    /// incarnation, so that a call re-sent after a reconnect is answered from
+    /// here instead of running again: the last reply_cache_calls calls, at
+    /// most reply_cache_bytes of replies, none older than reply_cache_ttl. A
+    /// client's replies outlive its last connection by reply_cache_linger
+    /// (freed at once when it said goodbye).
+    std::uint32_t reply_cache_calls = 4096;
+    std::uint32_t reply_cache_bytes = 16U << 20;
+    std::chrono::milliseconds reply_cache_ttl{60000};
+    std::chrono::milliseconds reply_cache_linger{5000};
     /// Between processes on one node, through shared memory and CMA instead
     /// of the device: the server also answers on a Unix name, the client tries
     /// it first (RDMAX_RPC_LOCAL=0: always the device).
@@ -91,6 +121,31 @@ inline constexpr std::tuple rpc_knobs{
     config::knob{"RDMAX_RPC_HOUSEKEEPING_US", &rpc_options::housekeeping,
                  config::number{.lo = 1, .hi = 1'000'000},
                  "how often connection events and deadlines are looked at"},
+    config::knob{"RDMAX_RPC_KEEPALIVE_MS", &rpc_options::keepalive,
+                 config::number{.lo = 1, .hi = 3'600'000},
+                 "idle time before a connection is probed"},
+    config::knob{"RDMAX_RPC_KEEPALIVE_TIMEOUT_MS", &rpc_options::keepalive_timeout,
+                 config::number{.lo = 1, .hi = 3'600'000},
+                 "silence after which a peer is declared gone"},
+    config::knob{"RDMAX_RPC_RECONNECT", &rpc_options::reconnect, config::flag{},
+                 "`0`: a client does not reconnect (calls end peer_gone)"},
+    config::knob{"RDMAX_RPC_BACKOFF_MS", &rpc_options::reconnect_backoff,
+                 config::number{.lo = 1, .hi = 600'000}, "first wait before reconnecting"},
+    config::knob{"RDMAX_RPC_BACKOFF_MAX_MS", &rpc_options::reconnect_backoff_max,
+                 config::number{.lo = 1, .hi = 3'600'000}, "longest wait between reconnects"},
+    config::knob{"RDMAX_RPC_GIVE_UP_MS", &rpc_options::reconnect_give_up,
+                 config::number{.lo = 0, .hi = 86'400'000},
+                 "failed reconnects for this long end the calls (0: never)"},
+    config::knob{"RDMAX_RPC_REPLY_CACHE_CALLS", &rpc_options::reply_cache_calls,
+                 config::number{.lo = 1, .hi = 1U << 24}, "replies a server keeps per client"},
+    config::knob{"RDMAX_RPC_REPLY_CACHE_BYTES", &rpc_options::reply_cache_bytes,
+                 config::number{.lo = 0, .hi = 1U << 31, .bytes = true},
+                 "reply bytes a server keeps per client"},
+    config::knob{"RDMAX_RPC_REPLY_CACHE_TTL_MS", &rpc_options::reply_cache_ttl,
+                 config::number{.lo = 1, .hi = 86'400'000}, "how long a kept reply answers"},
+    config::knob{"RDMAX_RPC_REPLY_CACHE_LINGER_MS", &rpc_options::reply_cache_linger,
+                 config::number{.lo = 0, .hi = 86'400'000},
+                 "how long a client's replies outlive its last connection"},
     config::knob{"RDMAX_RPC_LOCAL", &rpc_options::local, config::flag{},
                  "`0`: RPC between processes on one node through the device too"},
     config::knob{

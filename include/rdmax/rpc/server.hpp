@@ -45,6 +45,7 @@
 
 #include <rdmax/detail/rpc/arena_block.hpp>
 #include <rdmax/detail/rpc/endpoint.hpp>
+#include <rdmax/detail/rpc/reply_cache.hpp>
 #include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/peer_id.hpp>
@@ -63,6 +64,10 @@ struct deferred_call {
     peer_id peer;
     std::uint32_t slot = 0;
     std::uint32_t call_seq = 0;
+    /// The client's incarnation and id for the call: an answer given after
+    /// the connection went is kept for the copy the client re-sends.
+    std::uint64_t client = 0;
+    std::uint64_t call_id = 0;
 };
 
 class server;
@@ -79,6 +84,13 @@ public:
     [[nodiscard]] std::size_t reply_capacity() const noexcept;
     /// Room in the reply slot to build a reply in place (reply_in_place).
     [[nodiscard]] std::span<std::byte> reply_space() const noexcept { return space_; }
+    /// The client's incarnation (random, one per rpc::client object) and its
+    /// id for this call: (client_incarnation, call_id) names the call across
+    /// the client's reconnects.
+    [[nodiscard]] std::uint64_t client_incarnation() const noexcept { return client_; }
+    [[nodiscard]] std::uint64_t call_id() const noexcept { return call_id_; }
+    /// The caller marked the call idempotent (no reply of it is kept).
+    [[nodiscard]] bool idempotent() const noexcept { return idempotent_; }
 
     /// Answers with `bytes` (copied; over the slot's room into the caller's buffer).
     void reply(std::span<const std::byte> bytes) noexcept;
@@ -99,6 +111,9 @@ private:
     sched::priority prio_;
     std::span<const std::byte> body_;
     std::span<std::byte> space_;
+    std::uint64_t client_ = 0;
+    std::uint64_t call_id_ = 0;
+    bool idempotent_ = false;
     bool answered_ = false;
 };
 
@@ -137,6 +152,19 @@ public:
     [[nodiscard]] bool is_local(peer_id p) const noexcept;
     /// Closes a peer's connection (its calls in flight get no answer).
     void disconnect(peer_id p) noexcept;
+    /// Drains, then closes: accepts no new connection, tells every client to
+    /// go elsewhere (goaway: they send nothing new here and reconnect), keeps
+    /// answering the calls that came until every client has acknowledged and
+    /// has none left (deferred ones too), or `deadline` passes, then closes
+    /// every connection. Blocks (it polls). Returns true when nothing was
+    /// left unanswered. The server takes connections again after it.
+    bool drain(std::chrono::milliseconds deadline) noexcept;
+    /// This server's incarnation (random, one per object): a client that
+    /// reconnects learns from it whether the server restarted.
+    [[nodiscard]] std::uint64_t incarnation() const noexcept { return ep_.incarnation; }
+    /// Clients whose replies the reply cache keeps, and the calls it keeps.
+    [[nodiscard]] std::size_t cached_clients() const noexcept { return cache_.clients(); }
+    [[nodiscard]] std::size_t cached_calls() const noexcept { return cache_.entries(); }
 
     [[nodiscard]] std::uint16_t port() const noexcept { return listener_.port(); }
     [[nodiscard]] std::size_t peers() const noexcept { return live_; }
@@ -169,6 +197,13 @@ private:
         /// already (a late immediate against its bytes), dropped.
         std::uint32_t last_seq = 0;
         bool accepted_any = false;
+        /// The handler ran (the answer may be deferred); until then a call
+        /// whose connection goes never ran.
+        bool ran = false;
+        bool idempotent = false;
+        std::uint64_t call_id = 0;
+        /// Its entry in the reply cache (calls not idempotent).
+        std::optional<detail::reply_cache::entry_ref> kept;
     };
     static constexpr std::uint16_t no_block = 0xffff;
     // What a body transfer's wr_id names: bits 56.. the kind, 16..31 the
@@ -195,6 +230,9 @@ private:
         std::uint32_t writes = 0; ///< reply bodies being written (signaled, awaited)
         /// Accepted, not yet established: dropped if still so at this time.
         std::optional<sched::coarse_clock::time_point> establish_by;
+        bool said_bye = false;     ///< the client left for good (its replies may go)
+        bool goaway_sent = false;  ///< draining: the client was told to go
+        bool goaway_acked = false; ///< and said it sends nothing more here
     };
 
     // Connecting (server_connect.cpp).
@@ -221,7 +259,8 @@ private:
     std::uint32_t judge_hello(const local_hello& hello, std::size_t bytes,
                               const local::unix_channel& ch);
     /// Makes the connection live; all or nothing (throws, nothing changed).
-    std::uint32_t add_link(std::unique_ptr<detail::link> wire, std::uint16_t slots);
+    std::uint32_t add_link(std::unique_ptr<detail::link> wire, std::uint16_t slots,
+                           std::uint64_t client);
     /// Counts a refused connection, and why.
     void refuse(int err, std::string_view why) noexcept;
     /// refuse() for the exception being handled.
@@ -230,6 +269,16 @@ private:
     // The call path (server_call.cpp).
     void on_receive(const ibv_wc& wc) noexcept;
     void on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept;
+    void on_control(peer& l, control c) noexcept;
+    /// A request not idempotent: what the reply cache says of it. False when
+    /// it must not run (answered from the cache, or waiting for its first copy).
+    bool admit(peer& l, std::uint32_t index, std::uint32_t slot, const message_header& h) noexcept;
+    /// The answer of a kept call: into the cache, and to a copy that waits.
+    void keep_answer(peer& l, std::uint32_t slot, call_status st,
+                     std::span<const std::byte> body) noexcept;
+    /// The answer of call `e` goes to the waiting copy `w` too.
+    void answer_waiter(const detail::reply_cache::waiter& w, call_status st,
+                       std::span<const std::byte> body) noexcept;
     void on_request(peer& l, std::uint32_t index, std::uint32_t slot, std::uint32_t bytes,
                     bool epoch) noexcept;
     /// The slot's request is taken (after the checks of on_request).
@@ -254,6 +303,10 @@ private:
     /// and flags for the header, the WRITE started or done.
     call_status write_reply_body(peer& l, std::uint32_t slot, std::span<const std::byte> body,
                                  message_header& h) noexcept;
+    /// A deferred call's answer whose connection went: kept (returns true
+    /// when a waiting copy got it).
+    bool keep_orphan(const deferred_call& d, call_status st,
+                     std::span<const std::byte> bytes) noexcept;
     /// A deferred call still waiting in its slot, or null.
     [[nodiscard]] peer* deferred_peer(const deferred_call& d) noexcept;
 
@@ -265,6 +318,14 @@ private:
     /// Ends the link (counted) when it failed under this side.
     void check_failed(peer& l) noexcept;
     void housekeeping() noexcept;
+    /// Probes idle links, ends silent ones, and (draining) sends goaways.
+    void keep_alive(peer& l, sched::coarse_clock::time_point now) noexcept;
+    /// drain(), in steps (the tests drive them): goaways at the next poll...
+    void begin_drain() noexcept;
+    /// ...until every client was told, acknowledged, and has no call left...
+    [[nodiscard]] bool drained() const noexcept;
+    /// ...then every connection closes, and the server takes new ones again.
+    void end_drain() noexcept;
     /// Links that failed, left, or never finished their handshake: torn down.
     void reap_links(bool events) noexcept;
     void teardown(std::uint32_t index) noexcept;
@@ -288,6 +349,8 @@ private:
     [[nodiscard]] std::chrono::nanoseconds listener_pause() const noexcept;
     std::vector<handler> handlers_;
     std::size_t live_ = 0;
+    detail::reply_cache cache_;
+    bool draining_ = false;
 };
 
 } // namespace rdmax::rpc

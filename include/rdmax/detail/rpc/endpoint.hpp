@@ -71,7 +71,28 @@ enum class receipt : std::uint8_t {
 struct peer_base {
     std::uint32_t generation = 0;
     std::unique_ptr<link> wire; ///< null: a free entry of the table
+    /// The peer's incarnation, as its handshake said (ring_offer::incarnation).
+    std::uint64_t incarnation = 0;
+    // Keepalive: `heard` is set by whatever the peer sends (a store on the
+    // call path, no clock read); housekeeping turns it into last_heard.
+    bool heard = false;
+    sched::coarse_clock::time_point last_heard{};
+    /// When the last probe went since the peer was last heard ({}: none).
+    sched::coarse_clock::time_point probed{};
 };
+
+/// What keepalive() finds of a connection.
+enum class liveness : std::uint8_t {
+    fine,   ///< heard from lately, or probed and within its time
+    probe,  ///< idle for a keepalive interval: send a probe now
+    silent, ///< nothing for keepalive_timeout: declare it gone
+};
+
+/// A random incarnation (never 0): one per client or server object.
+[[nodiscard]] std::uint64_t new_incarnation() noexcept;
+
+/// The clock of an endpoint's deadlines: the coarse clock, or a test's.
+using clock_fn = sched::coarse_clock::time_point (*)() noexcept;
 
 template <class Peer>
 class endpoint {
@@ -83,13 +104,17 @@ public:
         , arena(verbs_registrar(domain), opts.ring_arena())
         , issuer(domain, ring_key_options())
         , in(domain, inbox_depth)
-        , housekeeping_(opts.housekeeping) {}
+        , housekeeping_(opts.housekeeping)
+        , keepalive_(opts.keepalive)
+        , keepalive_timeout_(opts.keepalive_timeout) {}
     /// No device (protocol tests): no queues; links are adopted as they are.
     endpoint(rdmax::detail::no_device_t none, const rpc_options& opts)
         : pd(nullptr)
         , arena(verbs_registrar(none), opts.ring_arena())
         , in(none)
-        , housekeeping_(opts.housekeeping) {}
+        , housekeeping_(opts.housekeeping)
+        , keepalive_(opts.keepalive)
+        , keepalive_timeout_(opts.keepalive_timeout) {}
     endpoint(const endpoint&) = delete;
     endpoint& operator=(const endpoint&) = delete;
     /// Drops every connection left (the owner tore down what it must first).
@@ -114,7 +139,7 @@ public:
 
     /// Makes `fresh` (its own state filled in) the connection over `wire`:
     /// all or nothing (throws, nothing changed). Returns its index.
-    std::uint32_t add(std::unique_ptr<link> wire, Peer fresh) {
+    std::uint32_t add(std::unique_ptr<link> wire, Peer fresh, std::uint64_t peer_incarnation) {
         if (free_.empty()) {
             free_.reserve(peers.size() + 1);
             peers.emplace_back();
@@ -145,6 +170,10 @@ public:
         p = std::move(fresh);
         p.generation = ++generations_;
         p.wire = std::move(wire);
+        p.incarnation = peer_incarnation;
+        p.heard = false;
+        p.last_heard = now();
+        p.probed = {};
         return index;
     }
     /// Takes connection `index` out of the table: its descriptors leave the
@@ -189,14 +218,40 @@ public:
         return total;
     }
 
-    [[nodiscard]] bool housekeeping_due() const noexcept {
-        return sched::coarse_clock::now() >= next_housekeeping_;
-    }
+    [[nodiscard]] sched::coarse_clock::time_point now() const noexcept { return clock(); }
+    [[nodiscard]] bool housekeeping_due() const noexcept { return now() >= next_housekeeping_; }
     /// Housekeeping starts now: the next is due one interval on.
     sched::coarse_clock::time_point start_housekeeping() noexcept {
-        const auto now = sched::coarse_clock::now();
-        next_housekeeping_ = now + housekeeping_;
-        return now;
+        const auto t = now();
+        next_housekeeping_ = t + housekeeping_;
+        return t;
+    }
+
+    /// Where connection `p` stands (at housekeeping): probed after a
+    /// keepalive interval of silence, again each interval, and silent (gone)
+    /// after keepalive_timeout, counted. The bound holds to a housekeeping
+    /// interval (and the clock's jiffy).
+    [[nodiscard]] liveness keepalive(Peer& p, sched::coarse_clock::time_point t) noexcept {
+        if (p.heard) {
+            p.heard = false;
+            p.last_heard = t;
+            p.probed = {};
+        }
+        if (t - p.last_heard >= keepalive_timeout_) {
+            ++counters.keepalive_timeouts;
+            return liveness::silent;
+        }
+        if (t - p.last_heard < keepalive_ ||
+            (p.probed != sched::coarse_clock::time_point{} && t - p.probed < keepalive_))
+            return liveness::fine;
+        p.probed = t;
+        ++counters.keepalive_probes;
+        return liveness::probe;
+    }
+    /// Sends control message `c` (no bytes, no slot) as kind `k`. A send
+    /// queue with no room: the next housekeeping tries again.
+    [[nodiscard]] status send_control(Peer& p, message_kind k, control c) noexcept {
+        return p.wire->send_slot(k, static_cast<std::uint32_t>(c), 0, sched::urgent, false);
     }
     /// Something changed that housekeeping must look at: at the next poll.
     void housekeep_soon() noexcept { next_housekeeping_ = {}; }
@@ -232,6 +287,9 @@ public:
     std::vector<Peer> peers;                                ///< by peer_id::index
     std::unordered_map<std::uint32_t, std::uint32_t> by_qp; ///< qp_num -> index
     rpc_counters counters;
+    /// This side's incarnation, sent in every handshake.
+    std::uint64_t incarnation = new_incarnation();
+    clock_fn clock = &sched::coarse_clock::now;
 
 private:
     void wake_all() noexcept {
@@ -243,6 +301,8 @@ private:
     std::vector<std::uint32_t> free_; ///< entries with no link, reserved for every entry
     std::uint32_t generations_ = 0;
     std::chrono::nanoseconds housekeeping_;
+    std::chrono::nanoseconds keepalive_;
+    std::chrono::nanoseconds keepalive_timeout_;
     sched::coarse_clock::time_point next_housekeeping_{};
 };
 

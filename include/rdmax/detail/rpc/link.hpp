@@ -170,6 +170,8 @@ public:
     /// The connection failed, the peer left, or it broke the protocol: no
     /// more posts; the endpoint tears it down.
     bool broken = false;
+    /// The peer's incarnation, as its handshake said (ring_offer::incarnation).
+    std::uint64_t peer_incarnation = 0;
 
 protected:
     /// The geometry granted (at most what this side built its rings for).

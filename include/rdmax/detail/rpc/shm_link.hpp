@@ -44,6 +44,7 @@ struct local_hello {
     std::uint32_t reserved = 0;
     std::uint64_t probe_addr = 0;  ///< 8 bytes the server reads by CMA, to see that it may
     std::uint64_t probe_value = 0; ///< what it must find there
+    std::uint64_t incarnation = 0; ///< the client's (ring_offer::incarnation)
 };
 
 /// The server's answer; the segment's descriptor comes beside it when ok.
@@ -54,6 +55,7 @@ struct local_welcome {
     std::uint32_t slot_bytes = 0;
     std::uint32_t status = 0; ///< 0 ok; 1 CMA refused (take the device); 2 refused
     std::uint64_t segment_bytes = 0;
+    std::uint64_t incarnation = 0; ///< the server's (ring_offer::incarnation)
 };
 inline constexpr std::uint32_t local_ok = 0, local_no_cma = 1, local_refused = 2;
 

@@ -29,6 +29,17 @@
 // larger than the slot is written by the server into the buffer the caller
 // offered, then announced in the slot.
 //
+// Control messages carry no bytes: a write-with-immediate of length 0 whose
+// immediate names a control code where a slot goes (keepalive probes and
+// their answers, the server's goaway and the client's acknowledgement, the
+// client's goodbye). They take no slot and no credit.
+//
+// Every request carries the client's call id (per client incarnation, which
+// the handshake names, as the server's incarnation travels back): a call
+// re-sent on a new connection after its link broke keeps its id, and the
+// server answers a duplicate from its reply cache instead of running it
+// again (docs/rpc.md, "Failures and retries").
+//
 // Everything a peer sends is checked here before it is used: these functions
 // are pure, so the unit tests and the fuzzer hit them without a device.
 
@@ -45,8 +56,9 @@
 namespace rdmax::rpc {
 
 inline constexpr std::uint32_t protocol_magic = 0x52505831; // "RPX1"
-/// 2: the immediate carries the slot's epoch (version 1 had 4096 slots and no epoch).
-inline constexpr std::uint16_t protocol_version = 2;
+/// 3: call ids, incarnations and control messages (2: the immediate carries
+/// the slot's epoch; version 1 had 4096 slots and no epoch).
+inline constexpr std::uint16_t protocol_version = 3;
 
 /// Immediate layout: bit 31 the kind, bits 30..20 the slot, bit 19 the slot's
 /// epoch, bits 18..0 the bytes.
@@ -82,6 +94,20 @@ struct imm_fields {
             imm & ((1U << imm_bytes_bits) - 1), ((imm >> imm_epoch_shift) & 1U) != 0};
 }
 
+/// A control message: no bytes, a code where the slot goes. Requests-kind
+/// controls go from client to server, reply-kind from server to client.
+enum class control : std::uint8_t {
+    ping = 0,       ///< keepalive probe: answer pong
+    pong = 1,       ///< keepalive answer
+    goaway = 2,     ///< server: draining; send nothing new here, reconnect
+    goaway_ack = 3, ///< client: nothing more comes on this connection
+    bye = 4,        ///< client: closing for good (its reply cache may go at once)
+};
+inline constexpr std::uint32_t control_codes = 5;
+[[nodiscard]] constexpr bool is_control(const imm_fields& f) noexcept {
+    return f.bytes == 0;
+}
+
 /// Request flags (message_header::flags).
 inline constexpr std::uint8_t flag_external_body = 1; ///< the body is in the caller's buffer
 inline constexpr std::uint8_t flag_reply_buffer = 2;  ///< the caller offers a reply buffer
@@ -91,6 +117,13 @@ inline constexpr std::uint8_t flag_external_reply = 4;
 /// the other one took the immediate late: the slot holds the caller's next
 /// call already (or the caller gave the call up), and the immediate is dropped.
 inline constexpr std::uint8_t flag_epoch = 8;
+/// Request flag: running the call twice does no harm (the server keeps no reply of it).
+inline constexpr std::uint8_t flag_idempotent = 16;
+/// Request flag: sent before on an earlier connection of the same client
+/// incarnation; the server looks its call id up before running it.
+inline constexpr std::uint8_t flag_retry = 32;
+inline constexpr std::uint8_t request_flags =
+    flag_external_body | flag_reply_buffer | flag_epoch | flag_idempotent | flag_retry;
 
 /// The first bytes of every slot.
 struct message_header {
@@ -100,8 +133,11 @@ struct message_header {
     std::uint8_t priority = 0; ///< requests: 0 (urgent) .. 7; replies go at the same level
     std::uint32_t status = 0;  ///< replies: a call_status the server may say
     std::uint32_t body_bytes = 0;
+    /// The client's id for the call, unique within its incarnation and kept
+    /// when the call is re-sent; the reply echoes it.
+    std::uint64_t call_id = 0;
 };
-static_assert(sizeof(message_header) == 16 && std::is_trivially_copyable_v<message_header>);
+static_assert(sizeof(message_header) == 24 && std::is_trivially_copyable_v<message_header>);
 static_assert(std::has_unique_object_representations_v<message_header>);
 
 /// A caller's registered buffer, for the peer's READ or WRITE.
@@ -124,8 +160,11 @@ struct ring_offer {
     std::uint32_t slot_bytes = 0;
     std::uint32_t rkey = 0;
     std::uint64_t addr = 0;
+    /// The sender's incarnation: random, never 0, one per client or server
+    /// object. A client that reconnects learns whether its server restarted.
+    std::uint64_t incarnation = 0;
 };
-static_assert(sizeof(ring_offer) == 24 && sizeof(ring_offer) <= 55);
+static_assert(sizeof(ring_offer) == 32 && sizeof(ring_offer) <= 55);
 static_assert(std::has_unique_object_representations_v<ring_offer>);
 
 /// The smallest slot: a header, two descriptors and some inline body.
@@ -144,6 +183,8 @@ inline constexpr std::uint32_t min_slot_bytes = 64;
     const std::uint64_t ring = std::uint64_t{o.slots} * o.slot_bytes;
     if (o.addr == 0 || o.addr > UINT64_MAX - ring)
         return "ring address wraps";
+    if (o.incarnation == 0)
+        return "no incarnation";
     return nullptr;
 }
 
@@ -194,12 +235,15 @@ template <class T>
 }
 } // namespace detail
 
-/// Checks the immediate against the ring's geometry: its kind, slot and length.
+/// Checks the immediate against the ring's geometry: its kind, slot and
+/// length (a control message: its code).
 [[nodiscard]] constexpr violation check_imm(const imm_fields& f, message_kind expected,
                                             std::uint32_t slots,
                                             std::uint32_t slot_bytes) noexcept {
     if (f.kind != expected)
         return violation::wrong_kind;
+    if (is_control(f))
+        return f.slot < control_codes && !f.epoch ? violation::none : violation::malformed;
     if (f.slot >= slots)
         return violation::bad_slot;
     if (f.bytes < sizeof(message_header) || f.bytes > slot_bytes)
@@ -230,8 +274,7 @@ template <class T>
     out.header = detail::load<message_header>(bytes.data());
     const message_header& h = out.header;
     std::size_t at = sizeof(message_header);
-    if ((h.flags & ~(flag_external_body | flag_reply_buffer | flag_epoch)) != 0 || h.method == 0 ||
-        h.priority > 7 || h.status != 0)
+    if ((h.flags & ~request_flags) != 0 || h.method == 0 || h.priority > 7 || h.status != 0)
         return violation::malformed;
     if ((h.flags & flag_external_body) != 0) {
         if (bytes.size() < at + sizeof(buffer_descriptor))

@@ -30,10 +30,15 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     outgoing call{.request = request,
                   .call_id = next_call_id_,
                   .flags = static_cast<std::uint8_t>(o.idempotent ? flag_idempotent : 0)};
-    const call_status st = send_on(ss->link, method, call, o, deadline_of(o), taken);
+    const std::uint32_t index = ss->link;
+    const call_status st = send_on(index, method, call, o, deadline_of(o), taken);
     if (st == call_status::ok)
         ++next_call_id_;
-    return st;
+    if (st != call_status::peer_gone || !ep_.peers[index].wire->broken)
+        return st;
+    // The connection failed under this call (nothing went): it waits for the next.
+    fail_link(ep_.peers[index], index);
+    return wait_for_link(p.index, method, request, o, taken);
 }
 
 call_status client::send_on(std::uint32_t index, std::uint16_t method, outgoing& call,

@@ -146,11 +146,14 @@ std::optional<reply_cache::waiter> reply_cache::done(const entry_ref& e, call_st
     return w;
 }
 
-void reply_cache::forget(const entry_ref& e) noexcept {
-    if (entry* x = at(e); x != nullptr && x->st == state::running) {
-        x->st = state::empty;
-        x->wants.reset();
-    }
+std::optional<reply_cache::waiter> reply_cache::forget(const entry_ref& e) noexcept {
+    entry* x = at(e);
+    if (x == nullptr || x->st != state::running)
+        return std::nullopt;
+    x->st = state::empty;
+    std::optional<waiter> w = x->wants;
+    x->wants.reset();
+    return w;
 }
 
 std::size_t reply_cache::entries() const noexcept {

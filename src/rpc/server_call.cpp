@@ -138,12 +138,47 @@ void server::on_request(peer& l, std::uint32_t index, std::uint32_t slot, std::u
         supersede(l, slot);
     }
     accept_request(l, slot, epoch, bytes, request);
+    dispatch(l, index, slot, request);
+}
+
+void server::dispatch(peer& l, std::uint32_t index, std::uint32_t slot,
+                      const parsed_request& request) noexcept {
     if ((request.header.flags & flag_idempotent) == 0 && !admit(l, index, slot, request.header))
         return;
     if (request.external_body)
         read_request_body(l, index, slot, *request.external_body);
     else
         run_handler(l, index, slot, request.inline_body);
+}
+
+void server::forget_call(const detail::reply_cache::entry_ref& e) noexcept {
+    if (const std::optional<detail::reply_cache::waiter> w = cache_.forget(e)) {
+        try {
+            orphans_.push_back(*w);
+        } catch (...) {
+            // No memory: that copy gets no answer; its caller's deadline ends it.
+        }
+    }
+}
+
+void server::run_orphans() noexcept {
+    while (!orphans_.empty()) {
+        const detail::reply_cache::waiter w = orphans_.back();
+        orphans_.pop_back();
+        peer* l = ep_.find(w.peer);
+        if (l == nullptr || l->wire->broken || w.slot >= l->slots.size())
+            continue;
+        slot_state& ss = l->slots[w.slot];
+        if (!ss.busy || ss.seq != w.call_seq || abandoned(*l, w.slot))
+            continue;
+        // Its request is still in the ring (the slot is busy: the caller
+        // writes nothing there until answered): read again, as it came.
+        parsed_request request;
+        if (parse_request(l->wire->inbound(w.slot, ss.bytes), request) != violation::none)
+            continue;
+        ss.ran = false;
+        dispatch(*l, w.peer.index, w.slot, request);
+    }
 }
 
 void server::supersede(peer& l, std::uint32_t slot) noexcept {
@@ -165,7 +200,7 @@ void server::supersede(peer& l, std::uint32_t slot) noexcept {
     ss.busy = false;
     ss.body_at = no_block;
     if (ss.kept && !ss.ran)
-        cache_.forget(*ss.kept); // never ran: a copy re-sent later may
+        forget_call(*ss.kept); // never ran: a copy re-sent later may
     ss.kept.reset();
 }
 
@@ -213,6 +248,7 @@ void server::accept_request(peer& l, std::uint32_t slot, bool epoch, std::uint32
     ss.idempotent = (request.header.flags & flag_idempotent) != 0;
     ss.ran = false;
     ss.kept.reset();
+    ss.bytes = bytes;
 }
 
 void server::read_request_body(peer& l, std::uint32_t index, std::uint32_t slot,
@@ -245,7 +281,7 @@ void server::read_request_body(peer& l, std::uint32_t index, std::uint32_t slot,
         ss.body_at = no_block;
         ss.busy = false;
         if (ss.kept)
-            cache_.forget(*ss.kept);
+            forget_call(*ss.kept);
         ss.kept.reset();
         release_block(l, at);
         return;
@@ -421,7 +457,7 @@ void server::keep_answer(peer& l, std::uint32_t slot, call_status st,
     if (st == call_status::read_failed) {
         // The handler never ran (its body could not be read, perhaps for the
         // connection's failure): a copy re-sent later may run.
-        cache_.forget(e);
+        forget_call(e);
         return;
     }
     if (const std::optional<detail::reply_cache::waiter> w = cache_.done(e, st, body, ep_.now()))

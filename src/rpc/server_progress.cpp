@@ -25,6 +25,8 @@ int server::poll() noexcept {
     }
     if (ep_.housekeeping_due())
         housekeeping();
+    if (!orphans_.empty())
+        run_orphans();
     return static_cast<int>(ep_.counters.calls - before);
 }
 
@@ -175,7 +177,7 @@ void server::teardown(std::uint32_t index) noexcept {
     // entries: their answer is kept when it comes (keep_orphan).
     for (slot_state& ss : l.slots)
         if (ss.busy && ss.kept && !ss.ran)
-            cache_.forget(*ss.kept);
+            forget_call(*ss.kept);
     cache_.detach(l.incarnation, l.said_bye, ep_.now());
     ep_.drop(index); // no more DMA into or out of the slots' blocks
     l.slots.clear();

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <fcntl.h>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <new>
 #include <numeric>
 #include <optional>
@@ -732,13 +734,16 @@ TEST_CASE("priorities: an urgent call overtakes bulk calls on the same connectio
     CHECK(urgent_at < 8); // not behind every bulk call
 }
 
-TEST_CASE("a server that goes away: calls in flight end peer_gone well before their deadline") {
+TEST_CASE("a server that goes away for good: calls in flight end peer_gone once reconnecting "
+          "gives up, well before their deadline") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     auto s = std::make_unique<rpc::server>(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(*s);
-    connected_client c(pd, *s);
+    rpc::rpc_options co = small_options();
+    co.reconnect_give_up = std::chrono::milliseconds(300);
+    connected_client c(pd, *s, co);
     std::vector<std::byte> req(64);
     for (std::uint64_t i = 0; i < 4; ++i)
         REQUIRE(c.cli.start(c.peer, m_defer, req, {.cookie = i}) == rpc::call_status::ok);
@@ -756,6 +761,8 @@ TEST_CASE("a server that goes away: calls in flight end peer_gone well before th
         CHECK(r.status == rpc::call_status::peer_gone);
     CHECK(clock_type::now() - t0 < std::chrono::seconds(10)); // the call deadline is 20 s
     CHECK_FALSE(c.cli.connected(c.peer));
+    CHECK(c.cli.counters().reconnect_attempts > 0); // refused: nobody listens any more
+    CHECK(c.cli.state(c.peer) == rpc::peer_state::closed);
     // Why, in the counters: nothing failed here; through the device, the
     // server's side ended it. A node-local link has no rdma_cm. The server
     // takes a connection as established by its first message, before its
@@ -769,6 +776,89 @@ TEST_CASE("a server that goes away: calls in flight end peer_gone well before th
         CHECK((ended_by == static_cast<int>(RDMA_CM_EVENT_DISCONNECTED) ||
                ended_by == static_cast<int>(RDMA_CM_EVENT_REJECTED)));
     CHECK(c.cli.start(c.peer, m_echo, req) != rpc::call_status::ok);
+}
+
+TEST_CASE("keepalive and reconnect: idle links are probed and answered; a server that stops "
+          "polling is declared gone within keepalive_timeout; the call is re-sent and runs once") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options o = small_options();
+    o.keepalive = std::chrono::milliseconds(50);
+    o.keepalive_timeout = std::chrono::milliseconds(600);
+    o.reconnect_backoff = std::chrono::milliseconds(20);
+    o.connect_timeout = std::chrono::milliseconds(3000);
+    rpc::server s(pd, test_addr(), 0, o);
+    std::mutex mu;
+    std::map<std::uint64_t, int> runs; // executions per call id
+    s.on(m_echo, [&](rpc::request_context& c) {
+        const std::lock_guard lock(mu);
+        ++runs[c.call_id()];
+        c.reply(c.body());
+    });
+    // The server in a thread of its own (a reconnect waits for its accept),
+    // paused to play a server that stopped (SIGSTOP: no poll, no answer).
+    std::atomic<bool> paused{false}, stop{false};
+    std::thread serve([&] {
+        while (!stop.load()) {
+            if (paused.load())
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            else
+                (void)s.wait(std::chrono::milliseconds(2));
+        }
+    });
+    struct joiner {
+        std::atomic<bool>& stop;
+        std::thread& t;
+        ~joiner() {
+            stop = true;
+            t.join();
+        }
+    } join{stop, serve};
+    rpc::client cli(pd, o);
+    const rpc::peer_id p = cli.connect(test_addr(), s.port());
+    rpc::call_result out[4];
+    const auto idle_until = clock_type::now() + std::chrono::milliseconds(400);
+    while (clock_type::now() < idle_until)
+        (void)cli.wait(out, std::chrono::milliseconds(5));
+    CHECK(cli.counters().keepalive_probes > 0); // and answered:
+    CHECK(cli.counters().keepalive_timeouts == 0);
+    CHECK(cli.state(p) == rpc::peer_state::ready);
+
+    paused = true;
+    std::vector<std::byte> req(48, std::byte{7});
+    REQUIRE(cli.start(p, m_echo, req, {.cookie = 1}) == rpc::call_status::ok);
+    const auto t0 = clock_type::now();
+    while (cli.state(p) == rpc::peer_state::ready &&
+           clock_type::now() - t0 < std::chrono::seconds(10))
+        (void)cli.wait(out, std::chrono::milliseconds(5));
+    const auto detected = clock_type::now() - t0;
+    REQUIRE(cli.state(p) != rpc::peer_state::ready);
+    CHECK(cli.counters().keepalive_timeouts == 1);
+    CHECK(detected >= o.keepalive_timeout - std::chrono::milliseconds(20)); // coarse clock
+    std::printf("keepalive: silent server detected after %lld ms (keepalive_timeout %lld ms)\n",
+                static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(detected).count()),
+                static_cast<long long>(o.keepalive_timeout.count()));
+
+    paused = false; // it resumes: the client connects again and sends the call again
+    std::vector<rpc::call_result> results;
+    const auto t1 = clock_type::now();
+    while (results.empty() && clock_type::now() - t1 < std::chrono::seconds(20)) {
+        const int n = cli.wait(out, std::chrono::milliseconds(5));
+        for (int i = 0; i < n; ++i) {
+            results.push_back(out[i]);
+            CHECK(std::equal(out[i].reply.begin(), out[i].reply.end(), req.begin(), req.end()));
+        }
+    }
+    REQUIRE(results.size() == 1);
+    CHECK(results[0].status == rpc::call_status::ok);
+    CHECK(results[0].cookie == 1);
+    CHECK(cli.state(p) == rpc::peer_state::ready);
+    CHECK(cli.counters().reconnects >= 1);
+    CHECK(cli.counters().retried_calls >= 1);
+    const std::lock_guard lock(mu);
+    REQUIRE(runs.size() == 1);
+    CHECK(runs.begin()->second == 1); // answered from the reply cache, if it ran before
 }
 
 TEST_CASE("a client that goes away is dropped; the others are served") {
@@ -815,6 +905,7 @@ struct raw_peer {
         o.slot_bytes = 4096;
         o.addr = reinterpret_cast<std::uint64_t>(r.bytes.data());
         o.rkey = r.mr.rkey();
+        o.incarnation = 0x5eed;
         return o;
     }
     raw_peer(const verbs::protection_domain& pd, rpc::server& s)
@@ -1156,6 +1247,7 @@ struct raw_server {
         mine.slot_bytes = 4096;
         mine.addr = reinterpret_cast<std::uint64_t>(ring.bytes.data());
         mine.rkey = ring.mr.rkey();
+        mine.incarnation = 0x5eed;
         rpc::peer_id id;
         std::thread t([&] { id = c.connect(test_addr(), listener.port()); });
         try {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -311,9 +312,28 @@ struct protocol_test_access {
     static peer_id adopt(client& c, const std::shared_ptr<test::fake_end>& e) {
         return c.add_link(std::make_unique<test::fake_link>(e));
     }
-    static peer_id adopt(server& s, const std::shared_ptr<test::fake_end>& e) {
-        return s.ep_.id_of(s.add_link(std::make_unique<test::fake_link>(e), e->slots, 1));
+    static peer_id adopt(server& s, const std::shared_ptr<test::fake_end>& e,
+                         std::uint64_t client_incarnation = 1) {
+        return s.ep_.id_of(
+            s.add_link(std::make_unique<test::fake_link>(e), e->slots, client_incarnation));
     }
+    /// A link whose handshake named the server's incarnation.
+    static peer_id adopt(client& c, const std::shared_ptr<test::fake_end>& e,
+                         std::uint64_t server_incarnation) {
+        auto w = std::make_unique<test::fake_link>(e);
+        w->peer_incarnation = server_incarnation;
+        return c.add_link(std::move(w));
+    }
+    /// How the client makes its connections again (throw: the attempt failed).
+    static void redial(client& c, std::function<std::unique_ptr<detail::link>()> f) {
+        c.redial_ = [f = std::move(f)](std::uint32_t) { return f(); };
+    }
+    /// The endpoints' deadlines on another clock (a virtual one).
+    static void use_clock(client& c, detail::clock_fn f) { c.ep_.clock = f; }
+    static void use_clock(server& s, detail::clock_fn f) { s.ep_.clock = f; }
+    static void begin_drain(server& s) { s.begin_drain(); }
+    static bool drained(const server& s) { return s.drained(); }
+    static void end_drain(server& s) { s.end_drain(); }
 
     /// A receive completion as the device gives it: on_receive, as poll() would.
     template <class Endpoint>

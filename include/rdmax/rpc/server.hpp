@@ -201,6 +201,7 @@ private:
         /// whose connection goes never ran.
         bool ran = false;
         bool idempotent = false;
+        std::uint32_t bytes = 0; ///< the request's, in the ring (a waiting copy runs from there)
         std::uint64_t call_id = 0;
         /// Its entry in the reply cache (calls not idempotent).
         std::optional<detail::reply_cache::entry_ref> kept;
@@ -276,6 +277,14 @@ private:
     /// The answer of a kept call: into the cache, and to a copy that waits.
     void keep_answer(peer& l, std::uint32_t slot, call_status st,
                      std::span<const std::byte> body) noexcept;
+    /// Admits and runs (or reads the body of) the request accepted into `slot`.
+    void dispatch(peer& l, std::uint32_t index, std::uint32_t slot,
+                  const parsed_request& request) noexcept;
+    /// The kept call `e` never ran: forgotten, and a copy that waited for it
+    /// runs in its stead (at the end of this poll).
+    void forget_call(const detail::reply_cache::entry_ref& e) noexcept;
+    /// Runs the copies forget_call() left.
+    void run_orphans() noexcept;
     /// The answer of call `e` goes to the waiting copy `w` too.
     void answer_waiter(const detail::reply_cache::waiter& w, call_status st,
                        std::span<const std::byte> body) noexcept;
@@ -350,6 +359,8 @@ private:
     std::vector<handler> handlers_;
     std::size_t live_ = 0;
     detail::reply_cache cache_;
+    /// Copies that waited for a first copy that never ran (forget_call).
+    std::vector<detail::reply_cache::waiter> orphans_;
     bool draining_ = false;
 };
 

@@ -93,8 +93,9 @@ public:
     std::optional<waiter> done(const entry_ref& e, call_status st, std::span<const std::byte> body,
                                time_point now) noexcept;
     /// The call never ran (its body could not be read, its connection went
-    /// before): forgotten, so that a re-sent copy runs.
-    void forget(const entry_ref& e) noexcept;
+    /// before): forgotten, so that a re-sent copy runs. Returns the copy that
+    /// waited for it, which must now run in its stead.
+    std::optional<waiter> forget(const entry_ref& e) noexcept;
     /// The entry of call `call_id` of `client`, if the ring still has it.
     [[nodiscard]] std::optional<entry_ref> find(std::uint64_t client,
                                                 std::uint64_t call_id) const noexcept;

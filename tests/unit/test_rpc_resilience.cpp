@@ -1,0 +1,562 @@
+// Surviving failures, without a device and on a virtual clock: keepalive
+// (detection within keepalive_timeout + 10 %), reconnect backoff and its
+// jitter, calls re-sent after a reconnect and answered once (the server's
+// reply cache), a server that restarted (unknown_outcome), calls that wait
+// for the connection or fail fast, the reply cache's window and linger, and
+// a drain. A real rpc::client and rpc::server talk through fake links
+// (tests/support/fake_link.hpp); connections are cut, lost or silenced by
+// hand. The same scenarios run on soft-RoCE in the resilience suite, where
+// times are reported, not gated.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../support/catch.hpp"
+#include "../support/fake_link.hpp"
+
+using namespace rdmax;
+using rdmax::rpc::call_result;
+using rdmax::rpc::call_status;
+using rdmax::rpc::peer_id;
+using rdmax::rpc::peer_state;
+using rdmax::test::fake_end;
+using rdmax::test::fake_path;
+using inside = rdmax::rpc::protocol_test_access;
+using namespace std::chrono_literals;
+using time_point = sched::coarse_clock::time_point;
+
+namespace {
+
+constexpr std::uint16_t run_once = 1; ///< counts its runs per call id, replies with the body
+constexpr std::uint16_t deferring = 2;
+
+/// The virtual clock every endpoint here reads.
+time_point virtual_now{std::chrono::hours(1)};
+time_point now_fn() noexcept {
+    return virtual_now;
+}
+
+std::span<const std::byte> bytes_of(std::string_view s) {
+    return std::as_bytes(std::span(s.data(), s.size()));
+}
+std::string text(std::span<const std::byte> b) {
+    return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+rpc::rpc_options options() {
+    rpc::rpc_options o;
+    o.slots = 4;
+    o.slot_bytes = 256;
+    o.max_message = 64 << 10;
+    o.local = false;
+    o.call_timeout = 30s;
+    o.housekeeping = 10ms;
+    o.keepalive = 100ms;
+    o.keepalive_timeout = 1000ms;
+    o.reconnect_backoff = 50ms;
+    o.reconnect_backoff_max = 400ms;
+    o.reply_cache_linger = 2s;
+    return o;
+}
+
+/// A client and a server, the connections between them made (and cut) by
+/// hand, the server restartable, time virtual.
+struct world {
+    rpc::rpc_options o;
+    std::unique_ptr<rpc::client> cli;
+    std::unique_ptr<rpc::server> srv;
+    std::shared_ptr<fake_end> c, s; ///< the current connection's ends
+    std::vector<std::shared_ptr<fake_end>> old;
+    peer_id p;
+    bool up = true;                    ///< the server takes connections
+    std::map<std::uint64_t, int> runs; ///< executions per call id, over every server
+    std::vector<rpc::deferred_call> deferred;
+    std::vector<time_point> attempts; ///< when the client tried to connect again
+    std::vector<peer_state> states;
+
+    explicit world(rpc::rpc_options opts = options())
+        : o(opts) {
+        cli = inside::make_client(o);
+        inside::use_clock(*cli, &now_fn);
+        start_server();
+        p = inside::adopt(*cli, join(), srv->incarnation());
+        inside::redial(*cli, [this]() -> std::unique_ptr<rpc::detail::link> {
+            attempts.push_back(virtual_now);
+            if (!up)
+                throw std::runtime_error("connection refused");
+            auto w = std::make_unique<test::fake_link>(join());
+            w->peer_incarnation = srv->incarnation();
+            return w;
+        });
+        cli->on_state_change([this](peer_id, peer_state st) { states.push_back(st); });
+    }
+    void start_server() {
+        srv = inside::make_server(o);
+        inside::use_clock(*srv, &now_fn);
+        srv->on(run_once, [this](rpc::request_context& ctx) {
+            ++runs[ctx.call_id()];
+            ctx.reply(ctx.body());
+        });
+        srv->on(deferring, [this](rpc::request_context& ctx) {
+            ++runs[ctx.call_id()];
+            deferred.push_back(ctx.defer());
+        });
+    }
+    /// A new connection: its server end adopted by the server, its client end returned.
+    std::shared_ptr<fake_end> join() {
+        if (c) {
+            old.push_back(c);
+            old.push_back(s);
+        }
+        c = std::make_shared<fake_end>(fake_path::device, o.slots, o.slot_bytes);
+        s = std::make_shared<fake_end>(fake_path::device, o.slots, o.slot_bytes);
+        c->peer = s.get();
+        s->peer = c.get();
+        (void)inside::adopt(*srv, s, cli->incarnation());
+        return c;
+    }
+    /// The connection fails under both (connection events on both sides);
+    /// what was in flight on it is lost.
+    void cut() {
+        c->outbox.clear();
+        s->outbox.clear();
+        c->leave();
+        s->leave();
+    }
+    /// The server process dies and another starts (a new incarnation).
+    void restart_server() {
+        cut();
+        srv.reset();
+        start_server();
+    }
+    /// Everything in flight lands, both ways (unless `silent`: the server
+    /// takes nothing and says nothing).
+    void pump() {
+        for (int round = 0; round < 64; ++round) {
+            const bool moving = !c->outbox.empty() || !s->outbox.empty();
+            while (!c->outbox.empty())
+                if (const auto imm = c->land_one())
+                    inside::receive_imm(*srv, *s, *imm);
+            (void)srv->poll();
+            while (!s->outbox.empty())
+                if (const auto imm = s->land_one())
+                    inside::receive_imm(*cli, *c, *imm);
+            if (!moving)
+                return;
+        }
+    }
+    /// Time passes in housekeeping steps; both sides poll (and the messages
+    /// flow) at each, unless the server is silent.
+    std::vector<call_result> tick(std::chrono::nanoseconds d, bool silent = false) {
+        std::vector<call_result> got;
+        for (auto end = virtual_now + d; virtual_now < end;) {
+            virtual_now += o.housekeeping;
+            const auto more = poll();
+            got.insert(got.end(), more.begin(), more.end());
+            if (!silent) {
+                (void)srv->poll();
+                pump();
+            }
+        }
+        const auto more = poll();
+        got.insert(got.end(), more.begin(), more.end());
+        return got;
+    }
+    std::vector<call_result> poll() {
+        std::array<call_result, 16> out;
+        const int n = cli->poll(out);
+        return {out.begin(), out.begin() + n};
+    }
+    call_status start(std::uint16_t method, std::string_view body, rpc::call_options co = {}) {
+        return cli->start(p, method, bytes_of(body), co);
+    }
+    /// Controls the client sent on the current connection and not yet landed.
+    [[nodiscard]] int controls_out(rpc::control what) const {
+        return static_cast<int>(
+            std::count_if(c->outbox.begin(), c->outbox.end(), [&](const auto& m) {
+                const rpc::imm_fields f = rpc::decode_imm(m.imm);
+                return rpc::is_control(f) && f.slot == static_cast<std::uint32_t>(what);
+            }));
+    }
+};
+
+} // namespace
+
+TEST_CASE("keepalive: an idle link is probed each interval; a live peer's pong keeps it",
+          "[rpc-resilience][keepalive]") {
+    world w;
+    (void)w.tick(350ms, true); // the server silent: probes pile up
+    CHECK(w.controls_out(rpc::control::ping) >= 2);
+    CHECK(w.controls_out(rpc::control::ping) <= 3);
+    w.pump(); // they land; the server answers each
+    CHECK(w.cli->state(w.p) == peer_state::ready);
+    (void)w.tick(5s); // a peer that answers is never declared gone
+    CHECK(w.cli->state(w.p) == peer_state::ready);
+    CHECK(w.cli->counters().keepalive_timeouts == 0);
+    CHECK(w.cli->counters().keepalive_probes >= 40);
+    CHECK(w.srv->counters().keepalive_timeouts == 0);
+}
+
+TEST_CASE("keepalive: a silent server is detected within keepalive_timeout + 10 %",
+          "[rpc-resilience][keepalive]") {
+    const auto timeout = GENERATE(1000ms, 300ms);
+    rpc::rpc_options o = options();
+    o.keepalive = timeout / 5;
+    o.keepalive_timeout = timeout;
+    world w(o);
+    w.up = false; // it stays gone
+    REQUIRE(w.start(run_once, "x") == call_status::ok);
+    const time_point from = virtual_now;
+    std::optional<time_point> detected;
+    while (virtual_now - from < 3 * timeout) {
+        (void)w.tick(o.housekeeping, true); // no connection event ever comes
+        if (w.cli->state(w.p) != peer_state::ready) {
+            detected = virtual_now;
+            break;
+        }
+    }
+    REQUIRE(detected);
+    const auto took = *detected - from;
+    INFO("detected after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                           << " ms, keepalive_timeout " << timeout.count() << " ms");
+    CHECK(took >= timeout);
+    CHECK(took <= timeout + timeout / 10);
+    CHECK(w.cli->counters().keepalive_timeouts == 1);
+    CHECK(w.states.front() == peer_state::reconnecting);
+}
+
+TEST_CASE("keepalive: the server drops a client silent for keepalive_timeout",
+          "[rpc-resilience][keepalive]") {
+    world w;
+    REQUIRE(w.srv->peers() == 1);
+    for (int i = 0; i < 120 && w.srv->peers() == 1; ++i) {
+        virtual_now += w.o.housekeeping;
+        (void)w.srv->poll(); // the client never polls: never answers
+    }
+    CHECK(w.srv->peers() == 0);
+    CHECK(w.srv->counters().keepalive_timeouts == 1);
+    CHECK(w.srv->cached_clients() == 1); // its replies linger for its reconnect
+    virtual_now += w.o.reply_cache_linger - 20ms;
+    (void)w.srv->poll();
+    CHECK(w.srv->cached_clients() == 1);
+    virtual_now += 30ms;
+    (void)w.srv->poll();
+    CHECK(w.srv->cached_clients() == 0); // and go after reply_cache_linger
+}
+
+TEST_CASE("reconnect: backoff doubles from reconnect_backoff up to its most, each wait "
+          "jittered to 50-100 %; the session is ready at the first attempt that works",
+          "[rpc-resilience][reconnect]") {
+    world w;
+    w.up = false;
+    w.cut();
+    const time_point lost = virtual_now;
+    (void)w.tick(3s);
+    REQUIRE(w.attempts.size() >= 8);
+    CHECK(w.attempts[0] - lost <= w.o.housekeeping); // a link that failed: at once
+    std::chrono::nanoseconds step = w.o.reconnect_backoff;
+    for (std::size_t i = 1; i < w.attempts.size(); ++i) {
+        const auto gap = w.attempts[i] - w.attempts[i - 1];
+        INFO("attempt " << i << " after " << gap.count() << " ns, step " << step.count());
+        CHECK(gap >= step / 2);
+        CHECK(gap <= step + w.o.housekeeping);
+        step = std::min<std::chrono::nanoseconds>(2 * step, w.o.reconnect_backoff_max);
+    }
+    CHECK(w.cli->state(w.p) == peer_state::reconnecting);
+    CHECK(w.cli->counters().reconnect_attempts == w.attempts.size());
+    w.up = true;
+    const time_point back = virtual_now;
+    const std::size_t tried = w.attempts.size();
+    for (int i = 0; i < 100 && w.cli->state(w.p) != peer_state::ready; ++i)
+        (void)w.tick(w.o.housekeeping);
+    CHECK(w.cli->state(w.p) == peer_state::ready);
+    CHECK(w.attempts.size() == tried + 1);
+    CHECK(virtual_now - back <= w.o.reconnect_backoff_max + w.o.housekeeping);
+    CHECK(w.cli->counters().reconnects == 1);
+    CHECK(w.states == std::vector<peer_state>{peer_state::reconnecting, peer_state::ready});
+}
+
+TEST_CASE("retry: a reply lost with its connection is answered from the reply cache, "
+          "the handler run once",
+          "[rpc-resilience][retry]") {
+    world w;
+    rpc::call_options co;
+    co.cookie = 7;
+    REQUIRE(w.start(run_once, "once", co) == call_status::ok);
+    // The request lands and runs; its reply is lost with the connection.
+    while (!w.c->outbox.empty())
+        if (const auto imm = w.c->land_one())
+            inside::receive_imm(*w.srv, *w.s, *imm);
+    REQUIRE(w.runs.size() == 1);
+    w.cut();
+    const auto got = w.tick(200ms);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::ok);
+    CHECK(got[0].cookie == 7);
+    CHECK(got[0].peer == w.p);
+    CHECK(text(got[0].reply) == "once");
+    CHECK(w.runs.begin()->second == 1);
+    CHECK(w.srv->counters().duplicates == 1);
+    CHECK(w.cli->counters().retried_calls == 1);
+}
+
+TEST_CASE("retry: a request lost with its connection runs once on the next",
+          "[rpc-resilience][retry]") {
+    world w;
+    REQUIRE(w.start(run_once, "lost") == call_status::ok);
+    w.cut(); // it never landed
+    const auto got = w.tick(200ms);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::ok);
+    CHECK(text(got[0].reply) == "lost");
+    REQUIRE(w.runs.size() == 1);
+    CHECK(w.runs.begin()->second == 1);
+    CHECK(w.srv->counters().duplicates == 0);
+}
+
+TEST_CASE("retry: call() waits through the reconnect and gets its reply",
+          "[rpc-resilience][retry]") {
+    world w;
+    w.up = false;
+    w.cut();
+    (void)w.tick(100ms);
+    REQUIRE(w.cli->state(w.p) == peer_state::reconnecting);
+    REQUIRE(w.start(run_once, "queued") == call_status::ok); // waits, copied
+    rpc::call_options quick;
+    quick.fail_fast = true;
+    CHECK(w.start(run_once, "nope", quick) == call_status::peer_gone);
+    w.up = true;
+    const auto got = w.tick(1s);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::ok);
+    CHECK(text(got[0].reply) == "queued");
+    CHECK(w.cli->counters().retried_calls == 0); // it had never gone: a first copy
+}
+
+TEST_CASE("retry: a call waiting for the connection ends timed_out at its deadline",
+          "[rpc-resilience][retry]") {
+    world w;
+    w.up = false;
+    w.cut();
+    (void)w.tick(50ms);
+    rpc::call_options co;
+    co.timeout = 300ms;
+    REQUIRE(w.start(run_once, "late", co) == call_status::ok);
+    const auto got = w.tick(400ms);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::timed_out);
+    CHECK(w.runs.empty());
+}
+
+TEST_CASE("retry: after a server restart a call that may have run ends unknown_outcome; "
+          "an idempotent one is sent again",
+          "[rpc-resilience][retry][restart]") {
+    world w;
+    rpc::call_options plain;
+    plain.cookie = 1;
+    rpc::call_options idem;
+    idem.cookie = 2;
+    idem.idempotent = true;
+    REQUIRE(w.start(run_once, "a", plain) == call_status::ok);
+    REQUIRE(w.start(run_once, "b", idem) == call_status::ok);
+    while (!w.c->outbox.empty()) // both run on the old server
+        if (const auto imm = w.c->land_one())
+            inside::receive_imm(*w.srv, *w.s, *imm);
+    REQUIRE(w.runs.size() == 2);
+    const std::uint64_t before = w.srv->incarnation();
+    w.restart_server();
+    CHECK(w.srv->incarnation() != before);
+    auto got = w.tick(300ms);
+    std::sort(got.begin(), got.end(),
+              [](const call_result& x, const call_result& y) { return x.cookie < y.cookie; });
+    REQUIRE(got.size() == 2);
+    CHECK(got[0].status == call_status::unknown_outcome);
+    CHECK(got[1].status == call_status::ok);
+    CHECK(text(got[1].reply) == "b");
+    CHECK(w.cli->counters().unknown_outcomes == 1);
+    for (const auto& [id, n] : w.runs) // "a" ran once (the old server); "b" twice, by design
+        CHECK(n <= (id == w.runs.rbegin()->first ? 2 : 1));
+}
+
+TEST_CASE("retry: a copy that comes while its first is deferred waits for that answer",
+          "[rpc-resilience][retry][deferred]") {
+    world w;
+    REQUIRE(w.start(deferring, "slow") == call_status::ok);
+    w.pump();
+    REQUIRE(w.deferred.size() == 1);
+    w.cut();
+    auto got = w.tick(200ms); // reconnected, re-sent: the copy waits
+    CHECK(got.empty());
+    CHECK(w.deferred.size() == 1); // not run again
+    CHECK(w.srv->counters().duplicates == 1);
+    // The first copy's connection is gone: its answer goes to the copy.
+    CHECK(w.srv->reply(w.deferred[0], bytes_of("done")));
+    w.pump();
+    got = w.tick(20ms);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::ok);
+    CHECK(text(got[0].reply) == "done");
+    CHECK(w.runs.begin()->second == 1);
+}
+
+TEST_CASE("retry: an answer given after the connection went is kept for the copy",
+          "[rpc-resilience][retry][deferred]") {
+    world w;
+    w.up = false;
+    REQUIRE(w.start(deferring, "slow") == call_status::ok);
+    w.pump();
+    REQUIRE(w.deferred.size() == 1);
+    w.cut();
+    (void)w.tick(100ms);
+    CHECK_FALSE(w.srv->reply(w.deferred[0], bytes_of("kept"))); // nobody to send it to yet
+    w.up = true;
+    const auto got = w.tick(1s);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::ok);
+    CHECK(text(got[0].reply) == "kept");
+    CHECK(w.deferred.size() == 1);
+}
+
+TEST_CASE("reply cache: a copy of a call the window let go ends unknown_outcome, "
+          "never runs again",
+          "[rpc-resilience][reply-cache]") {
+    rpc::rpc_options o = options();
+    o.reply_cache_calls = 2;
+    world w(o);
+    REQUIRE(w.start(run_once, "first") == call_status::ok);
+    while (!w.c->outbox.empty())
+        if (const auto imm = w.c->land_one())
+            inside::receive_imm(*w.srv, *w.s, *imm);
+    // Its reply is held back; two later calls push it out of the window.
+    auto held = std::move(w.s->outbox);
+    w.s->outbox.clear();
+    for (const char* b : {"second", "third"}) {
+        REQUIRE(w.start(run_once, b) == call_status::ok);
+        w.pump();
+    }
+    CHECK(w.poll().size() == 2);
+    w.cut();
+    const auto got = w.tick(200ms);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::unknown_outcome);
+    for (const auto& [id, n] : w.runs)
+        CHECK(n == 1);
+    CHECK(w.srv->counters().unknown_outcomes == 1);
+}
+
+TEST_CASE("reply cache: freed at the client's goodbye, or after the linger",
+          "[rpc-resilience][reply-cache]") {
+    SECTION("goodbye") {
+        world w;
+        REQUIRE(w.start(run_once, "x") == call_status::ok);
+        w.pump();
+        CHECK(w.srv->cached_clients() == 1);
+        CHECK(w.srv->cached_calls() == 1);
+        w.cli->disconnect(w.p);
+        w.pump();
+        (void)w.tick(20ms, true);
+        (void)w.srv->poll();
+        CHECK(w.srv->peers() == 0);
+        CHECK(w.srv->cached_clients() == 0);
+        CHECK(w.cli->state(w.p) == peer_state::closed);
+    }
+    SECTION("crash: the linger") {
+        world w;
+        w.up = false;
+        REQUIRE(w.start(run_once, "x") == call_status::ok);
+        w.pump();
+        w.cut();
+        (void)w.tick(100ms);
+        CHECK(w.srv->peers() == 0);
+        CHECK(w.srv->cached_clients() == 1);
+        (void)w.tick(w.o.reply_cache_linger);
+        CHECK(w.srv->cached_clients() == 0);
+    }
+}
+
+TEST_CASE("drain: goaway, acknowledged; calls in flight answered, new ones wait; then the "
+          "client connects again",
+          "[rpc-resilience][drain]") {
+    world w;
+    REQUIRE(w.start(deferring, "in flight") == call_status::ok);
+    w.pump();
+    inside::begin_drain(*w.srv);
+    (void)w.tick(20ms);
+    CHECK(w.srv->counters().goaways == 1);
+    CHECK(w.cli->state(w.p) == peer_state::draining);
+    CHECK_FALSE(inside::drained(*w.srv));                   // the deferred call is not answered
+    REQUIRE(w.start(run_once, "after") == call_status::ok); // waits for the next connection
+    CHECK(w.runs.size() == 1);
+    REQUIRE(w.srv->reply(w.deferred[0], bytes_of("finished")));
+    auto got = w.tick(20ms);
+    REQUIRE(got.size() == 1);
+    CHECK(text(got[0].reply) == "finished");
+    CHECK(inside::drained(*w.srv));
+    inside::end_drain(*w.srv);
+    w.c->leave(); // the close reaches the client
+    got = w.tick(1s);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::ok);
+    CHECK(text(got[0].reply) == "after");
+    CHECK(w.cli->state(w.p) == peer_state::ready);
+    CHECK(w.attempts.size() == 1);
+}
+
+TEST_CASE("control messages a side may not send end the link", "[rpc-resilience][reject]") {
+    world w;
+    // A client that says goaway (the server's to say).
+    inside::receive_imm(*w.srv, *w.s,
+                        rpc::encode_imm(rpc::message_kind::request,
+                                        static_cast<std::uint32_t>(rpc::control::goaway), 0));
+    CHECK(w.srv->counters().rejected_malformed == 1);
+    // A server that says bye (the client's).
+    inside::receive_imm(*w.cli, *w.c,
+                        rpc::encode_imm(rpc::message_kind::reply,
+                                        static_cast<std::uint32_t>(rpc::control::bye), 0));
+    CHECK(w.cli->counters().rejected_malformed == 1);
+    CHECK(w.cli->state(w.p) != peer_state::ready);
+}
+
+TEST_CASE("retry: a copy that waited for a first copy that never ran (its body was being read "
+          "when its connection went) runs in its stead, once",
+          "[rpc-resilience][retry]") {
+    world w;
+    const std::string big(1000, 'b'); // over the slot: the server READs it
+    std::vector<std::byte> back(1000);
+    rpc::call_options co;
+    co.reply_into = back;
+    REQUIRE(w.start(run_once, big, co) == call_status::ok);
+    w.s->hold_completions = true; // the READ does not complete
+    while (!w.c->outbox.empty())
+        if (const auto imm = w.c->land_one())
+            inside::receive_imm(*w.srv, *w.s, *imm);
+    REQUIRE(w.s->reads_started == 1);
+    CHECK(w.runs.empty());
+    // The connection fails; the client connects again and sends the copy,
+    // which reaches the server before it has noticed the first connection went.
+    w.cut();
+    for (int i = 0; i < 10 && w.attempts.empty(); ++i) {
+        virtual_now += w.o.housekeeping;
+        (void)w.poll();
+    }
+    REQUIRE(w.attempts.size() == 1);
+    while (!w.c->outbox.empty())
+        if (const auto imm = w.c->land_one())
+            inside::receive_imm(*w.srv, *w.s, *imm);
+    CHECK(w.runs.empty()); // it waits for the first copy
+    CHECK(w.srv->counters().duplicates == 1);
+    // The server tears the first connection down: the first copy never ran,
+    // so the waiting one runs now.
+    const auto got = w.tick(100ms);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::ok);
+    CHECK(text(got[0].reply) == big);
+    REQUIRE(w.runs.size() == 1);
+    CHECK(w.runs.begin()->second == 1);
+}

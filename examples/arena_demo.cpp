@@ -76,6 +76,9 @@ int run(const char* device) {
     // Windows bind through the queue pair the peer's requests arrive on.
     handle_issuer issuer(pd, owner);
     const remote_handle h = issuer.issue(arena, window.data, window.size, rights::remote_read);
+    // The peer's queue pair learns the issuer's incarnation from what the
+    // owner sends on the connection (here the handle itself, which carries it).
+    peer.set_peer_epoch(h.epoch);
     const bool by_window = issuer.mechanism_of(h) == revoke_by::memory_window;
     fmt::print("the handle (rkey {:#x}) is backed by {}\n", h.rkey,
                by_window ? fmt::format("a type-{} memory window bound through the owner's QP",

@@ -27,6 +27,13 @@ enum class [[nodiscard]] status : std::uint8_t {
     /// domain, a key that is not the window's, rights that are not remote
     /// ones, or a queue pair that is not RC.
     bad_window,
+    /// The remote handle names an incarnation of its issuer (remote_handle::
+    /// epoch) other than the one the queue pair knows (peer_epoch()): the
+    /// issuer restarted, or the handle is not from the peer's current issuer.
+    stale_handle,
+    /// The queue pair does not know its peer's incarnation (peer_epoch() is
+    /// 0) and the handle names one: learn it from the peer, set_peer_epoch().
+    unknown_epoch,
 };
 
 [[nodiscard]] constexpr std::string_view to_string(status s) noexcept {
@@ -48,6 +55,12 @@ enum class [[nodiscard]] status : std::uint8_t {
     case status::bad_window:
         return "memory window bind: not a type-2 window of this protection domain and RC "
                "queue pair, a key not the window's, or rights other than remote ones";
+    case status::stale_handle:
+        return "the handle's issuer restarted: it names another incarnation than the one the "
+               "queue pair knows";
+    case status::unknown_epoch:
+        return "the queue pair does not know the incarnation of the handle's issuer: "
+               "set_peer_epoch() with what the peer sent";
     }
     return "unknown status";
 }

@@ -1,6 +1,39 @@
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <rdmax/mem/handle_issuer.hpp>
 
 namespace rdmax {
+
+std::uint64_t new_epoch() noexcept {
+    std::uint64_t e = 0;
+    for (;;) {
+        const ssize_t n = getrandom(&e, sizeof e, 0);
+        if (n == static_cast<ssize_t>(sizeof e)) {
+            if (e != 0)
+                return e;
+            continue; // 0 means "none": draw again
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        break;
+    }
+    // No getrandom (a kernel before 3.17, a seccomp filter): the time, the
+    // process and a counter, mixed (splitmix64's finaliser). Distinct across
+    // restarts and issuers, though not secret.
+    static std::atomic<std::uint64_t> drawn{0};
+    std::uint64_t z =
+        static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) ^
+        (static_cast<std::uint64_t>(getpid()) << 40) ^
+        (drawn.fetch_add(1, std::memory_order_relaxed) * 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    z ^= z >> 31;
+    return z != 0 ? z : 1;
+}
 
 namespace {
 
@@ -118,7 +151,7 @@ remote_handle handle_issuer::issue_mr(const void* addr, std::size_t len, rights 
     if (fallback)
         ++counters_.fallbacks;
     return {reinterpret_cast<std::uintptr_t>(addr), len, mr->rkey,
-            static_cast<std::uint32_t>(granted)};
+            static_cast<std::uint32_t>(granted), epoch_};
 }
 
 ibv_mw* handle_issuer::take_window() {
@@ -186,7 +219,7 @@ remote_handle handle_issuer::issue_mw(bind_target parent, const void* addr, std:
         throw;
     }
     ++counters_.issued_mw;
-    return {at, len, rkey, static_cast<std::uint32_t>(granted)};
+    return {at, len, rkey, static_cast<std::uint32_t>(granted), epoch_};
 }
 
 void handle_issuer::unbind(ibv_mw* mw, std::uint32_t rkey) noexcept {
@@ -213,6 +246,8 @@ void handle_issuer::unbind(ibv_mw* mw, std::uint32_t rkey) noexcept {
 }
 
 bool handle_issuer::revoke(const remote_handle& h) noexcept {
+    if (h.epoch != epoch_)
+        return false; // another incarnation's: its key may repeat one of ours
     issued it{};
     {
         std::lock_guard g(mutex_);
@@ -234,6 +269,8 @@ bool handle_issuer::revoke(const remote_handle& h) noexcept {
 }
 
 std::optional<revoke_by> handle_issuer::mechanism_of(const remote_handle& h) const noexcept {
+    if (h.epoch != epoch_)
+        return std::nullopt;
     std::lock_guard g(mutex_);
     const auto found = issued_.find(h.rkey);
     if (found == issued_.end())

@@ -55,6 +55,7 @@ TEST_CASE("handle: bounds and rights are checked before anything is posted") {
     registered mine(lp.pd, 8192);
     fill_pattern(mine.bytes, 9);
     handle_issuer issuer(lp.pd);
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
     const remote_handle h = issuer.issue(mine.bytes.data() + 4096, 4096, rights::remote_read);
     registered local(lp.pd, 8192);
     CHECK(read(lp.a, local.mr.local(0, 1024), h, 1000, 1) == status::ok);
@@ -72,6 +73,7 @@ TEST_CASE("handle: after revocation the peer's use fails with an error, not a ha
     loopback lp;
     registered mine(lp.pd, 4096), local(lp.pd, 4096);
     handle_issuer issuer(lp.pd);
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
     const remote_handle h =
         issuer.issue(mine.bytes.data(), 4096, rights::remote_read | rights::remote_write);
     REQUIRE(write(lp.a, local.mr.local(), h, 0, 1) == status::ok);

@@ -3,7 +3,10 @@
 // are checked); bounds and rights are refused before anything is posted; a
 // revoked handle fails at the peer with an error completion within a
 // deadline; a re-issued handle has a fresh key, and the stale one never
-// matches. The owner's queue pair is lp.b, the peer's lp.a: the peer's
+// matches; after the issuer restarts (destroyed, made again: a new epoch) its
+// old handles are refused before posting, even one whose key and address
+// repeat the new handle's ([epoch]). The owner's queue pair is lp.b, the
+// peer's lp.a (which knows the issuer's epoch, as a peer learns it): the peer's
 // requests arrive on lp.b, so windows are bound through lp.b.
 //
 // SKIP (77) where the device has no type-2 memory windows (the
@@ -95,6 +98,7 @@ TEST_CASE("window: a peer reads and writes through a handle, the bytes arrive") 
     fill_pattern(mine.bytes, 9);
     registered local(lp.pd, 8192);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
     const remote_handle h = issuer.issue(mine.mr, mine.bytes.data() + 4096, 8192, read_write);
     CHECK(issuer.mechanism_of(h) == revoke_by::memory_window);
     CHECK(h.addr == reinterpret_cast<std::uintptr_t>(mine.bytes.data() + 4096));
@@ -124,6 +128,7 @@ TEST_CASE("window: bounds and rights are refused before anything is posted") {
     window_memory mine(lp.pd, 8192);
     registered local(lp.pd, 8192);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
     const remote_handle h = issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
     CHECK(write(lp.a, local.mr.local(0, 16), h, 0, 1) == status::not_permitted);
     CHECK(read(lp.a, local.mr.local(0, 1024), h, 3500, 2) == status::out_of_range);
@@ -158,6 +163,7 @@ TEST_CASE("window: after revocation the peer's use fails with an error, not a ha
     window_memory mine(lp.pd, 4096);
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
     const remote_handle h = issuer.issue(mine.mr, mine.bytes.data(), 4096, read_write);
     fill_pattern(local.bytes, 6);
     REQUIRE(write(lp.a, local.mr.local(), h, 0, 1) == status::ok);
@@ -186,6 +192,7 @@ TEST_CASE("window: once the connection has failed, revocation deallocates the wi
     window_memory mine(lp.pd, 8192);
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
     const remote_handle first = issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
     const remote_handle second =
         issuer.issue(mine.mr, mine.bytes.data() + 4096, 4096, rights::remote_read);
@@ -215,6 +222,7 @@ TEST_CASE("window: a re-issued handle has a fresh key; the stale one never match
     fill_pattern(mine.bytes, 12);
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
     const remote_handle first = issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
     REQUIRE(issuer.revoke(first));
     const remote_handle second =
@@ -246,6 +254,8 @@ TEST_CASE("window: it answers only on the queue pair it was bound through") {
     fill_pattern(mine.bytes, 21);
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_window));
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
+    d.set_peer_epoch(issuer.epoch());    // the same incarnation, another connection
     const remote_handle h = issuer.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
 
     REQUIRE(read(lp.a, local.mr.local(), h, 0, 1) == status::ok); // arrives on lp.b
@@ -289,6 +299,7 @@ TEST_CASE("window: handles over arena memory registered for binding") {
     registered local(lp.pd, 65536);
     {
         handle_issuer issuer(lp.pd, lp.b, by(revoke_by::automatic));
+        lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
         const remote_handle h = issuer.issue(arena, block.data, block.size, read_write);
         CHECK(issuer.mechanism_of(h) == revoke_by::memory_window);
         REQUIRE(read(lp.a, local.mr.local(), h, 0, 1) == status::ok);
@@ -333,6 +344,7 @@ TEST_CASE("registration: forced, a handle is backed by its own MR and revoked by
     fill_pattern(mine.bytes, 14);
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::memory_region));
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
     CHECK_FALSE(issuer.memory_windows());
     const remote_handle h = issuer.issue(mine.mr, mine.bytes.data() + 1024, 4096, read_write);
     CHECK(issuer.mechanism_of(h) == revoke_by::memory_region);
@@ -363,6 +375,7 @@ TEST_CASE("automatic: windows where the memory allows binding, else a registrati
     fill_pattern(plain.bytes, 16);
     registered local(lp.pd, 4096);
     handle_issuer issuer(lp.pd, lp.b, by(revoke_by::automatic));
+    lp.a.set_peer_epoch(issuer.epoch()); // as the peer learns it on connecting
     const remote_handle hw =
         issuer.issue(bindable_mem.mr, bindable_mem.bytes.data(), 4096, rights::remote_read);
     const remote_handle hr = issuer.issue(plain.mr, plain.bytes.data(), 4096, rights::remote_read);
@@ -381,4 +394,95 @@ TEST_CASE("automatic: windows where the memory allows binding, else a registrati
     handle_issuer no_qp(lp.pd, by(revoke_by::automatic));
     CHECK_FALSE(no_qp.memory_windows());
     CHECK_THROWS_AS(handle_issuer(lp.pd, by(revoke_by::memory_window)), rdmax::error);
+}
+
+TEST_CASE("epoch: after the issuer restarts, its old handles are refused before posting",
+          "[epoch]") {
+    loopback lp;
+    window_memory mine(lp.pd, 8192);
+    fill_pattern(mine.bytes, 61);
+    registered local(lp.pd, 4096);
+    remote_handle old{};
+    {
+        handle_issuer before(lp.pd, lp.b, by(revoke_by::memory_window));
+        lp.a.set_peer_epoch(before.epoch());
+        old = before.issue(mine.mr, mine.bytes.data(), 4096, read_write);
+        CHECK(old.epoch == before.epoch());
+        REQUIRE(read(lp.a, local.mr.local(), old, 0, 1) == status::ok);
+        REQUIRE(wait_send(lp.a).ok());
+        CHECK(has_pattern(local.bytes, 61));
+    } // the restart: the issuer goes (its windows with it) and a new one comes
+    handle_issuer after(lp.pd, lp.b, by(revoke_by::memory_window));
+    REQUIRE(after.epoch() != old.epoch);
+    lp.a.set_peer_epoch(after.epoch()); // what the restarted owner told the peer
+    const remote_handle now = after.issue(mine.mr, mine.bytes.data() + 4096, 4096, read_write);
+    // The worst case: an old handle whose key and address repeat the new
+    // one's (keys come back; a restarted process lays its memory out alike).
+    remote_handle collided = now;
+    collided.epoch = old.epoch;
+
+    fill_pattern(local.bytes, 99);
+    CHECK(read(lp.a, local.mr.local(), old, 0, 2) == status::stale_handle);
+    CHECK(write(lp.a, local.mr.local(), old, 0, 3) == status::stale_handle);
+    CHECK(read(lp.a, local.mr.local(), collided, 0, 4) == status::stale_handle);
+    CHECK(write(lp.a, local.mr.local(), collided, 0, 5) == status::stale_handle);
+    CHECK(write(lp.a, local.mr.local(0, 16), collided, 8000, 6) == status::stale_handle); // first
+    verbs::completion c[1];
+    CHECK(lp.a.wait_send(c, std::chrono::milliseconds(200)) == 0); // nothing was posted
+    CHECK_FALSE(lp.a.failed());
+    CHECK(has_pattern(std::span(mine.bytes).subspan(4096), 61 + 4096)); // new memory untouched
+    CHECK(has_pattern(local.bytes, 99));
+
+    // The collision is real: the same key and address posted without the
+    // check (as read() did before epochs) reach the new memory.
+    REQUIRE(lp.a.read(local.mr.local(),
+                      remote_buffer<rights::remote_read>{collided.addr, collided.length,
+                                                         collided.rkey, 0},
+                      0, 7) == status::ok);
+    REQUIRE(wait_send(lp.a).ok());
+    CHECK(has_pattern(local.bytes, 61 + 4096));
+
+    // The queue pair is usable and the new handle works.
+    fill_pattern(local.bytes, 77);
+    REQUIRE(write(lp.a, local.mr.local(0, 512), now, 100, 8) == status::ok);
+    REQUIRE(wait_send(lp.a).ok());
+    CHECK(has_pattern(std::span(mine.bytes).subspan(4096 + 100, 512), 77));
+    CHECK(has_pattern(std::span(mine.bytes).first(4096), 61)); // the old window's bytes stay
+
+    // The owner's side: an old handle whose key repeats cannot revoke the new one.
+    CHECK_FALSE(after.mechanism_of(collided).has_value());
+    CHECK_FALSE(after.revoke(collided));
+    CHECK(after.live() == 1);
+    CHECK(after.revoke(now));
+}
+
+TEST_CASE("epoch: a new connection knows no incarnation until the peer says", "[epoch]") {
+    loopback lp;
+    window_memory mine(lp.pd, 4096);
+    fill_pattern(mine.bytes, 62);
+    registered local(lp.pd, 4096);
+    remote_handle old{};
+    {
+        handle_issuer before(lp.pd, lp.b, by(revoke_by::memory_window));
+        old = before.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
+    }
+    // The restarted owner and the peer connect anew: the peer's new queue
+    // pair (d) starts knowing no incarnation.
+    verbs::queue_pair<verbs::rc> c(lp.pd), d(lp.pd);
+    verbs::connect_pair(c, d);
+    handle_issuer after(lp.pd, c, by(revoke_by::memory_window));
+    const remote_handle now = after.issue(mine.mr, mine.bytes.data(), 4096, rights::remote_read);
+    CHECK(d.peer_epoch() == 0);
+    CHECK(read(d, local.mr.local(), old, 0, 1) == status::unknown_epoch);
+    CHECK(read(d, local.mr.local(), now, 0, 2) == status::unknown_epoch);
+    CHECK(read(d, local.mr.local(0, 0), old, 0, 3) == status::unknown_epoch); // before length
+    verbs::completion done[1];
+    CHECK(d.wait_send(done, std::chrono::milliseconds(200)) == 0); // nothing was posted
+
+    d.set_peer_epoch(now.epoch); // learned from a handle sent on this connection
+    CHECK(read(d, local.mr.local(), old, 0, 4) == status::stale_handle);
+    REQUIRE(read(d, local.mr.local(), now, 0, 5) == status::ok);
+    REQUIRE(wait_send(d).ok());
+    CHECK(has_pattern(local.bytes, 62));
+    CHECK(after.revoke(now));
 }

@@ -1,12 +1,16 @@
-// Remote handles without a device: the peer-side checks, the rule that picks
-// how a handle is revoked, RDMAX_HANDLE_REVOKE, and the counters' printing.
+// Remote handles without a device: the peer-side checks (the issuer's
+// incarnation first, then rights and bounds), the incarnations issuers draw,
+// the rule that picks how a handle is revoked, RDMAX_HANDLE_REVOKE, and the
+// counters' printing.
 // (Issuing and revoking need a device: tests/rxe/test_remote_handle.cpp.)
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include <fmt/format.h>
 
+#include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/handle_options.hpp>
 #include <rdmax/mem/remote_handle.hpp>
 
@@ -14,7 +18,8 @@
 
 using namespace rdmax;
 
-static_assert(std::is_trivially_copyable_v<remote_handle> && sizeof(remote_handle) == 24);
+static_assert(std::is_trivially_copyable_v<remote_handle> && sizeof(remote_handle) == 32);
+static_assert(std::has_unique_object_representations_v<remote_handle>, "no padding on the wire");
 static_assert(valid(rights::local_write | rights::mw_bind));
 static_assert(valid(rights::mw_bind));
 static_assert(to_ibv(rights::mw_bind) == IBV_ACCESS_MW_BIND);
@@ -34,6 +39,65 @@ TEST_CASE("handle: bounds, length and rights are checked, overflow included") {
     CHECK(h.check(rights::remote_write, 0, 16) == status::not_permitted);
     CHECK(h.check(rights::remote_atomic, 0, 8) == status::not_permitted);
     CHECK(h.check(rights::remote_read | rights::remote_write, 0, 16) == status::not_permitted);
+}
+
+TEST_CASE("handle: a handle of another incarnation is refused, before rights and bounds") {
+    constexpr std::uint64_t before = 0x1111'2222'3333'4444u; // the issuer that restarted
+    constexpr std::uint64_t now = 0x5555'6666'7777'8888u;    // the issuer the peer knows now
+    const auto read_only = static_cast<std::uint32_t>(rights::remote_read);
+    const remote_handle fresh{0x10000, 4096, 0x1234, read_only, now};
+    CHECK(fresh.check(now, rights::remote_read, 0, 4096) == status::ok);
+    CHECK(fresh.check(now, rights::remote_write, 0, 16) == status::not_permitted);
+    CHECK(fresh.check(now, rights::remote_read, 4096, 1) == status::out_of_range);
+    CHECK(fresh.check(now, rights::remote_read, 0, 0) == status::zero_length);
+
+    // The old handle names the same key and address as the new one (keys
+    // repeat across restarts): only its epoch tells them apart.
+    remote_handle old = fresh;
+    old.epoch = before;
+    CHECK(old.check_epoch(now) == status::stale_handle);
+    CHECK(old.check(now, rights::remote_read, 0, 4096) == status::stale_handle);
+    // The epoch is checked first: a stale handle's window and rights say nothing.
+    CHECK(old.check(now, rights::remote_write, 0, 16) == status::stale_handle);
+    CHECK(old.check(now, rights::remote_read, 4096, 1) == status::stale_handle);
+    CHECK(old.check(now, rights::remote_read, 0, 0) == status::stale_handle);
+    // A handle of a newer incarnation than the queue pair knows is refused too.
+    CHECK(fresh.check(before, rights::remote_read, 0, 4096) == status::stale_handle);
+
+    // A queue pair that knows no incarnation (0, a new connection) posts no
+    // issued handle: an old one can never pass before the new epoch is known.
+    CHECK(old.check(0, rights::remote_read, 0, 4096) == status::unknown_epoch);
+    CHECK(fresh.check(0, rights::remote_read, 0, 4096) == status::unknown_epoch);
+    // A token built by hand names no incarnation: it passes only there.
+    const remote_handle by_hand{0x10000, 4096, 0x1234, read_only};
+    CHECK(by_hand.epoch == 0);
+    CHECK(by_hand.check(0, rights::remote_read, 0, 4096) == status::ok);
+    CHECK(by_hand.check(now, rights::remote_read, 0, 4096) == status::stale_handle);
+
+    // The epoch crosses the wire with the rest: 32 bytes, copied as bytes.
+    std::byte wire[sizeof(remote_handle)];
+    std::memcpy(wire, &old, sizeof old);
+    remote_handle back;
+    std::memcpy(&back, wire, sizeof back);
+    CHECK(back.epoch == before);
+    CHECK(back.rkey == 0x1234);
+    CHECK(back.check(now, rights::remote_read, 0, 1) == status::stale_handle);
+
+    CHECK(to_string(status::stale_handle).find("restarted") != std::string_view::npos);
+    CHECK(to_string(status::unknown_epoch).find("set_peer_epoch") != std::string_view::npos);
+}
+
+TEST_CASE("handle: every issuer draws an incarnation of its own, never 0") {
+    const handle_issuer first;
+    const handle_issuer second; // a restart: another issuer, another epoch
+    CHECK(first.epoch() != 0);
+    CHECK(second.epoch() != 0);
+    CHECK(first.epoch() != second.epoch());
+    std::set<std::uint64_t> drawn;
+    for (int i = 0; i < 10000; ++i)
+        drawn.insert(new_epoch());
+    CHECK(drawn.size() == 10000);
+    CHECK_FALSE(drawn.contains(0));
 }
 
 TEST_CASE("handle: a window when it can be had, a registration otherwise") {

@@ -45,6 +45,17 @@
 //   (counter revoked_mw_dealloc).
 // - A window's key has 8 bits of its own: after 256 bindings of one window a
 //   key comes back. A handle stale by that many re-issues could match again.
+//
+// Incarnations (epochs). Each issuer draws a random 64-bit epoch() when it is
+// made (getrandom; never 0), fixed for its life, and stamps it on every handle
+// it issues. A new issuer (a restarted process) has another, though its keys
+// may repeat: a peer whose queue pair knows the new epoch
+// (queue_pair<rc>::set_peer_epoch) refuses the old handles before posting
+// (status::stale_handle; see remote_handle.hpp). Give the peer epoch() (or a
+// handle, which carries it) on each connection. revoke() and mechanism_of()
+// ignore handles of another epoch, so an old handle whose key repeats cannot
+// revoke a new one. One queue pair knows one epoch: a peer uses handles of
+// one issuer per connection (as windows require anyway).
 
 #include <cerrno>
 #include <concepts>
@@ -69,6 +80,10 @@
 #include <rdmax/verbs/queue_pair.hpp>
 
 namespace rdmax {
+
+/// A fresh incarnation: 64 random bits (getrandom), never 0. What each
+/// handle_issuer draws; an application may use it for incarnations of its own.
+[[nodiscard]] std::uint64_t new_epoch() noexcept;
 
 /// A registration a memory window may be bound to, and the rights it was
 /// registered with (ibv_mr does not record them; a bind the registration does
@@ -126,11 +141,14 @@ public:
     }
 
     /// Revokes h: from now on the device refuses its key. Returns false if h
-    /// was not issued here or was revoked already.
+    /// was not issued here (another epoch included) or was revoked already.
     bool revoke(const remote_handle& h) noexcept;
 
-    /// How a live handle is backed; nullopt if it is not live.
+    /// How a live handle is backed; nullopt if it is not live (or of another epoch).
     [[nodiscard]] std::optional<revoke_by> mechanism_of(const remote_handle& h) const noexcept;
+    /// This issuer's incarnation, on every handle it issues: random, never 0,
+    /// fixed for its life. Tell it to the peer (set_peer_epoch on its side).
+    [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
     /// True when this issuer can back handles by windows (device, queue pair, options).
     [[nodiscard]] bool memory_windows() const noexcept { return why_not_ == nullptr; }
     [[nodiscard]] std::size_t live() const noexcept;
@@ -156,6 +174,7 @@ private:
     verbs::queue_pair<verbs::rc>* qp_ = nullptr;
     handle_options opt_;
     const char* why_not_ = nullptr; ///< why this issuer binds no windows (issuer-wide reasons)
+    const std::uint64_t epoch_ = new_epoch();
 
     std::mutex post_mutex_; ///< one bind or invalidation at a time on qp_ (taken first)
     mutable std::mutex mutex_;

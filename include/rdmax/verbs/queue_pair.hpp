@@ -294,6 +294,16 @@ public:
     /// INIT -> RTR -> RTS against the peer's endpoint (exchanged out of band).
     void connect(const qp_endpoint& remote);
 
+    /// The incarnation of the peer's handle_issuer (its epoch()), as the peer
+    /// told it on this connection; 0 (the start) means unknown. read() and
+    /// write() of remote_handle.hpp post a handle only if its epoch is this
+    /// one (stale_handle, unknown_epoch otherwise). Set it on every new
+    /// connection from what the peer sent on it (a handle's epoch in the
+    /// connect payload, say), never from a handle kept from before: that may
+    /// be of an earlier incarnation. Setting it again replaces it.
+    void set_peer_epoch(std::uint64_t epoch) noexcept { peer_epoch_ = epoch; }
+    [[nodiscard]] std::uint64_t peer_epoch() const noexcept { return peer_epoch_; }
+
     template <rights L, rights R>
         requires(has(R, rights::remote_write))
     status write(local_buffer<L> src, remote_buffer<R> dst, std::uint64_t dst_offset,
@@ -355,6 +365,8 @@ private:
     friend class connection;
     queue_pair(const protection_domain& pd, const qp_config& cfg, rdma_cm_id* id);
     void mark_connected() noexcept;
+
+    std::uint64_t peer_epoch_ = 0; ///< the peer issuer's incarnation; 0: unknown
 };
 
 /// Unreliable datagram queue pair: ready (RTS) once constructed.

@@ -31,7 +31,7 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
                   .call_id = next_call_id_,
                   .flags = static_cast<std::uint8_t>(o.idempotent ? flag_idempotent : 0)};
     const std::uint32_t index = ss->link;
-    const call_status st = send_on(index, method, call, o, deadline_of(o), taken);
+    const call_status st = send_on(index, method, call, o, deadline_of(o), taken, true);
     if (st == call_status::ok)
         ++next_call_id_;
     if (st != call_status::peer_gone || !ep_.peers[index].wire->broken)
@@ -43,10 +43,11 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
 
 call_status client::send_on(std::uint32_t index, std::uint16_t method, outgoing& call,
                             const call_options& o, sched::coarse_clock::time_point deadline,
-                            slot_ref& taken) noexcept {
+                            slot_ref& taken, bool fresh) noexcept {
     peer& l = ep_.peers[index];
-    // Every call started and not yet handed back has a place in results_.
-    if (l.free_slots.empty() || in_flight_ >= results_.size()) {
+    // Every call started and not yet handed back has a place in results_
+    // (one re-sent has had its place since it started).
+    if (l.free_slots.empty() || (fresh && in_flight_ >= results_.size())) {
         ++ep_.counters.no_credit;
         return call_status::no_credit;
     }
@@ -61,7 +62,11 @@ call_status client::send_on(std::uint32_t index, std::uint16_t method, outgoing&
     if (const status s = l.wire->send_slot(message_kind::request, slot, bytes, o.priority, epoch);
         s != status::ok)
         return send_refused(l, slot, s);
-    track_call(l, slot, o, call, call_seq, epoch, bytes, deadline, taken);
+    track_call(l, slot, method, o, call, call_seq, epoch, bytes, deadline, taken);
+    if (!fresh) {
+        --in_flight_; // counted since it started
+        --ep_.counters.calls;
+    }
     return call_status::ok;
 }
 
@@ -153,15 +158,21 @@ call_status client::send_refused(peer& l, std::uint32_t slot, status s) noexcept
     return call_status::peer_gone;
 }
 
-void client::track_call(peer& l, std::uint32_t slot, const call_options& o, const outgoing& call,
-                        std::uint32_t call_seq, bool epoch, std::uint32_t bytes,
-                        sched::coarse_clock::time_point deadline, slot_ref& taken) noexcept {
+void client::track_call(peer& l, std::uint32_t slot, std::uint16_t method, const call_options& o,
+                        const outgoing& call, std::uint32_t call_seq, bool epoch,
+                        std::uint32_t bytes, sched::coarse_clock::time_point deadline,
+                        slot_ref& taken) noexcept {
     l.free_slots.pop_back();
     slot_state& ss = l.slots[slot];
     ss.phase = slot_phase::in_flight;
     ss.epoch = epoch;
     ss.seq = call_seq;
     ss.bytes = bytes;
+    ss.at_body = call.external ? bytes : bytes - static_cast<std::uint32_t>(call.request.size());
+    ss.method = method;
+    ss.flags = call.flags & flag_idempotent;
+    ss.priority = std::min<std::uint8_t>(o.priority.level, sched::priority_levels - 1);
+    ss.external = call.external ? call.request : std::span<const std::byte>{};
     ss.call_id = call.call_id;
     ss.cookie = o.cookie;
     ss.reply_into = o.reply_into;
@@ -203,8 +214,10 @@ void client::push_result(const call_result& r, const slot_ref& ref) noexcept {
 
 void client::release_handed_out() noexcept {
     for (const slot_ref& r : handed_out_) {
+        if (!r.release || r.slot == no_slot || r.link == no_link)
+            continue;
         peer& l = ep_.peers[r.link];
-        if (!r.release || r.slot == no_slot || !l.wire)
+        if (!l.wire)
             continue;
         slot_state& ss = l.slots[r.slot];
         if (ss.phase == slot_phase::done && ss.seq == r.seq) {

@@ -80,6 +80,7 @@ std::unique_ptr<detail::link> client::connect_device(std::string_view addr, std:
         std::make_unique<detail::rdma_link>(ep_.arena, ep_.issuer, opts_.slots, opts_.slot_bytes);
     ring_offer mine = wire->offer();
     mine.incarnation = ep_.incarnation;
+    mine.first_call = next_call_id_;
     verbs::connection conn = verbs::connection::connect(
         pd, addr, port, verbs::payload_of(mine),
         detail::link_qp_config(ep_.in, opts_.slots, pd.device().limits(), windows_wanted()),
@@ -227,6 +228,7 @@ std::size_t client::exchange_hello(local::unix_channel& ch, local_welcome& w,
     hello.probe_addr = reinterpret_cast<std::uint64_t>(&probe_);
     hello.probe_value = probe_;
     hello.incarnation = ep_.incarnation;
+    hello.first_call = next_call_id_;
     ch.send(std::as_bytes(std::span(&hello, 1)));
     return ch.receive(std::as_writable_bytes(std::span(&w, 1)), fds, opts_.connect_timeout);
 }

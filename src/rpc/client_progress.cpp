@@ -119,7 +119,14 @@ void client::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
 
 void client::on_control(peer& l, std::uint32_t index, control c) noexcept {
     switch (c) {
-    case control::ping: (void)ep_.send_control(l, message_kind::request, control::pong); break;
+    case control::ping:
+        // Answered at housekeeping, once a round (a flood is the server's fault).
+        l.pong_owed = true;
+        if (++l.pings > max_pings_per_round) {
+            ep_.counters.count(violation::malformed);
+            fail_link(l, index);
+        }
+        break;
     case control::pong: break; // heard: that is all a probe asks
     case control::goaway: {
         // Nothing new goes here; the calls in flight are answered, then the
@@ -182,6 +189,8 @@ void client::push_done(peer& l, std::uint32_t index, std::uint32_t slot, call_st
         ++ep_.counters.completed;
     else
         ++ep_.counters.failed;
+    if (st == call_status::unknown_outcome)
+        ++ep_.counters.unknown_outcomes;
     push_result({ss.cookie, session_id(l.session), st, reply},
                 {index, slot, ss.seq, true, ss.call_id});
 }
@@ -277,6 +286,19 @@ void client::housekeeping() noexcept {
 
 void client::keep_alive(peer& l, std::uint32_t index,
                         sched::coarse_clock::time_point now) noexcept {
+    session& ss = sessions_[l.session];
+    if (l.heard && ss.link == index)
+        ss.backoff = opts_.reconnect_backoff; // the connection works: the next failure starts over
+    l.pings = 0;
+    if (l.pong_owed && ep_.send_control(l, message_kind::request, control::pong) == status::ok)
+        l.pong_owed = false;
+    if (ss.state == peer_state::draining && ss.link == index && l.in_flight == 0) {
+        // Acknowledged, nothing left here: closed from this side too (the
+        // server's close may never come), and connected again after a backoff.
+        l.wire->close();
+        fail_link(l, index);
+        return;
+    }
     switch (ep_.keepalive(l, now)) {
     case detail::liveness::fine: break;
     case detail::liveness::probe:

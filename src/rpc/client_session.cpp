@@ -61,28 +61,27 @@ void client::report_states() noexcept {
 }
 
 bool client::requeue(peer& l, std::uint32_t slot, std::deque<waiting_call>& into) noexcept {
-    slot_state& ss = l.slots[slot];
-    // The request as this side wrote it (node-local: in memory the server
-    // shares, so read as a peer's message is: checked).
-    parsed_request r;
-    if (ss.bytes > l.wire->slot_bytes() ||
-        parse_request({l.wire->staging(slot), ss.bytes}, r) != violation::none)
+    const slot_state& ss = l.slots[slot];
+    // What the call was, from this side's own record of it; only an inline
+    // body is read back from the staging slot (node-local: memory the server
+    // shares, whose bytes it could have changed as it could have read them).
+    if (ss.bytes > l.wire->slot_bytes() || ss.at_body > ss.bytes)
         return false;
     waiting_call c;
     c.call_id = ss.call_id;
-    c.method = r.header.method;
-    c.o.priority = sched::priority{r.header.priority};
+    c.method = ss.method;
+    c.o.priority = sched::priority{ss.priority};
     c.o.reply_into = ss.reply_into;
     c.o.cookie = ss.cookie;
-    c.o.idempotent = (r.header.flags & flag_idempotent) != 0;
+    c.o.idempotent = (ss.flags & flag_idempotent) != 0;
     c.deadline = ss.deadline;
     c.sent = true;
+    c.external = ss.external;
     try {
-        if (r.external_body)
-            c.external = {reinterpret_cast<const std::byte*>(r.external_body->addr),
-                          r.external_body->length};
-        else
-            c.body.assign(r.inline_body.begin(), r.inline_body.end());
+        if (ss.external.empty()) {
+            const std::byte* from = l.wire->staging(slot) + ss.at_body;
+            c.body.assign(from, from + (ss.bytes - ss.at_body));
+        }
         into.push_back(std::move(c));
     } catch (...) {
         return false;
@@ -100,12 +99,22 @@ void client::lose_link(std::uint32_t s) noexcept {
         close_session(s, call_status::peer_gone);
         return;
     }
-    // A link that failed is tried again at once; one drained by its server
-    // after a backoff (that server is going away).
+    // A link that failed is tried again soon (a random part of the first
+    // step: a restarted server's clients do not all come back at once); one
+    // drained by its server after a whole backoff (that server is going away).
+    // The step doubles here too: a connection that ends before it proved
+    // itself (keep_alive resets the step once its server is heard from) is
+    // a failed attempt, as with a server that accepts and drops at once.
     const auto now = ep_.now();
-    if (ss.state == peer_state::ready)
+    if (ss.state != peer_state::reconnecting)
         ss.lost_at = now;
-    ss.next_attempt = ss.state == peer_state::draining ? now + ss.backoff : now;
+    const std::chrono::nanoseconds step = ss.backoff;
+    const bool proven = step <= opts_.reconnect_backoff; // it worked before it ended
+    ss.backoff = std::min<std::chrono::nanoseconds>(2 * step, opts_.reconnect_backoff_max);
+    std::uniform_int_distribution<std::int64_t> pick(proven ? 0 : step.count() / 2,
+                                                     proven ? step.count() / 2 : step.count());
+    ss.next_attempt =
+        now + (ss.state == peer_state::draining ? step : std::chrono::nanoseconds(pick(jitter_)));
     set_state(s, peer_state::reconnecting);
     ep_.housekeep_soon();
 }
@@ -158,18 +167,19 @@ void client::send_waiting(std::uint32_t s) noexcept {
                       .call_id = c.call_id,
                       .flags = static_cast<std::uint8_t>(c.sent ? flag_retry : 0)};
         slot_ref taken;
-        const call_status st = send_on(ss.link, c.method, call, c.o, c.deadline, taken);
+        const std::uint32_t index = ss.link;
+        const call_status st = send_on(index, c.method, call, c.o, c.deadline, taken, false);
         if (st == call_status::no_credit)
             return; // room later
-        if (st == call_status::ok) {
-            // In flight once more: counted in in_flight_ since it started.
-            --in_flight_;
-            --ep_.counters.calls;
-            if (c.sent)
-                ++ep_.counters.retried_calls;
-        } else {
-            push_slotless(s, c, st);
+        if (st == call_status::peer_gone && ep_.peers[index].wire->broken) {
+            // The new connection failed under it: it waits for the next one.
+            fail_link(ep_.peers[index], index);
+            return;
         }
+        if (st == call_status::ok && c.sent)
+            ++ep_.counters.retried_calls;
+        else if (st != call_status::ok)
+            push_slotless(s, c, st);
         ss.waiting.pop_front();
     }
 }
@@ -234,7 +244,9 @@ void client::try_reconnect(std::uint32_t s, sched::coarse_clock::time_point now)
         return;
     }
     ++ep_.counters.reconnects;
-    ss.backoff = opts_.reconnect_backoff;
+    // The backoff starts again once the new connection proves itself (the
+    // server is heard from: keep_alive), not at once: a server that accepts
+    // and drops is not redialled every round.
     const std::uint64_t incarnation = ep_.peers[ss.link].incarnation;
     if (incarnation != ss.server_incarnation)
         server_restarted(ss);

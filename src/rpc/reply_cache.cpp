@@ -6,13 +6,48 @@
 
 namespace rdmax::rpc::detail {
 
-void reply_cache::attach(std::uint64_t client) {
+namespace {
+/// Replies up to this keep their entry's room for the next call (no
+/// allocation on the call path once the ring has been round); larger ones
+/// give it back when their entry is reused.
+constexpr std::size_t small_reply = 4096;
+} // namespace
+
+void reply_cache::attach(std::uint64_t client, std::uint64_t first_call) {
+    if (!records_.contains(client) && records_.size() >= limits_.records)
+        make_room();
     auto [it, fresh] = records_.try_emplace(client);
     record& r = it->second;
-    if (fresh)
-        r.ring.resize(limits_.calls); // may throw: then no record was made
+    if (fresh) {
+        try {
+            r.ring.resize(limits_.calls);
+        } catch (...) {
+            records_.erase(it);
+            throw;
+        }
+        // Calls before this record's first were sent to a server that did
+        // not keep them here: a copy of one may have run.
+        r.let_go = first_call > 0 ? first_call - 1 : 0;
+    }
     ++r.connections;
     r.gone.reset();
+}
+
+void reply_cache::make_room() noexcept {
+    auto oldest = records_.end();
+    for (auto it = records_.begin(); it != records_.end(); ++it)
+        if (it->second.gone &&
+            (oldest == records_.end() || *it->second.gone < *oldest->second.gone))
+            oldest = it;
+    if (oldest != records_.end()) {
+        release(oldest->second);
+        records_.erase(oldest);
+    }
+}
+
+void reply_cache::release(const record& r) noexcept {
+    for (const entry& x : r.ring)
+        bytes_ -= x.body.capacity();
 }
 
 void reply_cache::detach(std::uint64_t client, bool bye, time_point now) noexcept {
@@ -24,15 +59,20 @@ void reply_cache::detach(std::uint64_t client, bool bye, time_point now) noexcep
         --r.connections;
     if (r.connections != 0)
         return;
-    if (bye || limits_.linger.count() == 0)
+    if (bye || limits_.linger.count() == 0) {
+        release(r);
         records_.erase(it);
-    else
+    } else {
         r.gone = now;
+    }
 }
 
 void reply_cache::expire(time_point now) noexcept {
-    std::erase_if(records_, [&](const auto& kv) {
-        return kv.second.gone && now - *kv.second.gone >= limits_.linger;
+    std::erase_if(records_, [&](auto& kv) {
+        if (!kv.second.gone || now - *kv.second.gone < limits_.linger)
+            return false;
+        release(kv.second);
+        return true;
     });
 }
 
@@ -64,10 +104,13 @@ std::optional<reply_cache::entry_ref> reply_cache::find(std::uint64_t client,
 void reply_cache::record_call(record& r, std::uint64_t call_id, time_point now,
                               std::uint64_t client, std::optional<entry_ref>& recorded) noexcept {
     entry& x = r.ring[r.next];
-    if (x.st != state::empty) {
+    if (x.st != state::empty)
         // Let go: a copy of it re-sent later may have run, and is not run again.
         r.let_go = std::max(r.let_go, x.call_id);
-        r.bytes -= x.body.size();
+    if (x.body.capacity() > small_reply) {
+        // A large reply's room is not held for the next call in this entry.
+        bytes_ -= x.body.capacity();
+        std::vector<std::byte>().swap(x.body); // (`= {}` would keep the capacity)
     }
     x.call_id = call_id;
     x.st = state::running;
@@ -95,7 +138,9 @@ reply_cache::verdict reply_cache::admit(std::uint64_t client, std::uint64_t call
             const entry& x = r.ring[e->at];
             recorded = e;
             if (x.st == state::running)
-                return verdict::running;
+                // One running past the TTL (a deferred call never answered)
+                // is not waited for any longer.
+                return now - x.when >= limits_.ttl ? verdict::unknown : verdict::running;
             if (x.st == state::lost || now - x.when >= limits_.ttl)
                 return verdict::unknown;
             return verdict::cached;
@@ -122,25 +167,35 @@ void reply_cache::set_waiter(const entry_ref& e, const waiter& w) noexcept {
         x->wants = w;
 }
 
+bool reply_cache::keep_body(entry& x, std::span<const std::byte> body) noexcept {
+    const std::size_t had = x.body.capacity();
+    if (body.size() > had) {
+        // More room: within the budget of every client's replies, or none.
+        if (bytes_ - had + body.size() > limits_.bytes) {
+            std::vector<std::byte>().swap(x.body);
+            bytes_ -= had;
+            return false;
+        }
+        try {
+            x.body.reserve(body.size());
+        } catch (...) {
+            return false; // no memory: not kept
+        }
+        bytes_ += x.body.capacity() - had;
+    }
+    x.body.assign(body.begin(), body.end()); // within its capacity: no allocation
+    return true;
+}
+
 std::optional<reply_cache::waiter> reply_cache::done(const entry_ref& e, call_status st,
                                                      std::span<const std::byte> body,
                                                      time_point now) noexcept {
     entry* x = at(e);
     if (x == nullptr || x->st != state::running)
         return std::nullopt;
-    record& r = records_.find(e.client)->second;
     x->status = st;
     x->when = now;
-    x->st = state::lost;
-    if (r.bytes + body.size() <= limits_.bytes) {
-        try {
-            x->body.assign(body.begin(), body.end()); // within the capacity kept, mostly
-            r.bytes += body.size();
-            x->st = state::done;
-        } catch (...) {
-            x->body.clear(); // no memory: kept as lost, answered unknown_outcome
-        }
-    }
+    x->st = keep_body(*x, body) ? state::done : state::lost;
     std::optional<waiter> w = x->wants;
     x->wants.reset();
     return w;
@@ -162,13 +217,6 @@ std::size_t reply_cache::entries() const noexcept {
         n += static_cast<std::size_t>(
             std::count_if(kv.second.ring.begin(), kv.second.ring.end(),
                           [](const entry& x) { return x.st != state::empty; }));
-    return n;
-}
-
-std::size_t reply_cache::bytes() const noexcept {
-    std::size_t n = 0;
-    for (const auto& kv : records_)
-        n += kv.second.bytes;
     return n;
 }
 

@@ -9,6 +9,16 @@
 
 namespace rdmax::rpc {
 
+namespace {
+/// What a handler may answer with fail(): a status the server may say but
+/// ok, and but those the server itself decides (read_failed: the body never
+/// came, so the call never ran; unknown_outcome: the reply cache's).
+bool handler_status(call_status s) noexcept {
+    return server_status(static_cast<std::uint32_t>(s)) && s != call_status::ok &&
+           s != call_status::read_failed && s != call_status::unknown_outcome;
+}
+} // namespace
+
 // ---- request_context ------------------------------------------------------------------------
 
 std::size_t request_context::reply_capacity() const noexcept {
@@ -40,7 +50,7 @@ void request_context::fail(call_status s) noexcept {
     if (answered_)
         return;
     answered_ = true;
-    if (!server_status(static_cast<std::uint32_t>(s)) || s == call_status::ok)
+    if (!handler_status(s))
         s = call_status::handler_failed;
     if (server::peer* l = srv_->ep_.find(peer_))
         srv_->answer(*l, peer_.index, slot_, s, {}, false);
@@ -90,8 +100,11 @@ void server::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
 void server::on_control(peer& l, control c) noexcept {
     switch (c) {
     case control::ping:
-        // Answered at once; no room in the send queue: the client probes again.
-        (void)ep_.send_control(l, message_kind::reply, control::pong);
+        // Answered at housekeeping, once per round: a flood of probes is the
+        // peer's fault, not a load this side carries.
+        l.pong_owed = true;
+        if (++l.pings > max_pings_per_round)
+            reject(l, violation::malformed);
         break;
     case control::pong: break; // heard: that is all a probe asks
     case control::goaway_ack: l.goaway_acked = true; break;
@@ -207,9 +220,17 @@ void server::supersede(peer& l, std::uint32_t slot) noexcept {
 bool server::admit(peer& l, std::uint32_t index, std::uint32_t slot,
                    const message_header& h) noexcept {
     slot_state& ss = l.slots[slot];
+    const bool retry = (h.flags & flag_retry) != 0;
+    // A copy of a call sent on an earlier connection has an id under this
+    // connection's first, and a connection carries at most a slot count of
+    // them: more is a client that makes the server search for nothing.
+    if (retry && (h.call_id >= l.first_call || ++l.retries > opts_.slots)) {
+        reject(l, violation::malformed);
+        return false;
+    }
     std::optional<detail::reply_cache::entry_ref> at;
     using verdict = detail::reply_cache::verdict;
-    switch (cache_.admit(l.incarnation, h.call_id, (h.flags & flag_retry) != 0, ep_.now(), at)) {
+    switch (cache_.admit(l.incarnation, h.call_id, retry, housekept_, at)) {
     case verdict::run: ss.kept = at; return true;
     case verdict::cached: {
         std::span<const std::byte> body;
@@ -454,13 +475,13 @@ void server::keep_answer(peer& l, std::uint32_t slot, call_status st,
     slot_state& ss = l.slots[slot];
     const detail::reply_cache::entry_ref e = *ss.kept;
     ss.kept.reset();
-    if (st == call_status::read_failed) {
+    if (!ss.ran) {
         // The handler never ran (its body could not be read, perhaps for the
         // connection's failure): a copy re-sent later may run.
         forget_call(e);
         return;
     }
-    if (const std::optional<detail::reply_cache::waiter> w = cache_.done(e, st, body, ep_.now()))
+    if (const std::optional<detail::reply_cache::waiter> w = cache_.done(e, st, body, housekept_))
         answer_waiter(*w, st, body);
 }
 
@@ -488,7 +509,7 @@ bool server::keep_orphan(const deferred_call& d, call_status st,
     const std::optional<detail::reply_cache::entry_ref> e = cache_.find(d.client, d.call_id);
     if (!e)
         return false;
-    const std::optional<detail::reply_cache::waiter> w = cache_.done(*e, st, bytes, ep_.now());
+    const std::optional<detail::reply_cache::waiter> w = cache_.done(*e, st, bytes, housekept_);
     if (!w)
         return false;
     answer_waiter(*w, st, bytes);
@@ -504,7 +525,7 @@ bool server::reply(const deferred_call& d, std::span<const std::byte> bytes) noe
 }
 
 bool server::fail(const deferred_call& d, call_status s) noexcept {
-    if (!server_status(static_cast<std::uint32_t>(s)) || s == call_status::ok)
+    if (!handler_status(s))
         s = call_status::handler_failed;
     peer* l = deferred_peer(d);
     if (l == nullptr)

@@ -26,7 +26,11 @@ std::uint32_t inbox_depth(const rpc_options& o) {
     return std::clamp<std::uint32_t>(std::uint32_t{o.slots} * 16U, 256, 16384);
 }
 detail::reply_cache_limits cache_limits(const rpc_options& o) {
-    return {o.reply_cache_calls, o.reply_cache_bytes, o.reply_cache_ttl, o.reply_cache_linger};
+    return {.calls = o.reply_cache_calls,
+            .bytes = o.reply_cache_bytes,
+            .records = std::size_t{2} * o.max_peers,
+            .ttl = o.reply_cache_ttl,
+            .linger = o.reply_cache_linger};
 }
 } // namespace
 
@@ -54,6 +58,7 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
     }
     ep_.peers.reserve(opts_.max_peers);
     ep_.by_qp.reserve(std::size_t{opts_.max_peers} * 2);
+    housekept_ = ep_.now();
 }
 
 server::server(detail::no_device_t none, rpc_options opts)
@@ -172,12 +177,13 @@ void server::accept_one(verbs::connection_request req) {
     so.max_requests = std::max<std::uint32_t>(
         so.max_requests, 4U * slots + 8U + std::max<std::uint32_t>(so.budget_wqes, 16U));
     wire->attach(std::move(conn), peer_ring, so);
-    const std::uint32_t index = add_link(std::move(wire), slots, offer->incarnation);
+    const std::uint32_t index =
+        add_link(std::move(wire), slots, offer->incarnation, offer->first_call);
     ep_.peers[index].establish_by = ep_.now() + opts_.connect_timeout;
 }
 
 std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t slots,
-                               std::uint64_t client) {
+                               std::uint64_t client, std::uint64_t first_call) {
     peer fresh;
     fresh.slots = std::vector<slot_state>(slots);
     // Room for a body being read and a reply being written per slot, and as
@@ -185,9 +191,10 @@ std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t
     const std::size_t blocks = std::min<std::size_t>(3U * slots + 8U, no_block);
     fresh.blocks = std::vector<detail::arena_block>(blocks);
     fresh.free_blocks.reserve(blocks);
+    fresh.first_call = first_call;
     for (std::size_t i = blocks; i-- > 0;)
         fresh.free_blocks.push_back(static_cast<std::uint16_t>(i));
-    cache_.attach(client); // its replies, kept across its reconnects
+    cache_.attach(client, first_call); // its replies, kept across its reconnects
     std::uint32_t index = 0;
     try {
         index = ep_.add(std::move(wire), std::move(fresh), client);
@@ -365,7 +372,7 @@ void server::accept_local(local::unix_channel ch, std::span<const std::byte> hel
     auto wire = std::make_unique<detail::shm_link>(std::move(ch), pid, w.slots, w.slot_bytes);
     const std::array<int, 3> handed{wire->segment().fd(), wire->wake_fds()[0], wire->wake_fds()[1]};
     wire->send(std::as_bytes(std::span(&w, 1)), handed);
-    (void)add_link(std::move(wire), w.slots, hello.incarnation);
+    (void)add_link(std::move(wire), w.slots, hello.incarnation, hello.first_call);
 }
 
 } // namespace rdmax::rpc

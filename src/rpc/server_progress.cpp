@@ -106,6 +106,7 @@ void server::reject(peer& l, violation v) noexcept {
 
 void server::housekeeping() noexcept {
     const auto now = ep_.start_housekeeping();
+    housekept_ = now;
     // The rdma_cm channels (new requests, peers that left) are read only when
     // one has something: otherwise this costs one epoll_wait.
     const bool events = ep_.in.events_pending();
@@ -117,6 +118,9 @@ void server::housekeeping() noexcept {
 void server::keep_alive(peer& l, sched::coarse_clock::time_point now) noexcept {
     if (l.wire->broken || l.establish_by)
         return; // its handshake is not over: nothing may be sent yet
+    l.pings = 0;
+    if (l.pong_owed && ep_.send_control(l, message_kind::reply, control::pong) == status::ok)
+        l.pong_owed = false;
     if (draining_ && !l.goaway_sent &&
         ep_.send_control(l, message_kind::reply, control::goaway) == status::ok) {
         l.goaway_sent = true;
@@ -152,9 +156,10 @@ void server::reap_links(bool events) noexcept {
             }
         }
         if (l.establish_by && !l.wire->broken) {
-            if (l.wire->established(false))
+            if (l.wire->established(false)) {
                 l.establish_by.reset();
-            else if (now >= *l.establish_by)
+                l.last_heard = now; // silence counts from here, not from the accept
+            } else if (now >= *l.establish_by)
                 l.wire->broken = true; // its handshake never ended
         }
         keep_alive(l, now);
@@ -219,7 +224,8 @@ void server::end_drain() noexcept {
             l.wire->broken = true;
         }
     reap_links(false);
-    draining_ = false;
+    // Still draining: a drained server refuses new connections (destroy it,
+    // or make another on its address).
 }
 
 bool server::drain(std::chrono::milliseconds deadline) noexcept {

@@ -313,10 +313,12 @@ struct protocol_test_access {
         return c.add_link(std::make_unique<test::fake_link>(e));
     }
     static peer_id adopt(server& s, const std::shared_ptr<test::fake_end>& e,
-                         std::uint64_t client_incarnation = 1) {
-        return s.ep_.id_of(
-            s.add_link(std::make_unique<test::fake_link>(e), e->slots, client_incarnation));
+                         std::uint64_t client_incarnation = 1, std::uint64_t first_call = 1) {
+        return s.ep_.id_of(s.add_link(std::make_unique<test::fake_link>(e), e->slots,
+                                      client_incarnation, first_call));
     }
+    /// The first call id the client's next connection would name.
+    static std::uint64_t next_call(const client& c) { return c.next_call_id_; }
     /// A link whose handshake named the server's incarnation.
     static peer_id adopt(client& c, const std::shared_ptr<test::fake_end>& e,
                          std::uint64_t server_incarnation) {
@@ -330,7 +332,10 @@ struct protocol_test_access {
     }
     /// The endpoints' deadlines on another clock (a virtual one).
     static void use_clock(client& c, detail::clock_fn f) { c.ep_.clock = f; }
-    static void use_clock(server& s, detail::clock_fn f) { s.ep_.clock = f; }
+    static void use_clock(server& s, detail::clock_fn f) {
+        s.ep_.clock = f;
+        s.housekept_ = f();
+    }
     static void begin_drain(server& s) { s.begin_drain(); }
     static bool drained(const server& s) { return s.drained(); }
     static void end_drain(server& s) { s.end_drain(); }

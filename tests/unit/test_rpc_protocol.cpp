@@ -1125,13 +1125,24 @@ TEST_CASE("server: a deferred fail() says the status, or handler_failed for one 
     REQUIRE(r.start(deferring, "b") == call_status::ok);
     r.pump();
     REQUIRE(r.deferred.size() == 2);
-    CHECK(r.srv->fail(r.deferred[0], call_status::read_failed));
+    CHECK(r.srv->fail(r.deferred[0], call_status::reply_too_large));
     CHECK(r.srv->fail(r.deferred[1], call_status::timed_out)); // a client's status
     r.pump();
     const auto got = r.results();
     REQUIRE(got.size() == 2);
-    CHECK(got[0].status == call_status::read_failed);
+    CHECK(got[0].status == call_status::reply_too_large);
     CHECK(got[1].status == call_status::handler_failed);
+    // read_failed and unknown_outcome are the server's own to say (a handler
+    // that ran cannot claim its call did not): handler_failed.
+    REQUIRE(r.start(deferring, "c") == call_status::ok);
+    REQUIRE(r.start(deferring, "d") == call_status::ok);
+    r.pump();
+    REQUIRE(r.deferred.size() == 4);
+    CHECK(r.srv->fail(r.deferred[2], call_status::read_failed));
+    CHECK(r.srv->fail(r.deferred[3], call_status::unknown_outcome));
+    r.pump();
+    for (const call_result& x : r.results())
+        CHECK(x.status == call_status::handler_failed);
 }
 
 // ---- bodies and replies over a slot ---------------------------------------------------------

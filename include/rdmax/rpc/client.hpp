@@ -164,7 +164,14 @@ private:
         /// replies of an earlier epoch to drop unread.
         std::uint8_t late = 0;
         std::uint32_t seq = 0;
-        std::uint32_t bytes = 0; ///< the request's, in the staging slot (re-sent from there)
+        // The call as this side sent it, kept here (a node-local staging slot
+        // is memory the server can write): what a re-send takes.
+        std::uint32_t bytes = 0;   ///< the request's, in the staging slot
+        std::uint32_t at_body = 0; ///< where its inline body starts there
+        std::uint16_t method = 0;
+        std::uint8_t flags = 0; ///< flag_idempotent
+        std::uint8_t priority = 0;
+        std::span<const std::byte> external; ///< a body over the slot: the caller's buffer
         std::uint64_t call_id = 0;
         std::uint64_t cookie = 0;
         sched::coarse_clock::time_point deadline{};
@@ -194,7 +201,10 @@ private:
         std::uint32_t in_flight = 0;
         std::uint32_t held = 0;    ///< slots done: results queued or handed out
         std::uint32_t fencing = 0; ///< of in_flight, slots fencing
+        bool pong_owed = false;    ///< a probe came: answered at housekeeping
+        std::uint8_t pings = 0;    ///< probes this round
     };
+    static constexpr std::uint8_t max_pings_per_round = 8;
     /// A call waiting for a connection (`sent`: in flight on one that ended).
     struct waiting_call {
         std::uint64_t call_id = 0;
@@ -235,19 +245,16 @@ private:
     // Connecting (client_connect.cpp).
     /// A connection to addr:port: node-local if it can, else through the device.
     std::unique_ptr<detail::link> dial(std::string_view addr, std::uint16_t port);
-    /// The node-local path to addr:port, if the server is on this node and
-    /// may use CMA on this process; nullptr otherwise (take the device).
+    /// The node-local path to addr:port, or nullptr (take the device).
     std::unique_ptr<detail::link> connect_local(std::string_view addr, std::uint16_t port);
     /// The Unix channel of a server on this node that answers addr:port, if any.
     [[nodiscard]] local::unix_channel find_local_server(std::string_view addr, std::uint16_t port);
-    /// The node-local handshake on `ch`: the server's welcome, or nullptr
-    /// (refused: take the device).
+    /// The node-local handshake on `ch`, or nullptr (refused: take the device).
     std::unique_ptr<detail::link> local_handshake(local::unix_channel ch, std::string_view addr,
                                                   std::uint16_t port);
     /// Sends the hello; the welcome's bytes and the descriptors beside it.
     std::size_t exchange_hello(local::unix_channel& ch, local_welcome& w, std::vector<int>& fds);
-    /// Maps the segment the welcome offered (fds: segment, wake the server,
-    /// wake this side), or nullptr where it is not sealed (take the device).
+    /// Maps the welcome's segment (fds: segment, wake server, wake this side).
     std::unique_ptr<detail::link> map_segment(local::unix_channel ch, const local_welcome& w,
                                               std::vector<int>& fds, std::string_view addr,
                                               std::uint16_t port);
@@ -257,8 +264,7 @@ private:
                                                std::string_view reason, std::string_view addr,
                                                std::uint16_t port, std::string_view what);
     std::unique_ptr<detail::link> connect_device(std::string_view addr, std::uint16_t port);
-    /// Lets the server process `server` use CMA on this one where Yama asks
-    /// for it, as rpc_options::ptracer allows.
+    /// Lets `server` use CMA on this process where Yama asks, as ptracer allows.
     void grant_cma(pid_t server) noexcept;
     /// A new peer_id over `wire` (addr empty: never made again but by dial_).
     peer_id add_link(std::unique_ptr<detail::link> wire, std::string_view addr = {},
@@ -312,7 +318,7 @@ private:
     /// Sends a call on connection `index` (a free slot there): new, or waiting.
     call_status send_on(std::uint32_t index, std::uint16_t method, outgoing& call,
                         const call_options& o, sched::coarse_clock::time_point deadline,
-                        slot_ref& taken) noexcept;
+                        slot_ref& taken, bool fresh) noexcept;
     /// Shows the server the call's memory over the slot (its body, its reply buffer).
     call_status expose_call(peer& l, std::uint32_t slot, const call_options& o,
                             outgoing& call) noexcept;
@@ -322,8 +328,8 @@ private:
                                  const call_options& o, const outgoing& call,
                                  std::uint32_t call_seq, bool epoch) noexcept;
     /// The slot's call is under way: its state, and the counts.
-    void track_call(peer& l, std::uint32_t slot, const call_options& o, const outgoing& call,
-                    std::uint32_t call_seq, bool epoch, std::uint32_t bytes,
+    void track_call(peer& l, std::uint32_t slot, std::uint16_t method, const call_options& o,
+                    const outgoing& call, std::uint32_t call_seq, bool epoch, std::uint32_t bytes,
                     sched::coarse_clock::time_point deadline, slot_ref& taken) noexcept;
     [[nodiscard]] sched::coarse_clock::time_point deadline_of(const call_options& o) const noexcept;
     /// send_slot refused the request: why, for the caller.
@@ -342,14 +348,11 @@ private:
     void on_link_events(peer& l, std::uint32_t index, bool due) noexcept;
     void on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept;
     void on_control(peer& l, std::uint32_t index, control c) noexcept;
-    /// A reply for no call in flight in its slot: late (dropped), or the
-    /// server's fault (the link ends).
+    /// A reply for no call in its slot: late (dropped), or the server's fault.
     void stray_reply(peer& l, std::uint32_t index, std::uint32_t slot, violation v) noexcept;
     void finish(peer& l, std::uint32_t index, std::uint32_t slot, call_status st,
                 std::span<const std::byte> reply) noexcept;
-    /// The call in `slot` was fencing: its result goes out now; `dealloc`:
-    /// its windows are deallocated first (the invalidation failed, or the
-    /// link did).
+    /// The fencing call in `slot` ends now (`dealloc`: windows deallocated first).
     void fenced(peer& l, std::uint32_t index, std::uint32_t slot, bool dealloc) noexcept;
     /// The result of a call that ended, queued for the caller.
     void push_done(peer& l, std::uint32_t index, std::uint32_t slot, call_status st,
@@ -362,20 +365,18 @@ private:
     void keep_alive(peer& l, std::uint32_t index, sched::coarse_clock::time_point now) noexcept;
     /// The calls of `l` past their deadline end timed_out.
     void expire_calls(peer& l, std::uint32_t index, sched::coarse_clock::time_point now) noexcept;
-    /// A fencing slot is past its call's deadline (and a housekeeping period).
+    /// A fencing slot past its call's deadline (and a housekeeping period).
     [[nodiscard]] bool fence_stalled(const peer& l,
                                      sched::coarse_clock::time_point now) const noexcept;
     void teardown_idle() noexcept;
 
     rpc_options opts_;
-    /// The registration cache of large bodies and reply buffers, made at the
-    /// first; declared before the endpoint, whose links hold its handles.
+    /// Large bodies' registrations; before the endpoint, whose links hold its handles.
     std::unique_ptr<verbs_cache> cache_;
     detail::endpoint<peer> ep_;
     /// What a server on this node reads by CMA to see that it may.
     std::uint64_t probe_ = 0;
-    /// Whom this process let use CMA on it (Yama scope 1): 0 nobody yet, -1
-    /// any process, else a server's pid.
+    /// Whom this process let use CMA on it: 0 nobody yet, -1 anyone, else a pid.
     pid_t ptracer_ = 0;
     // Results not yet handed out (a ring sized for every slot), and the slots
     // handed out by the last poll (freed at the next).

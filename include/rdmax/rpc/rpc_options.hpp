@@ -60,12 +60,13 @@ struct rpc_options {
     std::chrono::milliseconds reconnect_give_up{0};
     /// Server: the replies of calls not marked idempotent are kept per client
     /// incarnation, so that a call re-sent after a reconnect is answered from
-    /// here instead of running again: the last reply_cache_calls calls, at
-    /// most reply_cache_bytes of replies, none older than reply_cache_ttl. A
-    /// client's replies outlive its last connection by reply_cache_linger
-    /// (freed at once when it said goodbye).
-    std::uint32_t reply_cache_calls = 4096;
-    std::uint32_t reply_cache_bytes = 16U << 20;
+    /// here instead of running again: each client's last reply_cache_calls
+    /// calls, at most reply_cache_bytes of replies over every client, none
+    /// older than reply_cache_ttl. A client's replies outlive its last
+    /// connection by reply_cache_linger (freed at once when it said goodbye);
+    /// at most 2 x max_peers clients are kept.
+    std::uint32_t reply_cache_calls = 1024;
+    std::uint32_t reply_cache_bytes = 64U << 20;
     std::chrono::milliseconds reply_cache_ttl{60000};
     std::chrono::milliseconds reply_cache_linger{5000};
     /// Between processes on one node, through shared memory and CMA instead
@@ -140,7 +141,7 @@ inline constexpr std::tuple rpc_knobs{
                  config::number{.lo = 1, .hi = 1U << 24}, "replies a server keeps per client"},
     config::knob{"RDMAX_RPC_REPLY_CACHE_BYTES", &rpc_options::reply_cache_bytes,
                  config::number{.lo = 0, .hi = 1U << 31, .bytes = true},
-                 "reply bytes a server keeps per client"},
+                 "reply bytes a server keeps, over every client"},
     config::knob{"RDMAX_RPC_REPLY_CACHE_TTL_MS", &rpc_options::reply_cache_ttl,
                  config::number{.lo = 1, .hi = 86'400'000}, "how long a kept reply answers"},
     config::knob{"RDMAX_RPC_REPLY_CACHE_LINGER_MS", &rpc_options::reply_cache_linger,

@@ -157,7 +157,7 @@ public:
     /// answering the calls that came until every client has acknowledged and
     /// has none left (deferred ones too), or `deadline` passes, then closes
     /// every connection. Blocks (it polls). Returns true when nothing was
-    /// left unanswered. The server takes connections again after it.
+    /// left unanswered. The server refuses connections after it (destroy it).
     bool drain(std::chrono::milliseconds deadline) noexcept;
     /// This server's incarnation (random, one per object): a client that
     /// reconnects learns from it whether the server restarted.
@@ -231,7 +231,13 @@ private:
         std::uint32_t writes = 0; ///< reply bodies being written (signaled, awaited)
         /// Accepted, not yet established: dropped if still so at this time.
         std::optional<sched::coarse_clock::time_point> establish_by;
-        bool said_bye = false;     ///< the client left for good (its replies may go)
+        bool said_bye = false; ///< the client left for good (its replies may go)
+        /// The first call id the client sends here: copies of earlier calls
+        /// (retries) have lower ids, at most `slots` of them per connection.
+        std::uint64_t first_call = 0;
+        std::uint32_t retries = 0;
+        bool pong_owed = false;    ///< a probe came: answered at housekeeping (one per round)
+        std::uint8_t pings = 0;    ///< probes this round: a flood is the peer's fault
         bool goaway_sent = false;  ///< draining: the client was told to go
         bool goaway_acked = false; ///< and said it sends nothing more here
     };
@@ -261,7 +267,7 @@ private:
                               const local::unix_channel& ch);
     /// Makes the connection live; all or nothing (throws, nothing changed).
     std::uint32_t add_link(std::unique_ptr<detail::link> wire, std::uint16_t slots,
-                           std::uint64_t client);
+                           std::uint64_t client, std::uint64_t first_call);
     /// Counts a refused connection, and why.
     void refuse(int err, std::string_view why) noexcept;
     /// refuse() for the exception being handled.
@@ -359,6 +365,10 @@ private:
     std::vector<handler> handlers_;
     std::size_t live_ = 0;
     detail::reply_cache cache_;
+    /// When housekeeping last ran: the reply cache's clock (no clock read per call).
+    sched::coarse_clock::time_point housekept_{};
+    /// Probes one connection may send in a housekeeping round.
+    static constexpr std::uint8_t max_pings_per_round = 8;
     /// Copies that waited for a first copy that never ran (forget_call).
     std::vector<detail::reply_cache::waiter> orphans_;
     bool draining_ = false;

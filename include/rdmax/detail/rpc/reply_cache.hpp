@@ -6,19 +6,22 @@
 //
 // Each client incarnation has a ring of the last `calls` calls it sent (a
 // fixed array: recording a call allocates nothing once the ring has been
-// round, as each entry keeps its reply buffer's capacity), at most `bytes`
-// of their replies, each answered from here for `ttl` after it ran. What the
-// ring let go is remembered as a bound: a re-sent call at or under the
+// round, as each entry keeps its reply buffer's capacity), each answered
+// from here for `ttl` after it ran; the replies of every client together
+// hold at most `bytes` (capacity counted: a reply over it is not kept). What
+// the ring let go is remembered as a bound: a re-sent call at or under the
 // highest id let go, and not in the ring, may have run (its reply is gone),
 // so it is answered unknown_outcome rather than run again. A call with an id
 // over that bound not in the ring never arrived: it runs.
 //
+// A record starts with the bound at the first call id the client says it
+// will send on the connection that made it: a record made while the client
+// was resuming (this server restarted, or forgot the client: its record
+// lingered out, or was evicted) answers its re-sent calls unknown_outcome.
 // The record of a client outlives its last connection by `linger` (the
 // client may be reconnecting), and goes at once when the client said
-// goodbye. A re-sent call of a client with no record (its record expired,
-// or this server is not the one it first reached: a restart) is answered
-// unknown_outcome too. Pure bookkeeping, no device: the unit tests drive it
-// with a virtual clock.
+// goodbye; at most `records` are kept (the longest gone go first). Pure
+// bookkeeping, no device: the unit tests drive it with a virtual clock.
 
 #include <chrono>
 #include <cstddef>
@@ -35,8 +38,9 @@
 namespace rdmax::rpc::detail {
 
 struct reply_cache_limits {
-    std::uint32_t calls = 4096;
-    std::size_t bytes = std::size_t{16} << 20;
+    std::uint32_t calls = 1024;
+    std::size_t bytes = std::size_t{64} << 20; ///< over every client
+    std::size_t records = 512;
     std::chrono::nanoseconds ttl = std::chrono::seconds(60);
     std::chrono::nanoseconds linger = std::chrono::seconds(5);
 };
@@ -70,9 +74,10 @@ public:
     explicit reply_cache(reply_cache_limits limits) noexcept
         : limits_(limits) {}
 
-    /// A connection of `client` starts: its record is made (or kept). Throws
-    /// std::bad_alloc (at connect, never on the call path).
-    void attach(std::uint64_t client);
+    /// A connection of `client` starts: its record is made (or kept), a new
+    /// one vouching for no call under `first_call` (the first id the client
+    /// sends on it). Throws std::bad_alloc (at connect, never on the call path).
+    void attach(std::uint64_t client, std::uint64_t first_call);
     /// A connection of `client` ended; its last one starts the linger
     /// (`bye`: the client left for good, the record goes now).
     void detach(std::uint64_t client, bool bye, time_point now) noexcept;
@@ -103,8 +108,8 @@ public:
     [[nodiscard]] std::size_t clients() const noexcept { return records_.size(); }
     /// Calls kept (running or answered) over every client.
     [[nodiscard]] std::size_t entries() const noexcept;
-    /// Reply bytes kept over every client.
-    [[nodiscard]] std::size_t bytes() const noexcept;
+    /// Reply bytes held over every client (capacity).
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
 
 private:
     enum class state : std::uint8_t { empty, running, done, lost };
@@ -120,7 +125,6 @@ private:
         std::vector<entry> ring;
         std::uint32_t next = 0;         ///< where the next call goes
         std::uint64_t let_go = 0;       ///< the highest id the ring let go (0: none)
-        std::size_t bytes = 0;          ///< body bytes kept
         std::uint32_t connections = 0;  ///< live connections of this client
         std::optional<time_point> gone; ///< no connection since: goes after the linger
     };
@@ -128,8 +132,14 @@ private:
     [[nodiscard]] const entry* at(const entry_ref& e) const noexcept;
     void record_call(record& r, std::uint64_t call_id, time_point now, std::uint64_t client,
                      std::optional<entry_ref>& recorded) noexcept;
+    /// Keeps `body` in `x` within the byte budget (false: not kept).
+    bool keep_body(entry& x, std::span<const std::byte> body) noexcept;
+    /// Room for one more record: the one gone longest goes (none gone: none).
+    void make_room() noexcept;
+    void release(const record& r) noexcept;
 
     reply_cache_limits limits_;
+    std::size_t bytes_ = 0; ///< the capacity of every entry's reply buffer
     std::unordered_map<std::uint64_t, record> records_;
 };
 

@@ -45,6 +45,7 @@ struct local_hello {
     std::uint64_t probe_addr = 0;  ///< 8 bytes the server reads by CMA, to see that it may
     std::uint64_t probe_value = 0; ///< what it must find there
     std::uint64_t incarnation = 0; ///< the client's (ring_offer::incarnation)
+    std::uint64_t first_call = 0;  ///< ring_offer::first_call
 };
 
 /// The server's answer; the segment's descriptor comes beside it when ok.

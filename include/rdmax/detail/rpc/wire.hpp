@@ -163,8 +163,12 @@ struct ring_offer {
     /// The sender's incarnation: random, never 0, one per client or server
     /// object. A client that reconnects learns whether its server restarted.
     std::uint64_t incarnation = 0;
+    /// Client: the first call id it sends on this connection. Its copies of
+    /// earlier calls (flag_retry) have lower ids; a server with no record of
+    /// the client vouches for none of those (unknown_outcome).
+    std::uint64_t first_call = 0;
 };
-static_assert(sizeof(ring_offer) == 32 && sizeof(ring_offer) <= 55);
+static_assert(sizeof(ring_offer) == 40 && sizeof(ring_offer) <= 55);
 static_assert(std::has_unique_object_representations_v<ring_offer>);
 
 /// The smallest slot: a header, two descriptors and some inline body.

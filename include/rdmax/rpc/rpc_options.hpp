@@ -47,7 +47,7 @@ struct rpc_options {
     /// does not poll for keepalive_timeout is dropped by its server, and
     /// reconnects at its next call.
     std::chrono::milliseconds keepalive{1000};
-    std::chrono::milliseconds keepalive_timeout{5000};
+    std::chrono::milliseconds keepalive_timeout{3000};
     /// Client: a connection that ended (failed, silent, drained) is made
     /// again, with exponential backoff from reconnect_backoff up to
     /// reconnect_backoff_max and jitter (each wait a random 50-100 % of the
@@ -68,7 +68,9 @@ struct rpc_options {
     std::uint32_t reply_cache_calls = 1024;
     std::uint32_t reply_cache_bytes = 64U << 20;
     std::chrono::milliseconds reply_cache_ttl{60000};
-    std::chrono::milliseconds reply_cache_linger{5000};
+    /// (As long as keepalive_timeout: a client that crashed is forgotten
+    /// within that of its connection's end.)
+    std::chrono::milliseconds reply_cache_linger{3000};
     /// Between processes on one node, through shared memory and CMA instead
     /// of the device: the server also answers on a Unix name, the client tries
     /// it first (RDMAX_RPC_LOCAL=0: always the device).

@@ -235,11 +235,13 @@ void client::fail_link(peer& l, std::uint32_t index) noexcept {
         std::sort(moved.begin(), moved.end(), [](const waiting_call& a, const waiting_call& b) {
             return a.call_id < b.call_id;
         });
-        for (auto it = moved.rbegin(); it != moved.rend(); ++it) {
+        // Ahead of the calls started while it was down, in the order they went.
+        std::reverse(moved.begin(), moved.end());
+        for (waiting_call& c : moved) {
             try {
-                ss.waiting.push_front(std::move(*it));
+                ss.waiting.push_front(std::move(c));
             } catch (...) {
-                push_slotless(s, *it, call_status::peer_gone);
+                push_slotless(s, c, call_status::peer_gone);
             }
         }
         lose_link(s);

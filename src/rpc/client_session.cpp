@@ -215,7 +215,7 @@ void client::release_session(std::uint32_t s) noexcept {
 }
 
 void client::server_restarted(session& ss) noexcept {
-    const std::uint32_t s = static_cast<std::uint32_t>(&ss - sessions_.data());
+    const auto s = static_cast<std::uint32_t>(&ss - sessions_.data());
     std::erase_if(ss.waiting, [&](const waiting_call& c) {
         if (!c.sent || c.o.idempotent)
             return false; // never reached the old server, or harmless to run again

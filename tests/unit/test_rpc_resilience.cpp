@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -229,6 +230,12 @@ TEST_CASE("keepalive: a silent server is detected within keepalive_timeout + 10 
                            << " ms, keepalive_timeout " << timeout.count() << " ms");
     CHECK(took >= timeout);
     CHECK(took <= timeout + timeout / 10);
+    std::printf(
+        "keepalive (virtual clock, housekeeping %lld ms): silent server detected %lld ms "
+        "after its last message, keepalive_timeout %lld ms\n",
+        static_cast<long long>(o.housekeeping.count()),
+        static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()),
+        static_cast<long long>(timeout.count()));
     CHECK(w.cli->counters().keepalive_timeouts == 1);
     CHECK(w.states.front() == peer_state::reconnecting);
 }
@@ -667,7 +674,7 @@ TEST_CASE("hostile: a node-local server that rewrites a staged request cannot ch
         if (rpc::detail::load<rpc::message_header>(sa->slot_in(slot)).method == run_once)
             break;
     REQUIRE(slot < o.slots);
-    rpc::message_header h = rpc::detail::load<rpc::message_header>(sa->slot_in(slot));
+    auto h = rpc::detail::load<rpc::message_header>(sa->slot_in(slot));
     h.method = 9;
     h.flags = static_cast<std::uint8_t>((h.flags & ~0x3F) | rpc::flag_external_body |
                                         (h.flags & rpc::flag_epoch));

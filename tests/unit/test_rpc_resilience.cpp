@@ -232,8 +232,9 @@ TEST_CASE("keepalive: a silent server is detected within keepalive_timeout + 10 
     CHECK(took <= timeout + timeout / 10);
     std::printf(
         "keepalive (virtual clock, housekeeping %lld ms): silent server detected %lld ms "
-        "after its last message, keepalive_timeout %lld ms\n",
-        static_cast<long long>(o.housekeeping.count()),
+        "after the call started, keepalive_timeout %lld ms\n",
+        static_cast<long long>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(o.housekeeping).count()),
         static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()),
         static_cast<long long>(timeout.count()));
     CHECK(w.cli->counters().keepalive_timeouts == 1);

@@ -121,8 +121,7 @@ void client::on_control(peer& l, std::uint32_t index, control c) noexcept {
     switch (c) {
     case control::ping:
         // Answered at housekeeping, once a round (a flood is the server's fault).
-        l.pong_owed = true;
-        if (++l.pings > max_pings_per_round) {
+        if (!detail::endpoint<peer>::pinged(l)) {
             ep_.counters.count(violation::malformed);
             fail_link(l, index);
         }
@@ -291,9 +290,6 @@ void client::keep_alive(peer& l, std::uint32_t index,
     session& ss = sessions_[l.session];
     if (l.heard && ss.link == index)
         ss.backoff = opts_.reconnect_backoff; // the connection works: the next failure starts over
-    l.pings = 0;
-    if (l.pong_owed && ep_.send_control(l, message_kind::request, control::pong) == status::ok)
-        l.pong_owed = false;
     if (ss.state == peer_state::draining && ss.link == index && l.in_flight == 0) {
         // Acknowledged, nothing left here: closed from this side too (the
         // server's close may never come), and connected again after a backoff.
@@ -301,18 +297,8 @@ void client::keep_alive(peer& l, std::uint32_t index,
         fail_link(l, index);
         return;
     }
-    switch (ep_.keepalive(l, now)) {
-    case detail::liveness::fine: break;
-    case detail::liveness::probe:
-        (void)ep_.send_control(l, message_kind::request, control::ping);
-        break;
-    case detail::liveness::silent:
-        // No connection event came (a pulled cable, a hung host, a stopped
-        // server): gone all the same, and its calls wait for the next one.
-        ep_.counters.count_link_end(l.wire->ended(detail::look::cause).value_or(link_end{}));
-        fail_link(l, index);
-        break;
-    }
+    if (ep_.tend(l, message_kind::request, now) == detail::liveness::silent)
+        fail_link(l, index); // its calls wait for the next connection
 }
 
 void client::expire_calls(peer& l, std::uint32_t index,

@@ -102,8 +102,7 @@ void server::on_control(peer& l, control c) noexcept {
     case control::ping:
         // Answered at housekeeping, once per round: a flood of probes is the
         // peer's fault, not a load this side carries.
-        l.pong_owed = true;
-        if (++l.pings > max_pings_per_round)
+        if (!detail::endpoint<peer>::pinged(l))
             reject(l, violation::malformed);
         break;
     case control::pong: break; // heard: that is all a probe asks

@@ -118,25 +118,13 @@ void server::housekeeping() noexcept {
 void server::keep_alive(peer& l, sched::coarse_clock::time_point now) noexcept {
     if (l.wire->broken || l.establish_by)
         return; // its handshake is not over: nothing may be sent yet
-    l.pings = 0;
-    if (l.pong_owed && ep_.send_control(l, message_kind::reply, control::pong) == status::ok)
-        l.pong_owed = false;
     if (draining_ && !l.goaway_sent &&
         ep_.send_control(l, message_kind::reply, control::goaway) == status::ok) {
         l.goaway_sent = true;
         ++ep_.counters.goaways;
     }
-    switch (ep_.keepalive(l, now)) {
-    case detail::liveness::fine: break;
-    case detail::liveness::probe:
-        (void)ep_.send_control(l, message_kind::reply, control::ping);
-        break;
-    case detail::liveness::silent:
-        // No connection event came (a pulled cable, a stopped client): gone all the same.
-        ep_.counters.count_link_end(l.wire->ended(detail::look::cause).value_or(link_end{}));
+    if (ep_.tend(l, message_kind::reply, now) == detail::liveness::silent)
         l.wire->broken = true;
-        break;
-    }
 }
 
 void server::reap_links(bool events) noexcept {

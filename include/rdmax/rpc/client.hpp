@@ -201,10 +201,7 @@ private:
         std::uint32_t in_flight = 0;
         std::uint32_t held = 0;    ///< slots done: results queued or handed out
         std::uint32_t fencing = 0; ///< of in_flight, slots fencing
-        bool pong_owed = false;    ///< a probe came: answered at housekeeping
-        std::uint8_t pings = 0;    ///< probes this round
     };
-    static constexpr std::uint8_t max_pings_per_round = 8;
     /// A call waiting for a connection (`sent`: in flight on one that ended).
     struct waiting_call {
         std::uint64_t call_id = 0;

@@ -236,8 +236,6 @@ private:
         /// (retries) have lower ids, at most `slots` of them per connection.
         std::uint64_t first_call = 0;
         std::uint32_t retries = 0;
-        bool pong_owed = false;    ///< a probe came: answered at housekeeping (one per round)
-        std::uint8_t pings = 0;    ///< probes this round: a flood is the peer's fault
         bool goaway_sent = false;  ///< draining: the client was told to go
         bool goaway_acked = false; ///< and said it sends nothing more here
     };
@@ -367,8 +365,6 @@ private:
     detail::reply_cache cache_;
     /// When housekeeping last ran: the reply cache's clock (no clock read per call).
     sched::coarse_clock::time_point housekept_{};
-    /// Probes one connection may send in a housekeeping round.
-    static constexpr std::uint8_t max_pings_per_round = 8;
     /// Copies that waited for a first copy that never ran (forget_call).
     std::vector<detail::reply_cache::waiter> orphans_;
     bool draining_ = false;

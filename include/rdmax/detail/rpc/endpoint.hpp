@@ -79,7 +79,12 @@ struct peer_base {
     sched::coarse_clock::time_point last_heard{};
     /// When the last probe went since the peer was last heard ({}: none).
     sched::coarse_clock::time_point probed{};
+    bool pong_owed = false; ///< a probe came: answered at housekeeping (one a round)
+    std::uint8_t pings = 0; ///< probes this round: a flood is the peer's fault
 };
+
+/// Probes one connection may send in a housekeeping round.
+inline constexpr std::uint8_t max_pings_per_round = 8;
 
 /// What keepalive() finds of a connection.
 enum class liveness : std::uint8_t {
@@ -247,6 +252,28 @@ public:
         p.probed = t;
         ++counters.keepalive_probes;
         return liveness::probe;
+    }
+    /// Keepalive at housekeeping, for a link whose messages go as kind `k`:
+    /// the pong owed, a probe if one is due. Silent: counted why (the caller
+    /// ends the link).
+    [[nodiscard]] liveness tend(Peer& p, message_kind k,
+                                sched::coarse_clock::time_point t) noexcept {
+        p.pings = 0;
+        if (p.pong_owed && send_control(p, k, control::pong) == status::ok)
+            p.pong_owed = false;
+        const liveness l = keepalive(p, t);
+        if (l == liveness::probe)
+            (void)send_control(p, k, control::ping);
+        else if (l == liveness::silent)
+            // No connection event came (a pulled cable, a hung host, a
+            // stopped process): gone all the same.
+            counters.count_link_end(p.wire->ended(look::cause).value_or(link_end{}));
+        return l;
+    }
+    /// A probe came: owed an answer; false for one too many this round.
+    [[nodiscard]] static bool pinged(Peer& p) noexcept {
+        p.pong_owed = true;
+        return ++p.pings <= max_pings_per_round;
     }
     /// Sends control message `c` (no bytes, no slot) as kind `k`. A send
     /// queue with no room: the next housekeeping tries again.

@@ -797,10 +797,11 @@ TEST_CASE("keepalive and reconnect: idle links are probed and answered; a server
     });
     // The server in a thread of its own (a reconnect waits for its accept),
     // paused to play a server that stopped (SIGSTOP: no poll, no answer).
-    std::atomic<bool> paused{false}, stop{false};
+    std::atomic<bool> paused{false}, still{false}, stop{false};
     std::thread serve([&] {
         while (!stop.load()) {
-            if (paused.load())
+            still = paused.load(); // seen: no poll from here on
+            if (still.load())
                 std::this_thread::sleep_for(std::chrono::milliseconds(1));
             else
                 (void)s.wait(std::chrono::milliseconds(2));
@@ -825,12 +826,20 @@ TEST_CASE("keepalive and reconnect: idle links are probed and answered; a server
     CHECK(cli.state(p) == rpc::peer_state::ready);
 
     paused = true;
+    const auto t_pause = clock_type::now();
+    while (!still.load() && clock_type::now() - t_pause < std::chrono::seconds(10))
+        (void)cli.wait(out, std::chrono::milliseconds(1)); // (nothing in flight: no result)
+    REQUIRE(still.load());
     std::vector<std::byte> req(48, std::byte{7});
     REQUIRE(cli.start(p, m_echo, req, {.cookie = 1}) == rpc::call_status::ok);
     const auto t0 = clock_type::now();
+    std::vector<rpc::call_result> results;
     while (cli.state(p) == rpc::peer_state::ready &&
-           clock_type::now() - t0 < std::chrono::seconds(10))
-        (void)cli.wait(out, std::chrono::milliseconds(5));
+           clock_type::now() - t0 < std::chrono::seconds(10)) {
+        const int n = cli.wait(out, std::chrono::milliseconds(5));
+        results.insert(results.end(), out, out + n);
+    }
+    CHECK(results.empty()); // the server is stopped: nothing came
     const auto detected = clock_type::now() - t0;
     REQUIRE(cli.state(p) != rpc::peer_state::ready);
     CHECK(cli.counters().keepalive_timeouts == 1);
@@ -844,7 +853,6 @@ TEST_CASE("keepalive and reconnect: idle links are probed and answered; a server
                 static_cast<long long>(o.keepalive_timeout.count()));
 
     paused = false; // it resumes: the client connects again and sends the call again
-    std::vector<rpc::call_result> results;
     const auto t1 = clock_type::now();
     while (results.empty() && clock_type::now() - t1 < std::chrono::seconds(20)) {
         const int n = cli.wait(out, std::chrono::milliseconds(5));

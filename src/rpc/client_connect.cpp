@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/rpc/pending_dial.hpp>
 #include <rdmax/detail/rpc/rdma_link.hpp>
 #include <rdmax/detail/rpc/shm_link.hpp>
 #include <rdmax/error.hpp>
@@ -71,28 +72,45 @@ std::unique_ptr<detail::link> client::dial(std::string_view addr, std::uint16_t 
     if (opts_.local)
         if (std::unique_ptr<detail::link> local = connect_local(addr, port))
             return local;
-    return connect_device(addr, port);
+    const std::shared_ptr<detail::pending_dial> d = begin_device(addr, port);
+    return finish_device(*d, addr, port); // waits for the thread
 }
 
-std::unique_ptr<detail::link> client::connect_device(std::string_view addr, std::uint16_t port) {
+std::shared_ptr<detail::pending_dial> client::begin_device(std::string_view addr,
+                                                           std::uint16_t port) {
     const verbs::protection_domain& pd = *ep_.pd;
-    auto wire =
+    auto d = std::make_shared<detail::pending_dial>();
+    d->wire =
         std::make_unique<detail::rdma_link>(ep_.arena, ep_.issuer, opts_.slots, opts_.slot_bytes);
-    ring_offer mine = wire->offer();
-    mine.incarnation = ep_.incarnation;
-    mine.first_call = next_call_id_;
-    verbs::connection conn = verbs::connection::connect(
-        pd, addr, port, verbs::payload_of(mine),
-        detail::link_qp_config(ep_.in, opts_.slots, pd.device().limits(), windows_wanted()),
-        opts_.connect_timeout);
+    d->mine = d->wire->offer();
+    d->mine.incarnation = ep_.incarnation;
+    d->mine.first_call = next_call_id_;
+    // The thread makes the rdma_cm connection alone: what it reads is copied
+    // (the offer, the queue pair's configuration, the address) or
+    // thread-safe (the protection domain, the shared queues).
+    d->conn = std::async(std::launch::async, [&pd, where = std::string(addr), port, mine = d->mine,
+                                              cfg = detail::link_qp_config(ep_.in, opts_.slots,
+                                                                           pd.device().limits(),
+                                                                           windows_wanted()),
+                                              timeout = opts_.connect_timeout] {
+        return verbs::connection::connect(pd, where, port, verbs::payload_of(mine), cfg, timeout);
+    });
+    return d;
+}
+
+std::unique_ptr<detail::link> client::finish_device(detail::pending_dial& d, std::string_view addr,
+                                                    std::uint16_t port) {
+    verbs::connection conn = d.conn.get(); // throws what the connect threw
     const std::optional<ring_offer> granted = conn.peer_payload_as<ring_offer>();
     const char* why = granted ? check_offer(*granted) : "no ring offer in the reply";
-    if (why == nullptr && (granted->slots > mine.slots || granted->slot_bytes > mine.slot_bytes))
+    if (why == nullptr &&
+        (granted->slots > d.mine.slots || granted->slot_bytes > d.mine.slot_bytes))
         why = "the server granted more than was asked";
     if (why != nullptr) {
         ep_.counters.count_refusal(EPROTO, why);
         throw_error("rpc::client::connect", EPROTO, fmt::format("{}:{}: {}", addr, port, why));
     }
+    std::unique_ptr<detail::rdma_link> wire = std::move(d.wire);
     wire->attach(std::move(conn), *granted, opts_.scheduler);
     wire->peer_incarnation = granted->incarnation;
     const detail::call_memory memory{

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include <rdmax/detail/rpc/pending_dial.hpp>
 #include <rdmax/rpc/client.hpp>
 
 namespace rdmax::rpc {
@@ -199,6 +200,9 @@ void client::push_slotless(std::uint32_t s, const waiting_call& c, call_status s
 void client::close_session(std::uint32_t s, call_status st) noexcept {
     session& ss = sessions_[s];
     set_state(s, peer_state::closed);
+    // A connect under way is let go (its thread ends within connect_timeout;
+    // the connection it made, if any, is closed).
+    ss.dialing.reset();
     for (const waiting_call& c : ss.waiting)
         push_slotless(s, c, st);
     ss.waiting.clear();
@@ -227,9 +231,28 @@ void client::server_restarted(session& ss) noexcept {
 void client::try_reconnect(std::uint32_t s, sched::coarse_clock::time_point now) noexcept {
     session& ss = sessions_[s];
     try {
-        std::unique_ptr<detail::link> wire = redial_ ? redial_(s) : dial(ss.addr, ss.port);
+        std::unique_ptr<detail::link> wire;
+        if (redial_) {
+            wire = redial_(s);
+        } else if (ss.dialing) {
+            if (!ss.dialing->ready())
+                return; // rdma_cm is still at it, on its thread
+            const std::shared_ptr<detail::pending_dial> d = std::move(ss.dialing);
+            wire = finish_device(*d, ss.addr, ss.port);
+        } else {
+            // The node-local path first (a Unix handshake, bounded by
+            // connect_timeout), then the device, whose connect runs on a
+            // thread: this one goes on serving its other connections.
+            if (opts_.local)
+                wire = connect_local(ss.addr, ss.port);
+            if (!wire) {
+                ss.dialing = begin_device(ss.addr, ss.port);
+                return;
+            }
+        }
         attach(s, std::move(wire));
     } catch (...) {
+        ss.dialing.reset();
         ++ep_.counters.reconnect_attempts;
         if (opts_.reconnect_give_up.count() > 0 && now - ss.lost_at >= opts_.reconnect_give_up) {
             close_session(s, call_status::peer_gone);

@@ -53,6 +53,9 @@
 namespace rdmax::rpc {
 
 struct local_welcome;
+namespace detail {
+struct pending_dial;
+}
 
 struct call_options {
     sched::priority priority = sched::normal;
@@ -160,12 +163,10 @@ private:
         slot_phase phase = slot_phase::free;
         /// Flipped at each call in the slot; the reply echoes it.
         bool epoch = false;
-        /// Calls in this slot that timed out and whose reply has not come:
-        /// replies of an earlier epoch to drop unread.
+        /// Calls here that timed out, their reply not come: dropped unread.
         std::uint8_t late = 0;
         std::uint32_t seq = 0;
-        // The call as this side sent it, kept here (a node-local staging slot
-        // is memory the server can write): what a re-send takes.
+        // The call as sent, kept here (node-local staging is the server's to write).
         std::uint32_t bytes = 0;   ///< the request's, in the staging slot
         std::uint32_t at_body = 0; ///< where its inline body starts there
         std::uint16_t method = 0;
@@ -176,13 +177,11 @@ private:
         std::uint64_t cookie = 0;
         sched::coarse_clock::time_point deadline{};
         std::span<std::byte> reply_into;
-        /// While fencing: the result the reply gave, handed out once the
-        /// peer's keys to the call's buffers are dead.
+        /// While fencing: the result, handed out once the peer's keys are dead.
         call_status fenced_status = call_status::ok;
         std::span<const std::byte> fenced_reply;
     };
-    /// A slot_ref of a result that names no slot (a call that timed out, or
-    /// ended while waiting for a connection: no slot is the caller's).
+    /// A result that names no slot (timed out, or ended waiting for a connection).
     static constexpr std::uint32_t no_slot = UINT32_MAX;
     static constexpr std::uint32_t no_link = UINT32_MAX;
     struct slot_ref {
@@ -228,8 +227,9 @@ private:
         sched::coarse_clock::time_point next_attempt{};
         sched::coarse_clock::time_point lost_at{};
         std::deque<waiting_call> waiting;
+        std::shared_ptr<detail::pending_dial> dialing; ///< a reconnect under way (device)
     };
-    /// A call as start() encodes it: where its body and reply go.
+    /// A call as start() encodes it.
     struct outgoing {
         std::span<const std::byte> request;
         bool external = false; ///< the body stays in the caller's buffer (over the slot)
@@ -249,7 +249,7 @@ private:
     /// The node-local handshake on `ch`, or nullptr (refused: take the device).
     std::unique_ptr<detail::link> local_handshake(local::unix_channel ch, std::string_view addr,
                                                   std::uint16_t port);
-    /// Sends the hello; the welcome's bytes and the descriptors beside it.
+    /// Sends the hello; the welcome's bytes and the descriptors.
     std::size_t exchange_hello(local::unix_channel& ch, local_welcome& w, std::vector<int>& fds);
     /// Maps the welcome's segment (fds: segment, wake server, wake this side).
     std::unique_ptr<detail::link> map_segment(local::unix_channel ch, const local_welcome& w,
@@ -260,7 +260,11 @@ private:
     std::unique_ptr<detail::link> refuse_local(std::vector<int>& fds, int err,
                                                std::string_view reason, std::string_view addr,
                                                std::uint16_t port, std::string_view what);
-    std::unique_ptr<detail::link> connect_device(std::string_view addr, std::uint16_t port);
+    /// Through the device: begun here (the link, a thread for rdma_cm's
+    /// connect), finished at a later poll or at once (throws why not).
+    std::shared_ptr<detail::pending_dial> begin_device(std::string_view addr, std::uint16_t port);
+    std::unique_ptr<detail::link> finish_device(detail::pending_dial& d, std::string_view addr,
+                                                std::uint16_t port);
     /// Lets `server` use CMA on this process where Yama asks, as ptracer allows.
     void grant_cma(pid_t server) noexcept;
     /// A new peer_id over `wire` (addr empty: never made again but by dial_).
@@ -291,7 +295,7 @@ private:
     call_status wait_for_link(std::uint32_t s, std::uint16_t method,
                               std::span<const std::byte> request, const call_options& o,
                               slot_ref& taken) noexcept;
-    /// Sends the calls waiting in session s, in order, while its connection has room.
+    /// Sends session s's waiting calls, in order, while its connection has room.
     void send_waiting(std::uint32_t s) noexcept;
     /// Housekeeping of the sessions: waiting calls past their deadline, and
     /// the connection attempts that are due.
@@ -305,11 +309,10 @@ private:
     void release_session(std::uint32_t s) noexcept;
     /// The result of a call that ended holding no slot.
     void push_slotless(std::uint32_t s, const waiting_call& c, call_status st) noexcept;
-    /// Hands state changes to on_state_change.
     void report_states() noexcept;
 
     // The call path (client_call.cpp).
-    /// start() for call(): the slot it took, or the status it refused with.
+    /// start() for call(): the slot it took, or why it refused.
     call_status start_on(peer_id p, std::uint16_t method, std::span<const std::byte> request,
                          const call_options& o, slot_ref& taken) noexcept;
     /// Sends a call on connection `index` (a free slot there): new, or waiting.

@@ -147,7 +147,9 @@ struct fake_end {
         const rpc::imm_fields f = rpc::decode_imm(m.imm);
         // Node-local: the sender built the message in this ring already
         // (shared memory); only the immediate travels.
-        if (path == fake_path::device && f.slot < slots && m.bytes.size() <= slot_bytes)
+        // (A control message carries no bytes, and names a code, not a slot.)
+        if (path == fake_path::device && !m.bytes.empty() && f.slot < slots &&
+            m.bytes.size() <= slot_bytes)
             std::memcpy(slot_in(f.slot), m.bytes.data(), m.bytes.size());
         if (path == fake_path::node_local)
             arrived.push_back(m.imm);

@@ -10,16 +10,65 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <malloc.h>
 #include <map>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <rdmax/detail/rpc/reply_cache.hpp>
+
 #include "../support/catch.hpp"
 #include "../support/fake_link.hpp"
+
+namespace {
+/// Allocations made (the reply cache's call path must make none).
+std::atomic<std::uint64_t> allocations{0};
+} // namespace
+// The replacements pair malloc with free; GCC cannot see that they pair.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+    allocations.fetch_add(1, std::memory_order_relaxed);
+    if (void* p = std::malloc(n == 0 ? 1 : n))
+        return p;
+    throw std::bad_alloc();
+}
+// Every replaceable form pairs with free(), so that sanitizers see no mix of
+// their allocator with this one (as test_priority_scheduler.cpp does).
+void* operator new[](std::size_t n) {
+    return operator new(n);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+    allocations.fetch_add(1, std::memory_order_relaxed);
+    return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
+    return operator new(n, t);
+}
+void operator delete(void* p) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
 
 using namespace rdmax;
 using rdmax::rpc::call_result;
@@ -710,10 +759,6 @@ TEST_CASE("hostile: a node-local server that rewrites a staged request cannot ch
     CHECK(seen != secret);
 }
 
-#include <malloc.h>
-
-#include <rdmax/detail/rpc/reply_cache.hpp>
-
 TEST_CASE("reply cache: the memory it holds stays within reply_cache_bytes (capacity counted)",
           "[rpc-resilience][reply-cache][memory]") {
     rpc::detail::reply_cache_limits lim;
@@ -805,25 +850,6 @@ TEST_CASE("retry: a handler that ran and answered read_failed is kept as run (ha
     CHECK(w.runs.begin()->second == 1);
 }
 
-#include <atomic>
-#include <cstdlib>
-namespace {
-std::atomic<std::uint64_t> review_allocations{0};
-}
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-    review_allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n == 0 ? 1 : n))
-        return p;
-    throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept {
-    std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-    std::free(p);
-}
-
 TEST_CASE("reply cache: no allocation per call once the ring has been round",
           "[rpc-resilience][reply-cache][hot]") {
     rpc::detail::reply_cache cache(rpc::detail::reply_cache_limits{});
@@ -839,9 +865,9 @@ TEST_CASE("reply cache: no allocation per call once the ring has been round",
         }
     };
     run(static_cast<int>(rpc::detail::reply_cache_limits{}.calls)); // once round the ring
-    const std::uint64_t before = review_allocations.load();
+    const std::uint64_t before = allocations.load();
     run(2000);
-    const std::uint64_t during = review_allocations.load() - before;
+    const std::uint64_t during = allocations.load() - before;
     CHECK(during == 0);
 }
 

@@ -156,7 +156,9 @@ def main():
         fig["load"] = load_figures(cs, faults, allow_unknown=True)
         fig["exactly_once"] = exactly_once(a.dir, True, faults)
         fig["resume_s_after_restart"] = [resume_after(c, a.t_restart) for c in cs]
-        fig["resume_s_after_serving"] = [resume_after(c, a.t_serving) for c in cs]
+        # The new server's start (device, listener) up to its "serving on" line;
+        # the clients may resume before the driver has seen that line.
+        fig["server_start_s"] = round(a.t_serving - a.t_restart, 3)
         fig["reconnecting_s_after_kill"] = [first_state_after(c, a.t_kill, "reconnecting") for c in cs]
         fig["downtime_s"] = round(a.t_serving - a.t_kill, 3)
         if any(r is None for r in fig["resume_s_after_restart"]):
@@ -178,7 +180,11 @@ def main():
     elif a.scenario == "loss":
         fig["load"] = load_figures(cs, faults, allow_unknown=False)
         fig["exactly_once"] = exactly_once(a.dir, False, faults)
-        fig["loss_percent"] = a.loss_percent
+        # One client a loss rate, its tag 100 + the rate in percent.
+        fig["phases"] = [{"loss_percent": c["tag"] - 100, "calls": c["calls"], "ok": c["ok"],
+                          "calls_per_s": c["calls_per_s"], "p50_us": c["p50_us"],
+                          "p99_us": c["p99_us"], "retransmission_counters": c["counters"]}
+                         for c in sorted(cs, key=lambda c: c["tag"])]
     elif a.scenario == "client_kills":
         rows = []
         with open(os.path.join(a.dir, "samples"), encoding="utf-8") as f:

@@ -3,6 +3,7 @@
 //   resilience_client --addr ADDR --port PORT --tag N --json FILE --outcomes FILE
 //                     [--inflight K] [--seconds S] [--size BYTES] [--die-after N]
 //                     [--connect-seconds S]
+//   resilience_client --addr ADDR --port PORT --finish
 //
 // Keeps K calls in flight (default 16) to resilience_server, mixed: even
 // sequence numbers call method 1 marked idempotent, odd ones method 2 (not
@@ -11,7 +12,8 @@
 // SIGTERM or S seconds (default 300), then starts nothing new and waits for
 // every call in flight to end (each has its deadline: RDMAX_RPC_TIMEOUT_MS).
 // --die-after N: raises SIGKILL on itself once N calls ended ok, with calls
-// in flight (a client killed mid-call).
+// in flight (a client killed mid-call). --finish: one call of method 3,
+// which ends the server (its host cannot see the clients end).
 //
 // OUTCOMES gets one line a method-2 call, "TAG SEQ STATUS" (STATUS a number,
 // rpc::call_status), for the checker to hold against the server's log. JSON
@@ -19,7 +21,8 @@
 // connection's state changes and every gap of over 200 ms between two ok
 // results (wall-clock seconds), and the client's counters. State changes and
 // the first ok after a gap are also said on stdout as they happen
-// ("state reconnecting at T", "resumed at T after G s").
+// ("state reconnecting at T", "resumed at T after G s"), and every 500th
+// ok result ("progress N ok").
 // Exit status 0 when every call ended ok or unknown_outcome and every reply
 // was right; 1 otherwise.
 #include <algorithm>
@@ -60,12 +63,13 @@ struct options {
     std::size_t size = 64;
     long die_after = 0;
     int connect_seconds = 60;
+    bool finish = false;
 };
 
 [[noreturn]] void usage() {
     std::fputs("usage: resilience_client --addr ADDR --port PORT --tag N --json FILE "
                "--outcomes FILE [--inflight K] [--seconds S] [--size BYTES] [--die-after N] "
-               "[--connect-seconds S]\n",
+               "[--connect-seconds S] | --finish\n",
                stderr);
     std::exit(2);
 }
@@ -81,6 +85,7 @@ options parse(int argc, char** argv) {
                                    {"size", required_argument, nullptr, 'b'},
                                    {"die-after", required_argument, nullptr, 'd'},
                                    {"connect-seconds", required_argument, nullptr, 'c'},
+                                   {"finish", no_argument, nullptr, 'f'},
                                    {nullptr, 0, nullptr, 0}};
     options o;
     for (int c; (c = getopt_long(argc, argv, "", longs, nullptr)) != -1;) {
@@ -95,11 +100,12 @@ options parse(int argc, char** argv) {
         case 'b': o.size = std::max<std::size_t>(16, std::strtoull(optarg, nullptr, 10)); break;
         case 'd': o.die_after = std::atol(optarg); break;
         case 'c': o.connect_seconds = std::atoi(optarg); break;
+        case 'f': o.finish = true; break;
         default: usage();
         }
     }
     if (optind != argc || o.addr.empty() ||
-        (o.die_after == 0 && (o.json.empty() || o.outcomes.empty())))
+        (o.die_after == 0 && !o.finish && (o.json.empty() || o.outcomes.empty())))
         usage();
     return o;
 }
@@ -204,6 +210,11 @@ int run(const options& o) {
         std::fflush(stdout);
     });
     const rpc::peer_id peer = connect_with_retries(cli, o);
+    if (o.finish) {
+        const rpc::call_result r = cli.call(peer, 3, {}, {.idempotent = true});
+        fmt::print("resilience_client: finish: {}\n", r.status);
+        return r.status == rpc::call_status::ok ? 0 : 1;
+    }
     std::signal(SIGTERM, on_term);
     std::signal(SIGINT, on_term);
     std::FILE* outcomes = o.outcomes.empty() ? nullptr : std::fopen(o.outcomes.c_str(), "w");
@@ -282,6 +293,11 @@ int run(const options& o) {
                 std::fflush(stdout);
             }
             t.last_ok = now;
+            if ((t.ok_idempotent + t.ok_not) % 500 == 0) {
+                fmt::print("resilience_client {}: progress {} ok\n", o.tag,
+                           t.ok_idempotent + t.ok_not);
+                std::fflush(stdout);
+            }
             if (o.die_after > 0 && t.ok_idempotent + t.ok_not >= o.die_after) {
                 cli.release();
                 for (std::size_t r : idle)

@@ -12,8 +12,9 @@
 // call across restarts. Every 100 ms (and at exit) the server writes its
 // figures, as one JSON object, to STATS (written aside, then renamed):
 // pid, incarnation, executions, peers, cached_clients, cached_calls and
-// counters. "serving on ADDR:PORT" on stdout says it listens. SIGTERM ends
-// it (status 0); so does the deadline (default 600 s; status 1).
+// counters. "serving on ADDR:PORT" on stdout says it listens. SIGTERM, or a
+// call of method 3 (resilience_client --finish), ends it (status 0); so
+// does the deadline (default 600 s; status 1).
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -139,6 +140,12 @@ int serve(const options& o) {
         }
         ++executions;
         c.reply(c.body());
+    });
+    // Method 3: the clients are done (tests/multihost/run.sh: the server's
+    // host cannot see them end).
+    srv.on(3, [](rpc::request_context& c) {
+        c.reply({});
+        stop_requested = 1;
     });
     std::signal(SIGTERM, on_term);
     std::signal(SIGINT, on_term);

@@ -91,7 +91,14 @@ queue_pair_base::queue_pair_base(const protection_domain& pd, const qp_config& c
 
 void queue_pair_base::create(ibv_qp_init_attr& attr, rdma_cm_id* cm_id) {
     const char* verb = cm_id != nullptr ? "rdma_create_qp" : "ibv_create_qp";
+    // The device writes what it granted back into attr.cap, even when the
+    // create fails (rdma_create_qp copies it back after its own step failed):
+    // each attempt starts from what was asked, the inline size halved.
+    const ibv_qp_cap asked = attr.cap;
+    std::uint32_t inline_ask = asked.max_inline_data;
     for (;;) {
+        attr.cap = asked;
+        attr.cap.max_inline_data = inline_ask;
         if (cm_id != nullptr) {
             if (rdma_create_qp(cm_id, pd_->get(), &attr) == 0)
                 qp_ = cm_id->qp;
@@ -103,8 +110,8 @@ void queue_pair_base::create(ibv_qp_init_attr& attr, rdma_cm_id* cm_id) {
         const int err = errno;
         // Devices differ in how much inline data they take: halve the request
         // until the device agrees, rather than fail over an optimisation.
-        if (err == EINVAL && attr.cap.max_inline_data > 0) {
-            attr.cap.max_inline_data /= 2;
+        if (err == EINVAL && inline_ask > 0) {
+            inline_ask /= 2;
             continue;
         }
         throw_error(verb, err,

@@ -6,18 +6,29 @@
 #                                    both, and writes one meson-style test log
 #   tests/multihost/run.sh --guest   one guest's side (what the line above runs there)
 #
-# Steps (host 0 is 10.0.0.1, host 1 is 10.0.0.2):
+# Steps (host 0 is 198.51.100.1, host 1 is 198.51.100.2):
 #   rdma-pingpong   ibv_rc_pingpong, host 1 to host 0 (plain verbs, RoCE v2 GID)
 #   rdmax-pingpong  build/examples/pingpong, host 1 to host 0 (rdma_cm)
 #   allreduce       rdmax_allreduce_bench, rank 0 on host 0, rank 1 on host 1 (-H),
 #                   every mode, 4 KiB to 64 KiB, every element checked
 #   mpirun-1host    mpirun -np 2 on host 0: both ranks there, rank and size from
 #                   OMPI_COMM_WORLD_* alone (no -r, -n)
-#   mpirun-2host    mpirun -np 2 -H 10.0.0.1,10.0.0.2 on host 0, one rank a host,
+#   mpirun-2host    mpirun -np 2 -H 198.51.100.1,198.51.100.2 on host 0, one rank a host,
 #                   orted started on host 1 through tests/multihost/agent (no ssh)
 #   rpc_echo        build/examples/rpc_echo, server on host 0, client on host 1
 #   kv_service      build/examples/kv_service, likewise
-# A program that is not built is SKIPPED, said loudly, never passed.
+#   resilience-loss      the resilience suite's load (tests/rxe/resilience_server on
+#                   host 0, resilience_client on host 1: 16 calls in flight, half
+#                   idempotent) 10 s each at 0 %, 1 % and 5 % loss (tc netem on host 1's
+#                   egress): every call ok, none run twice; p50, p99, calls/s
+#   resilience-linkdown  2 such clients; host 1's link down for 5 s under load, then
+#                   up: every call ok, none lost, none run twice; detection and
+#                   recovery times
+# A program that is not built is SKIPPED, said loudly, never passed. The two
+# resilience steps are also checked here, after the guests, by
+# tests/rxe/resilience_check.py (the server's log of executions on host 0
+# against the clients' outcomes on host 1); their figures go to
+# RESULTS/resilience-loss.json and RESULTS/resilience-linkdown.json.
 #
 # Knobs: RDMAX_VM_RESULTS (where the log goes; default build/test-results/vm-2host),
 # RDMAX_VM_TIMEOUT (each guest's deadline; default 900 s), RDMAX_MULTIHOST_CALLS
@@ -33,10 +44,10 @@ project=$(cd "$here/../.." && pwd)
 cd "$project" || exit 1
 
 # Which hosts run each step: the host side expects a record from each.
-steps="rdma-pingpong:0,1 rdmax-pingpong:0,1 allreduce:0,1 mpirun-1host:0 mpirun-2host:0,1 rpc_echo:0,1 kv_service:0,1"
+steps="rdma-pingpong:0,1 rdmax-pingpong:0,1 allreduce:0,1 mpirun-1host:0 mpirun-2host:0,1 rpc_echo:0,1 kv_service:0,1 resilience-loss:0,1 resilience-linkdown:0,1"
 
 if [ "${1:-}" != --guest ]; then
-    [ $# -eq 0 ] || { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+    [ $# -eq 0 ] || { sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
     RDMAX_WHO=$0
     # shellcheck source=../lib/packages.sh
     . "$project/tests/lib/packages.sh"
@@ -50,10 +61,48 @@ if [ "${1:-}" != --guest ]; then
     RDMAX_VM_TIMEOUT=${RDMAX_VM_TIMEOUT:-900} RDMAX_VM_RESULTS=$results \
         "$project/tests/vm/run" --hosts 2 -- tests/multihost/run.sh --guest || vm_status=$?
     # One record a step: FAIL if a host failed it or never said, SKIP if one skipped it.
-    python3 - "$results" "$vm_status" "$steps" <<'EOF'
-import json, os, sys
+    python3 - "$results" "$vm_status" "$steps" "$project" <<'EOF'
+import json, os, shutil, subprocess, sys, tempfile
 
-results, vm_status, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+results, vm_status, steps, project = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
+
+
+def check_resilience(step):
+    """The resilience checker over host 0's log and host 1's outcomes: a fault, or None."""
+    name = step.split("-", 1)[1]  # loss, linkdown
+    h0, h1 = os.path.join(results, "host0"), os.path.join(results, "host1")
+    scratch = tempfile.mkdtemp()
+    try:
+        src = os.path.join(h0, f"{name}-executions.txt")
+        if os.path.exists(src):
+            shutil.copy(src, os.path.join(scratch, "executions.log"))
+        for f in os.listdir(h1) if os.path.isdir(h1) else []:
+            if f.startswith(f"{name}-client") and f.endswith(".json"):
+                shutil.copy(os.path.join(h1, f), os.path.join(scratch, f[len(name) + 1:]))
+            elif f.startswith(f"{name}-client") and f.endswith(".outcomes.txt"):
+                shutil.copy(os.path.join(h1, f),
+                            os.path.join(scratch, f[len(name) + 1:-len(".txt")]))
+        args = [sys.executable, os.path.join(project, "tests/rxe/resilience_check.py"),
+                "link_down" if name == "linkdown" else "loss", "--dir", scratch,
+                "--json", os.path.join(results, f"resilience-{name}.json"),
+                "--kernel", "", "--commit", ""]
+        times = os.path.join(h1, f"{name}-times.json")
+        if os.path.exists(times):
+            with open(times, encoding="utf-8") as f:
+                t = json.load(f)
+            args += ["--kernel", t.get("kernel", ""), "--commit", t.get("commit", "")]
+            for k in ("t_down", "t_up", "keepalive_ms", "keepalive_timeout_ms"):
+                if k in t:
+                    args += ["--" + k.replace("_", "-"), str(t[k])]
+        r = subprocess.run(args, capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            return "resilience_check.py: " + "; ".join(
+                l.split("FAULT: ", 1)[-1] for l in r.stderr.splitlines() if l.strip())[:400]
+        return None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 seen = {}
 for host in (0, 1):
     path = os.path.join(results, f"host{host}", "multihost.json")
@@ -83,6 +132,11 @@ for spec in steps:
             result = "SKIP"
         if rec["result"] != "OK" or rec.get("note"):
             notes.append(f"host {h}: {rec['result']} {rec.get('note', '')}".strip())
+    if step.startswith("resilience-") and result == "OK":
+        fault = check_resilience(step)
+        if fault:
+            result = "FAIL"
+            notes.append(fault)
     failed += result == "FAIL"
     out.append({"name": f"rdmax:multihost / {step}", "result": result, "duration": duration})
     shown = "SKIPPED" if result == "SKIP" else result
@@ -241,6 +295,121 @@ fi
 if built kv_service kv_service; then
     server_client kv_service "$rpc_bin/kv_service" --server --addr "$RDMAX_HOST_ADDR" --port 7472 --clients 1 --timeout 200 \
         -- "$rpc_bin/kv_service" --connect "$RDMAX_PEER_ADDR" --port 7472 --ops "$calls" --verify
+fi
+
+# 8, 9. The resilience suite's two-host part (docs/resilience.md): its server
+# on host 0 (until host 1's last client calls its method 3), its clients on
+# host 1, through the device. Keepalive 200 ms / 1 s; the server keeps
+# replies 30 s past a connection (linger), longer than the link is down.
+res_server=$project/build/tests/resilience_server
+res_client=$project/build/tests/resilience_client
+out=/run/rdmax-vm
+export RDMAX_RPC_LOCAL=0 RDMAX_RPC_KEEPALIVE_MS=200 RDMAX_RPC_KEEPALIVE_TIMEOUT_MS=1000
+export RDMAX_RPC_REPLY_CACHE_LINGER_MS=30000 RDMAX_RPC_TIMEOUT_MS=60000
+now() { date +%s.%N; }
+# poll_until SECONDS COMMAND...: COMMAND every 50 ms until it succeeds; false at the deadline.
+poll_until() {
+    local end=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        [ "$SECONDS" -lt "$end" ] || return 1
+        sleep 0.05
+    done
+}
+# The clients' stdout files (host 1) each have a line matching $1 ... after time $2 (awk).
+clients_said() {
+    local f
+    for f in "${client_outs[@]}"; do grep -q "$1" "$f" || return 1; done
+}
+clients_resumed_after() {
+    local f
+    for f in "${client_outs[@]}"; do
+        awk -v t="$1" '/resumed at/ && $5 + 0 > t + 0 { found = 1 } END { exit !found }' "$f" || return 1
+    done
+}
+times_json() { # NAME KEY=VALUE...: host 1's times of a step, for the check on the host
+    local name=$1 kv
+    shift
+    {
+        printf '{"kernel": "%s", "commit": "%s", "keepalive_ms": %s, "keepalive_timeout_ms": %s' \
+            "$(uname -r)" "$(git -C "$project" rev-parse --short HEAD 2>/dev/null)" \
+            "$RDMAX_RPC_KEEPALIVE_MS" "$RDMAX_RPC_KEEPALIVE_TIMEOUT_MS"
+        for kv in "$@"; do printf ', "%s": %s' "${kv%%=*}" "${kv#*=}"; done
+        echo '}'
+    } >"$out/$name-times.json"
+}
+finish_server() { timeout 120 "$res_client" --addr "$RDMAX_PEER_ADDR" --port "$1" --connect-seconds 60 --finish; }
+
+# resilience-loss (host 1): one client 10 s at each loss, then the server's end.
+loss_clients() {
+    local loss tag status=0
+    modprobe sch_netem 2>/dev/null
+    for loss in 0 1 5; do
+        tag=$((100 + loss))
+        if [ "$loss" = 0 ]; then
+            tc qdisc del dev "$RDMAX_VM_NETDEV" root 2>/dev/null
+        else
+            tc qdisc replace dev "$RDMAX_VM_NETDEV" root netem loss "$loss%" || { status=1; break; }
+        fi
+        say "resilience-loss: $loss % loss on $RDMAX_VM_NETDEV's egress ($(tc qdisc show dev "$RDMAX_VM_NETDEV" | head -1))"
+        timeout 150 "$res_client" --addr "$RDMAX_PEER_ADDR" --port 7482 --tag "$tag" --inflight 16 \
+            --seconds 10 --connect-seconds 120 --json "$out/loss-client$tag.json" \
+            --outcomes "$out/loss-client$tag.outcomes.txt" | grep -v progress || status=1
+    done
+    tc qdisc del dev "$RDMAX_VM_NETDEV" root 2>/dev/null
+    times_json loss
+    finish_server 7482 || status=1
+    return "$status"
+}
+
+# resilience-linkdown (host 1): 2 clients; once each has 1000 ok, the link
+# goes down for 5 s; once each resumed after it came up, they stop.
+linkdown_clients() {
+    local c p status=0 t_down t_up scratch
+    scratch=$(mktemp -d)
+    client_outs=() client_pids=()
+    for c in 1 2; do
+        timeout 300 "$res_client" --addr "$RDMAX_PEER_ADDR" --port 7481 --tag "$c" --inflight 16 \
+            --seconds 240 --connect-seconds 120 --json "$out/linkdown-client$c.json" \
+            --outcomes "$out/linkdown-client$c.outcomes.txt" >"$scratch/client$c.out" 2>&1 &
+        client_pids+=($!)
+        client_outs+=("$scratch/client$c.out")
+    done
+    if poll_until 180 clients_said "progress 1000 ok"; then
+        t_down=$(now)
+        ip link set dev "$RDMAX_VM_NETDEV" down
+        say "resilience-linkdown: $RDMAX_VM_NETDEV down"
+        sleep 5 # the fault's length, not a synchronisation
+        ip link set dev "$RDMAX_VM_NETDEV" up
+        t_up=$(now)
+        say "resilience-linkdown: $RDMAX_VM_NETDEV up"
+        poll_until 120 clients_resumed_after "$t_up" || { say "resilience-linkdown: a client did not resume within 120 s"; status=1; }
+        times_json linkdown "t_down=$t_down" "t_up=$t_up"
+    else
+        say "resilience-linkdown: the clients did not reach 1000 ok calls each within 180 s"
+        status=1
+    fi
+    for p in "${client_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${client_pids[@]}"; do wait "$p" || status=1; done
+    grep -hv progress "${client_outs[@]}"
+    rm -rf "$scratch"
+    finish_server 7481 || status=1
+    return "$status"
+}
+
+if [ ! -x "$res_server" ] || [ ! -x "$res_client" ]; then
+    for step in resilience-loss resilience-linkdown; do
+        echo "multihost[host$me]: ******** $step SKIPPED: build/tests/resilience_{server,client} are not built ********"
+        record "$step" SKIP 0 "build/tests/resilience_server or resilience_client is not built"
+    done
+elif [ "$me" = 0 ]; then
+    for spec in loss:7482 linkdown:7481; do
+        run_step "resilience-${spec%%:*}" timeout 300 "$res_server" --addr "$RDMAX_HOST_ADDR" --port "${spec#*:}" \
+            --log "$out/${spec%%:*}-executions.txt" --stats "/tmp/${spec%%:*}-stats.json" --deadline 280
+    done
+else
+    run_step resilience-loss loss_clients
+    run_step resilience-linkdown linkdown_clients
 fi
 
 exit "$any_failed"

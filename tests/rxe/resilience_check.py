@@ -183,7 +183,7 @@ def main():
         # One client a loss rate, its tag 100 + the rate in percent.
         fig["phases"] = [{"loss_percent": c["tag"] - 100, "calls": c["calls"], "ok": c["ok"],
                           "calls_per_s": c["calls_per_s"], "p50_us": c["p50_us"],
-                          "p99_us": c["p99_us"], "retransmission_counters": c["counters"]}
+                          "p99_us": c["p99_us"], "client_counters": c["counters"]}
                          for c in sorted(cs, key=lambda c: c["tag"])]
     elif a.scenario == "client_kills":
         rows = []

@@ -1,16 +1,20 @@
 // rdma_cm connections: payload exchange, data over them, clean disconnect,
 // refusals and deadlines, and a peer that vanishes.
 #include <arpa/inet.h>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <mutex>
 #include <poll.h>
 #include <signal.h> // NOLINT(modernize-deprecated-headers): kill() is POSIX, not <csignal>
 #include <spawn.h>
 #include <string>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 
 #include <rdma/rdma_cma.h>
@@ -573,4 +577,40 @@ TEST_CASE("a request refuses a domain of another context; an unanswered one is r
         verbs::connection server = l.accept(pd, {}, {}, 10s);
         CHECK(again.get() == "connected");
     }
+}
+
+TEST_CASE("a request whose client gave up is refused at create_qp, not retried for ever") {
+    // rdma_create_qp fails EINVAL on a request whose client already gave up
+    // (its REJ came first), after writing the device's larger inline size
+    // back into the caller's attributes: create_qp spun for ever halving it
+    // (an rpc::server resumed from SIGSTOP, tests/rxe/run_resilience.sh).
+    // A watchdog ends the process should it spin again.
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread watchdog([&] {
+        std::unique_lock<std::mutex> lock(m);
+        if (!cv.wait_for(lock, 60s, [&] { return done; })) {
+            std::fputs("FAIL: create_qp on a stale request did not return within 60 s\n", stderr);
+            std::_Exit(1);
+        }
+    });
+    verbs::listener l(test_addr(), 0);
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    // The client gives up before the request is looked at.
+    CHECK_THROWS_AS(verbs::connection::connect(pd, test_addr(), l.port(), {}, {}, 300ms),
+                    rdmax::error);
+    verbs::connection_request req = l.next_request(10s);
+    verbs::qp_config cfg;
+    cfg.max_inline = 64; // the halving path
+    const auto t0 = clock_type::now();
+    CHECK_THROWS_WITH(req.create_qp(pd, cfg), Catch::Matchers::Contains("rdma_create_qp"));
+    CHECK(clock_type::now() - t0 < 10s);
+    {
+        const std::lock_guard<std::mutex> lock(m);
+        done = true;
+    }
+    cv.notify_one();
+    watchdog.join();
 }

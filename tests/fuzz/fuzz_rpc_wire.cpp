@@ -42,8 +42,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const message_kind k : {message_kind::request, message_kind::reply}) {
         if (check_imm(f, k, slots, slot_bytes) != violation::none)
             continue;
-        require(f.kind == k && f.slot < slots && f.bytes >= sizeof(message_header) &&
-                f.bytes <= slot_bytes);
+        // A message the endpoint may read: a slot's bytes within the ring, or
+        // a control message (no bytes) with a known code and no epoch.
+        if (is_control(f))
+            require(f.kind == k && f.slot < control_codes && !f.epoch);
+        else
+            require(f.kind == k && f.slot < slots && f.bytes >= sizeof(message_header) &&
+                    f.bytes <= slot_bytes);
     }
 
     parsed_request req;

@@ -16,55 +16,8 @@
 #include <rdmax/sched/priority_scheduler.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/counting_new.hpp"
 #include "../support/simulated_send_queue.hpp"
-
-namespace {
-
-// Counts allocations, to show that the data path makes none.
-std::atomic<std::uint64_t> allocations{0};
-
-} // namespace
-
-// The replacements pair malloc with free; GCC cannot see that they pair, and
-// warns where it inlines them.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-// Every replaceable form that pairs with free(), so that sanitizers see no
-// mix of their allocator with this one.
-void* operator new(std::size_t n) {
-    allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n == 0 ? 1 : n))
-        return p;
-    throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) {
-    return operator new(n);
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-    allocations.fetch_add(1, std::memory_order_relaxed);
-    return std::malloc(n == 0 ? 1 : n);
-}
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
-    return operator new(n, t);
-}
-void operator delete(void* p) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p) noexcept {
-    std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-    std::free(p);
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
-    std::free(p);
-}
 
 namespace {
 
@@ -563,7 +516,7 @@ TEST_CASE("the data path allocates nothing") {
     }
     s.port().log.clear();
     s.port().log.reserve(100000);
-    const std::uint64_t before = allocations.load();
+    const std::uint64_t before = test::allocations.load();
     for (int i = 0; i < 100; ++i) {
         REQUIRE(s.write(priority{static_cast<std::uint8_t>(i % 8)}, local(0, 100000), remote(), 0,
                         1) == status::ok);
@@ -572,7 +525,7 @@ TEST_CASE("the data path allocates nothing") {
             s.port().drain(50000);
         }
     }
-    CHECK(allocations.load() == before);
+    CHECK(test::allocations.load() == before);
 }
 
 TEST_CASE("a small urgent request goes at once, past a full byte budget") {

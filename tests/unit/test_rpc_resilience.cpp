@@ -25,50 +25,8 @@
 #include <rdmax/detail/rpc/reply_cache.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/counting_new.hpp"
 #include "../support/fake_link.hpp"
-
-namespace {
-/// Allocations made (the reply cache's call path must make none).
-std::atomic<std::uint64_t> allocations{0};
-} // namespace
-// The replacements pair malloc with free; GCC cannot see that they pair.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-    allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n == 0 ? 1 : n))
-        return p;
-    throw std::bad_alloc();
-}
-// Every replaceable form pairs with free(), so that sanitizers see no mix of
-// their allocator with this one (as test_priority_scheduler.cpp does).
-void* operator new[](std::size_t n) {
-    return operator new(n);
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-    allocations.fetch_add(1, std::memory_order_relaxed);
-    return std::malloc(n == 0 ? 1 : n);
-}
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
-    return operator new(n, t);
-}
-void operator delete(void* p) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p) noexcept {
-    std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-    std::free(p);
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
-    std::free(p);
-}
 
 using namespace rdmax;
 using rdmax::rpc::call_result;
@@ -865,9 +823,9 @@ TEST_CASE("reply cache: no allocation per call once the ring has been round",
         }
     };
     run(static_cast<int>(rpc::detail::reply_cache_limits{}.calls)); // once round the ring
-    const std::uint64_t before = allocations.load();
+    const std::uint64_t before = test::allocations.load();
     run(2000);
-    const std::uint64_t during = allocations.load() - before;
+    const std::uint64_t during = test::allocations.load() - before;
     CHECK(during == 0);
 }
 

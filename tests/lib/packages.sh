@@ -5,7 +5,7 @@
 #   check    print one line naming what is missing and exit 1.
 
 # Package sets, named by what needs them.
-RDMAX_PKGS_BUILD="meson ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libboost-dev libfmt-dev catch2 clang-format-16 clang-tidy-16"
+RDMAX_PKGS_BUILD="meson ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libboost-dev libasio-dev libfmt-dev catch2 clang-format-16 clang-tidy-16"
 RDMAX_PKGS_RDMA="ibverbs-providers ibverbs-utils rdmacm-utils iproute2"
 # tests/run's fuzz suite: clang with libFuzzer and the sanitizer runtimes.
 RDMAX_PKGS_FUZZ="clang-16 libclang-rt-16-dev"

@@ -16,6 +16,8 @@
 #include <rdmax/verbs/listener.hpp>
 #include <rdmax/verbs/prepared_connection.hpp>
 
+#include "parked_ids.hpp"
+
 namespace rdmax::verbs {
 
 namespace {
@@ -212,6 +214,16 @@ connection::~connection() {
 }
 
 void connection::release() noexcept {
+    if (id_ != nullptr && !disconnect_sent_ && !detail::port_active(id_)) {
+        // Its teardown would send a DREQ through a port that is down, which
+        // breaks soft-RoCE's QP1 for good (parked_ids.hpp): the QP goes now,
+        // the id once the port is up again.
+        qp_.reset();
+        detail::park(id_, channel_);
+        id_ = nullptr;
+        channel_ = nullptr;
+        return;
+    }
     if (id_ != nullptr && qp_ && !disconnected_)
         send_disconnect(); // tell the peer now; do not wait for its answer here
     qp_.reset();           // rdma_destroy_qp, before the id
@@ -226,6 +238,7 @@ void connection::release() noexcept {
         rdma_destroy_event_channel(channel_);
         channel_ = nullptr;
     }
+    detail::sweep_parked();
 }
 
 void connection::pump(std::chrono::milliseconds timeout) noexcept {
@@ -344,6 +357,8 @@ void connection::disconnect(std::chrono::milliseconds timeout) noexcept {
 void connection::send_disconnect() noexcept {
     if (disconnect_sent_)
         return;
+    if (!detail::port_active(id_))
+        return; // not through a port that is down: release() parks the id
     rdma_disconnect(id_);
     disconnect_sent_ = true;
 }
@@ -381,6 +396,7 @@ prepared_connection::prepared_connection(const protection_domain& pd, std::strin
     , target_(fmt::format("{}:{}", addr, port)) {
     const auto deadline = clock::now() + timeout;
     sockaddr_storage dst = resolve(addr, port, false);
+    detail::sweep_parked(); // ids parked while the link was down go first
 
     rdma_event_channel* ch = make_channel();
     rdma_cm_id* id = nullptr;

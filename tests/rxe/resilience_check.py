@@ -134,7 +134,7 @@ def resume_after_fault(c, t0, t1):
     results that spans t0 (its start); 0 when the client resumed before t1 was
     taken (`ip link set up` returns after the port is already active)."""
     for g in c["gaps"]:
-        if g["from"] <= t0 + 0.5 and g["to"] > t0:
+        if g["from"] < t1 and g["to"] > t0:
             return round(max(g["to"] - t1, 0.0), 3)
     return None
 

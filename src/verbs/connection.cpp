@@ -10,13 +10,12 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/verbs/parked_ids.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/verbs/connection.hpp>
 #include <rdmax/verbs/connection_request.hpp>
 #include <rdmax/verbs/listener.hpp>
 #include <rdmax/verbs/prepared_connection.hpp>
-
-#include "parked_ids.hpp"
 
 namespace rdmax::verbs {
 
@@ -213,20 +212,35 @@ connection::~connection() {
     release();
 }
 
+namespace {
+/// After these the CM holds the id in no state that sends on destroy.
+bool quiet_end(rdma_cm_event_type e) noexcept {
+    return e == RDMA_CM_EVENT_REJECTED || e == RDMA_CM_EVENT_UNREACHABLE ||
+           e == RDMA_CM_EVENT_CONNECT_ERROR || e == RDMA_CM_EVENT_TIMEWAIT_EXIT ||
+           e == RDMA_CM_EVENT_DEVICE_REMOVAL;
+}
+} // namespace
+
+bool connection::park_if_port_down() noexcept {
+    if (id_ == nullptr || detail::may_send_mads(id_))
+        return false;
+    qp_.reset();
+    detail::park(id_, channel_);
+    id_ = nullptr;
+    channel_ = nullptr;
+    return true;
+}
+
 void connection::release() noexcept {
-    if (id_ != nullptr && !disconnect_sent_ && !detail::port_active(id_)) {
-        // Its teardown would send a DREQ through a port that is down, which
-        // breaks soft-RoCE's QP1 for good (parked_ids.hpp): the QP goes now,
-        // the id once the port is up again.
-        qp_.reset();
-        detail::park(id_, channel_);
-        id_ = nullptr;
-        channel_ = nullptr;
+    // Its teardown would send a DREQ or REJ: not through a soft-RoCE port
+    // that is down, which would break QP1 for good (parked_ids.hpp).
+    const bool sends = !disconnect_sent_ && !(ended_by_ && quiet_end(ended_by_->event));
+    if (sends && park_if_port_down())
         return;
-    }
     if (id_ != nullptr && qp_ && !disconnected_)
         send_disconnect(); // tell the peer now; do not wait for its answer here
     qp_.reset();           // rdma_destroy_qp, before the id
+    const bool destroyed = id_ != nullptr;
     if (id_ != nullptr) {
         // Acknowledge whatever is pending: rdma_destroy_id waits for that.
         while (rdma_cm_event* ev = next_event(channel_, clock::now()))
@@ -238,7 +252,8 @@ void connection::release() noexcept {
         rdma_destroy_event_channel(channel_);
         channel_ = nullptr;
     }
-    detail::sweep_parked();
+    if (destroyed)
+        detail::sweep_parked(); // a port may be up again
 }
 
 void connection::pump(std::chrono::milliseconds timeout) noexcept {
@@ -357,8 +372,13 @@ void connection::disconnect(std::chrono::milliseconds timeout) noexcept {
 void connection::send_disconnect() noexcept {
     if (disconnect_sent_)
         return;
-    if (!detail::port_active(id_))
-        return; // not through a port that is down: release() parks the id
+    if (!detail::may_send_mads(id_)) {
+        // Not through a soft-RoCE port that is down (release() parks the id),
+        // but posted work must still flush, as rdma_disconnect would make it.
+        if (qp_)
+            qp_->enter_error();
+        return;
+    }
     rdma_disconnect(id_);
     disconnect_sent_ = true;
 }
@@ -427,6 +447,9 @@ connection prepared_connection::connect(std::span<const std::byte> payload,
     const auto deadline = clock::now() + timeout;
     const std::vector<std::byte> pdata =
         encode_payload(payload, max_connect_payload, "rdma_connect");
+    if (!detail::may_send_mads(conn_.id_))
+        throw_error("rdma_connect", ENETDOWN,
+                    fmt::format("{}: the soft-RoCE port is down or lost its address", target_));
     connection c = std::move(conn_); // spent from here, whatever happens
     c.disconnect_sent_ = false;
     const qp_config& cfg = c.qp_->config();
@@ -549,6 +572,7 @@ connection_request listener::hand_over(rdma_cm_id* id, std::vector<std::byte> pa
                                        std::uint8_t initiator_depth,
                                        std::uint8_t responder_resources) {
     std::string where = fmt::format("listener on port {}", port());
+    detail::sweep_parked(); // ids parked while the link was down go first
     // The request's own channel: its events (ESTABLISHED, DISCONNECTED) then
     // reach whoever holds it, not the listener.
     rdma_event_channel* ch = nullptr;
@@ -621,7 +645,10 @@ void connection_request::reject() noexcept {
     if (!pending())
         return;
     // Answer the peer now, rather than leave it to the kernel when the id
-    // goes; then free the QP, id and channel.
+    // goes; then free the QP, id and channel. Not through a soft-RoCE port
+    // that is down: parked, the id answers when it goes.
+    if (conn_.park_if_port_down())
+        return;
     rdma_reject(conn_.id_, nullptr, 0);
     conn_.release();
 }
@@ -669,7 +696,10 @@ connection connection_request::accept_nowait(std::span<const std::byte> payload)
                     fmt::format("{}: make the request's QP (create_qp) before accepting", where_));
     const std::vector<std::byte> pdata = encode_payload(payload, max_accept_payload, "rdma_accept");
     connection c = std::move(conn_); // spent from here, whatever happens
-    c.disconnect_sent_ = false;
+    c.disconnect_sent_ = false;      // its teardown now answers the request (a REJ)
+    if (!detail::may_send_mads(c.id_))
+        throw_error("rdma_accept", ENETDOWN,
+                    fmt::format("{}: the soft-RoCE port is down or lost its address", where_));
     rdma_conn_param param{};
     param.private_data = pdata.data();
     param.private_data_len = static_cast<std::uint8_t>(pdata.size());

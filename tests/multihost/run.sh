@@ -327,6 +327,14 @@ clients_said() {
     local f
     for f in "${client_outs[@]}"; do grep -q "$1" "$f" || return 1; done
 }
+# Each client connected again (state ready) and then had an ok call, after time $1.
+clients_reconnected_after() {
+    local f
+    for f in "${client_outs[@]}"; do
+        awk -v t="$1" '/state ready at/ && $6 + 0 > t + 0 { ready = $6 + 0 }
+            /resumed at/ && ready && $5 + 0 >= ready { found = 1 } END { exit !found }' "$f" || return 1
+    done
+}
 clients_resumed_after() {
     local f
     for f in "${client_outs[@]}"; do
@@ -391,7 +399,7 @@ linkdown_clients() {
         say "resilience-linkdown: $RDMAX_VM_NETDEV up"
         # Resumed after the outage began (not after t_up: `ip link set up`
         # returns after the port is active, and a client may resume first).
-        poll_until 120 clients_resumed_after "$(awk -v t="$t_down" 'BEGIN { printf "%.3f", t + 1 }')" || { say "resilience-linkdown: a client did not resume within 120 s"; status=1; }
+        poll_until 120 clients_reconnected_after "$(awk -v t="$t_down" 'BEGIN { printf "%.3f", t + 1 }')" || { say "resilience-linkdown: a client did not resume within 120 s"; status=1; }
         times_json linkdown "t_down=$t_down" "t_up=$t_up"
     else
         say "resilience-linkdown: the clients did not reach 1000 ok calls each within 180 s"

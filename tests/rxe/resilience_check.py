@@ -130,13 +130,16 @@ def resume_after(c, t):
 
 
 def resume_after_fault(c, t0, t1):
-    """Seconds from t1 (the fault's end) to the end of the client's gap in ok
-    results that spans t0 (its start); 0 when the client resumed before t1 was
-    taken (`ip link set up` returns after the port is already active)."""
+    """Seconds from t1 (the fault's end) to the end of the client's outage: its
+    gap in ok results that overlaps [t0, t1] most (a short stall just before
+    the fault is not it). 0 when the client resumed before t1 was taken (`ip
+    link set up` returns after the port is already active); None: no such gap."""
+    best, overlap = None, 0.0
     for g in c["gaps"]:
-        if g["from"] < t1 and g["to"] > t0:
-            return round(max(g["to"] - t1, 0.0), 3)
-    return None
+        o = min(g["to"], t1) - max(g["from"], t0)
+        if o > overlap:
+            best, overlap = g, o
+    return None if best is None else round(max(best["to"] - t1, 0.0), 3)
 
 
 def first_state_after(c, t, state):
@@ -186,6 +189,8 @@ def main():
             faults.append("a client never went reconnecting")
         if any(r is None for r in fig["resume_s"]):
             faults.append("a client shows no resumption")
+        if a.scenario == "link_down" and any(first_state_after(c, t0, "ready") is None for c in cs):
+            faults.append("a client never connected again after the link came back")
         if fig["load"]["counters"].get("keepalive_timeouts", 0) == 0 and a.scenario == "silent_peer":
             faults.append("no client counted a keepalive timeout")
     elif a.scenario == "loss":

@@ -109,6 +109,9 @@ private:
     friend class prepared_connection;
     connection(rdma_event_channel* ch, rdma_cm_id* id) noexcept;
     void release() noexcept;
+    /// On a soft-RoCE port that cannot carry MADs now: destroys the QP,
+    /// parks the id (detail/verbs/parked_ids.hpp) and returns true.
+    bool park_if_port_down() noexcept;
     /// Makes the QP on the id, in `pd`, which must be on the id's device
     /// (`what` names the request or target in the error). The QP starts in
     /// INIT: it takes receives before the connection is established.

@@ -122,6 +122,8 @@ public:
     /// (the next poll() would): their replies are no longer valid. For a
     /// loop that starts new calls after taking results.
     void release() noexcept { release_handed_out(); }
+    /// The same for one of them, the result named `cookie`: the others' replies stay valid.
+    void release(std::uint64_t cookie) noexcept;
     /// Starts a call and waits for its result (spinning; the deadline bounds
     /// it). Results of other calls that end meanwhile wait for poll().
     call_result call(peer_id p, std::uint16_t method, std::span<const std::byte> request,

@@ -1,0 +1,350 @@
+// rpc::async_client (include/rdmax/asio/client.hpp) on the fake link: every
+// completion token (a coroutine, a callback, a future, a deferred
+// operation), cancellation at every phase of a call, timeouts, many calls
+// in flight, and no allocation per call through the awaitable path. A real
+// rpc::client and rpc::server talk through fake links; the "network" is a
+// handler on the same io_context that lands what each side sent and, as a
+// device's completion channel would, makes the client's descriptor readable
+// (the adapter sleeps on it unless it spins). Time is virtual for the
+// calls' deadlines; the adapter's own housekeeping timer is real.
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+#include <vector>
+
+// First: its Asio includes quiet a GCC warning in Asio's own code (see there).
+#include <rdmax/asio/client.hpp>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnull-dereference"
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/experimental/deferred.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+#pragma GCC diagnostic pop
+
+#include "../support/catch.hpp"
+#include "../support/counting_new.hpp"
+#include "../support/fake_link.hpp"
+
+using namespace rdmax;
+using rdmax::rpc::call_result;
+using rdmax::rpc::call_status;
+using rdmax::test::fake_end;
+using rdmax::test::fake_path;
+using inside = rdmax::rpc::protocol_test_access;
+using namespace std::chrono_literals;
+using time_point = sched::coarse_clock::time_point;
+
+namespace {
+
+constexpr std::uint16_t echo = 1;
+constexpr std::uint16_t deferring = 2; ///< answered only when the test says
+
+time_point virtual_now{std::chrono::hours(1)};
+time_point now_fn() noexcept {
+    return virtual_now;
+}
+
+std::span<const std::byte> bytes_of(std::string_view s) {
+    return std::as_bytes(std::span(s.data(), s.size()));
+}
+std::string text(std::span<const std::byte> b) {
+    return {reinterpret_cast<const char*>(b.data()), b.size()};
+}
+
+rpc::rpc_options options(std::uint16_t slots = 4) {
+    rpc::rpc_options o;
+    o.slots = slots;
+    o.slot_bytes = 256;
+    o.max_message = 64 << 10;
+    o.local = false;
+    o.call_timeout = 30s;
+    o.housekeeping = 2ms;
+    o.keepalive = 100s; // nothing here is about keepalive
+    o.keepalive_timeout = 1000s;
+    o.reconnect_backoff = 1ms;
+    o.reconnect_backoff_max = 1ms;
+    return o;
+}
+
+/// A client, a server, the fake network between them, on one io_context.
+struct world {
+    rpc::rpc_options o;
+    std::unique_ptr<rpc::client> cli;
+    std::unique_ptr<rpc::server> srv;
+    std::shared_ptr<fake_end> c, s;
+    std::vector<std::shared_ptr<fake_end>> old;
+    rpc::peer_id p;
+    bool up = true;      ///< the server takes connections
+    bool flowing = true; ///< the network moves messages
+    std::vector<rpc::deferred_call> deferred;
+    int runs = 0;
+    asio::io_context ctx;
+    std::optional<rpc::async_client> acli;
+    bool net_on = false;
+    std::chrono::nanoseconds clock_step{0}; ///< virtual time per turn of the network
+
+    explicit world(rpc::rpc_options opts = options(), rpc::async_options ao = {})
+        : o(opts) {
+        cli = inside::make_client(o);
+        inside::use_clock(*cli, &now_fn);
+        srv = inside::make_server(o);
+        inside::use_clock(*srv, &now_fn);
+        srv->on(echo, [this](rpc::request_context& x) {
+            ++runs;
+            x.reply(x.body());
+        });
+        srv->on(deferring, [this](rpc::request_context& x) {
+            ++runs;
+            deferred.push_back(x.defer());
+        });
+        p = inside::adopt(*cli, join(), srv->incarnation());
+        inside::redial(*cli, [this]() -> std::unique_ptr<rpc::detail::link> {
+            if (!up)
+                throw std::runtime_error("connection refused");
+            auto w = std::make_unique<test::fake_link>(join());
+            w->peer_incarnation = srv->incarnation();
+            return w;
+        });
+        acli.emplace(ctx, *cli, ao);
+    }
+    std::shared_ptr<fake_end> join() {
+        if (c) {
+            old.push_back(c);
+            old.push_back(s);
+        }
+        c = std::make_shared<fake_end>(fake_path::device, o.slots, o.slot_bytes);
+        s = std::make_shared<fake_end>(fake_path::device, o.slots, o.slot_bytes);
+        c->peer = s.get();
+        s->peer = c.get();
+        (void)inside::adopt(*srv, s, cli->incarnation(), inside::next_call(*cli));
+        return c;
+    }
+    /// The connection fails under both; what was on it is lost.
+    void cut() {
+        c->outbox.clear();
+        s->outbox.clear();
+        c->leave();
+        s->leave();
+    }
+    /// Moves what both sides sent; true when something reached the client.
+    bool move() {
+        const test::not_counted scaffolding;
+        bool to_client = false;
+        while (!c->outbox.empty())
+            if (const auto imm = c->land_one())
+                inside::receive_imm(*srv, *s, *imm);
+        (void)srv->poll();
+        while (!s->outbox.empty())
+            if (const auto imm = s->land_one()) {
+                inside::receive_imm(*cli, *c, *imm);
+                to_client = true;
+            }
+        return to_client;
+    }
+    /// Makes the client's descriptor readable, as a completion event would.
+    void ring() const {
+        const std::uint64_t one = 1;
+        (void)!::write(c->event_fd, &one, sizeof one);
+    }
+    /// The network, a handler that runs again each turn while net_on.
+    void net() {
+        if (!net_on)
+            return;
+        virtual_now += clock_step;
+        if (flowing && move())
+            ring();
+        asio::post(ctx, [this] { net(); });
+    }
+    /// Runs the context until `done` (or 10 s: a hang fails, never waits for ever).
+    template <class Done>
+    void run_until(Done&& done) {
+        net_on = true;
+        net();
+        const auto deadline = std::chrono::steady_clock::now() + 10s;
+        while (!done() && std::chrono::steady_clock::now() < deadline)
+            ctx.run_one_for(10ms);
+        net_on = false;
+        ctx.restart();
+        ctx.poll(); // the network's last turn
+        ctx.restart();
+        INFO("client: " << fmt::format("{}", cli->counters()) << "; outstanding "
+                        << acli->outstanding());
+        REQUIRE(done());
+    }
+};
+
+using awaitable = asio::awaitable<void>;
+
+} // namespace
+
+TEST_CASE("asio: a coroutine's calls (use_awaitable)", "[asio][tokens]") {
+    world w;
+    int ok = 0;
+    bool done = false;
+    asio::co_spawn(
+        w.ctx,
+        [&]() -> awaitable {
+            for (int i = 0; i < 100; ++i) {
+                const std::string body = "call " + std::to_string(i);
+                const call_result r =
+                    co_await w.acli->async_call(w.p, echo, bytes_of(body), {}, asio::use_awaitable);
+                CHECK(r.status == call_status::ok);
+                CHECK(text(r.reply) == body);
+                ok += text(r.reply) == body ? 1 : 0;
+            }
+            done = true;
+        },
+        asio::detached);
+    w.run_until([&] { return done; });
+    CHECK(ok == 100);
+    CHECK(w.acli->outstanding() == 0);
+    // Nothing out: the adapter's waits are cancelled, and the context runs out of work.
+    const auto t0 = std::chrono::steady_clock::now();
+    w.ctx.run_for(2s);
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+}
+
+TEST_CASE("asio: a callback, a future and a deferred operation", "[asio][tokens]") {
+    world w;
+    std::optional<call_result> by_callback;
+    std::error_code ec_callback = make_error_code(call_status::bad_reply);
+    rpc::call_options co;
+    co.cookie = 77;
+    w.acli->async_call(w.p, echo, bytes_of("cb"), co, [&](std::error_code ec, call_result r) {
+        ec_callback = ec;
+        by_callback = r;
+    });
+    w.run_until([&] { return by_callback.has_value(); });
+    CHECK(!ec_callback);
+    CHECK(by_callback->cookie == 77); // the caller's cookie comes back
+    CHECK(text(by_callback->reply) == "cb");
+
+    // A future: the result leaves the handler, so the reply goes where asked.
+    std::array<std::byte, 64> keep{};
+    co.reply_into = keep;
+    std::future<call_result> f =
+        w.acli->async_call(w.p, echo, bytes_of("future"), co, asio::use_future);
+    w.run_until([&] { return f.wait_for(0s) == std::future_status::ready; });
+    const call_result fr = f.get();
+    CHECK(fr.status == call_status::ok);
+    CHECK(fr.reply.data() == keep.data());
+    CHECK(text(fr.reply) == "future");
+
+    auto op = w.acli->async_call(w.p, echo, bytes_of("later"), {}, asio::experimental::deferred);
+    CHECK(w.srv->counters().calls == 2); // deferred: nothing started yet
+    std::optional<std::string> by_deferred;
+    std::move(op)([&](std::error_code, call_result r) { by_deferred = text(r.reply); });
+    w.run_until([&] { return by_deferred.has_value(); });
+    CHECK(*by_deferred == "later");
+}
+
+TEST_CASE("asio: a call that cannot start completes at once, posted, with why", "[asio][tokens]") {
+    world w;
+    int ran = 0;
+    std::error_code last;
+    for (int i = 0; i < 5; ++i) // 4 slots: the fifth finds no credit
+        w.acli->async_call(w.p, deferring, bytes_of("x"), {}, [&](std::error_code ec, call_result) {
+            ++ran;
+            last = ec;
+        });
+    CHECK(ran == 0); // never inside async_call
+    w.run_until([&] { return ran == 1; });
+    CHECK(last == call_status::no_credit);
+    CHECK(last == std::errc::resource_unavailable_try_again);
+    w.acli->async_call(w.p, 0, {}, {}, [&](std::error_code ec, call_result) {
+        ++ran;
+        last = ec;
+    });
+    w.run_until([&] { return ran == 2; });
+    CHECK(last == call_status::invalid_method);
+    for (rpc::deferred_call& d : w.deferred)
+        (void)w.srv->reply(d, bytes_of("late"));
+    w.run_until([&] { return ran == 6; });
+}
+
+TEST_CASE("asio: a coroutine sees errors as exceptions, or as a tuple", "[asio][tokens]") {
+    world w;
+    bool done = false;
+    asio::co_spawn(
+        w.ctx,
+        [&]() -> awaitable {
+            rpc::call_options quick;
+            quick.timeout = 1ms;
+            try {
+                (void)co_await w.acli->async_call(w.p, deferring, bytes_of("x"), quick,
+                                                  asio::use_awaitable);
+                FAIL("no exception");
+            } catch (const std::system_error& e) {
+                CHECK(e.code() == call_status::timed_out);
+                CHECK(e.code() == std::errc::timed_out);
+            }
+            auto [ec, r] =
+                co_await w.acli->async_call(w.p, deferring, bytes_of("y"), quick,
+                                            asio::experimental::as_tuple(asio::use_awaitable));
+            CHECK(ec == call_status::timed_out);
+            CHECK(r.status == call_status::timed_out);
+            done = true;
+        },
+        asio::detached);
+    w.clock_step = 100us; // virtual time passes; the adapter's timer has the client look
+    w.run_until([&] { return done; });
+    CHECK(w.cli->counters().timed_out == 2);
+}
+
+TEST_CASE("asio: 64 coroutines, 64 calls in flight, 3 200 calls", "[asio][many]") {
+    world w(options(64));
+    int finished = 0, good = 0;
+    for (int k = 0; k < 64; ++k) {
+        asio::co_spawn(
+            w.ctx,
+            [&, k]() -> awaitable {
+                for (int i = 0; i < 50; ++i) {
+                    const std::string body = std::to_string(k) + "/" + std::to_string(i);
+                    const call_result r = co_await w.acli->async_call(w.p, echo, bytes_of(body), {},
+                                                                      asio::use_awaitable);
+                    good += text(r.reply) == body ? 1 : 0;
+                }
+                ++finished;
+            },
+            asio::detached);
+    }
+    w.run_until([&] { return finished == 64; });
+    CHECK(good == 64 * 50);
+    CHECK(w.cli->counters().completed == 64 * 50);
+}
+
+TEST_CASE("asio: spinning before sleeping gives the same results", "[asio][spin]") {
+    rpc::async_options ao;
+    ao.spin_polls = 50;
+    ao.spin_for = 20us;
+    world w(options(), ao);
+    int good = 0;
+    bool done = false;
+    asio::co_spawn(
+        w.ctx,
+        [&]() -> awaitable {
+            for (int i = 0; i < 200; ++i) {
+                const call_result r = co_await w.acli->async_call(w.p, echo, bytes_of("spin"), {},
+                                                                  asio::use_awaitable);
+                good += text(r.reply) == "spin" ? 1 : 0;
+            }
+            done = true;
+        },
+        asio::detached);
+    w.run_until([&] { return done; });
+    CHECK(good == 200);
+}

@@ -156,14 +156,12 @@ struct world {
         return to_client;
     }
     /// Makes the client's descriptor readable, as a completion event would.
-    void ring() const {
-        const std::uint64_t one = 1;
-        (void)!::write(c->event_fd, &one, sizeof one);
-    }
+    void ring() const { c->wake(); }
     /// The network, a handler that runs again each turn while net_on.
     void net() {
         if (!net_on)
             return;
+        const test::not_counted scaffolding;
         virtual_now += clock_step;
         if (flowing && move())
             ring();
@@ -347,4 +345,202 @@ TEST_CASE("asio: spinning before sleeping gives the same results", "[asio][spin]
         asio::detached);
     w.run_until([&] { return done; });
     CHECK(good == 200);
+}
+
+// ---- cancellation ------------------------------------------------------------------------------
+
+namespace {
+
+/// A callback that keeps what it got.
+struct outcome {
+    std::optional<std::error_code> ec;
+    call_result r;
+    std::string reply;
+    auto handler() {
+        return [this](std::error_code e, call_result got) {
+            ec = e;
+            r = got;
+            reply = text(got.reply);
+        };
+    }
+    [[nodiscard]] bool done() const { return ec.has_value(); }
+};
+
+} // namespace
+
+TEST_CASE("asio cancel: in flight, the call ends cancelled; the server's late reply is dropped",
+          "[asio][cancel]") {
+    world w;
+    asio::cancellation_signal sig;
+    outcome got;
+    w.acli->async_call(w.p, deferring, bytes_of("slow"), {},
+                       asio::bind_cancellation_slot(sig.slot(), got.handler()));
+    w.run_until([&] { return w.runs == 1; }); // it runs; its answer waits
+    sig.emit(asio::cancellation_type::terminal);
+    w.run_until([&] { return got.done(); });
+    CHECK(*got.ec == call_status::cancelled);
+    CHECK(*got.ec == std::errc::operation_canceled);
+    CHECK(got.r.reply.empty());
+    CHECK(w.cli->counters().cancelled == 1);
+    CHECK(w.acli->outstanding() == 0);
+    // The answer comes after all: dropped unread, the connection stays.
+    REQUIRE(w.srv->reply(w.deferred.at(0), bytes_of("too late")));
+    outcome next;
+    w.acli->async_call(w.p, echo, bytes_of("next"), {}, next.handler());
+    w.run_until([&] { return next.done(); });
+    CHECK(next.reply == "next");
+    CHECK(w.cli->counters().late_replies == 1);
+    CHECK(w.cli->connected(w.p));
+}
+
+TEST_CASE("asio cancel: waiting for the connection, the call leaves unsent", "[asio][cancel]") {
+    world w;
+    w.clock_step = 100us; // the reconnect's backoff passes
+    w.up = false;
+    w.cut();
+    w.run_until([&] {
+        (void)w.cli->poll({}); // the client sees the connection go
+        return w.cli->state(w.p) == rpc::peer_state::reconnecting;
+    });
+    asio::cancellation_signal sig;
+    outcome got;
+    w.acli->async_call(w.p, echo, bytes_of("waits"), {},
+                       asio::bind_cancellation_slot(sig.slot(), got.handler()));
+    CHECK(w.acli->outstanding() == 1);
+    sig.emit(asio::cancellation_type::terminal);
+    w.run_until([&] { return got.done(); });
+    CHECK(*got.ec == call_status::cancelled);
+    w.up = true; // the connection comes back: nothing of that call is sent
+    outcome after;
+    w.acli->async_call(w.p, echo, bytes_of("after"), {}, after.handler());
+    w.run_until([&] { return after.done(); });
+    CHECK(after.reply == "after");
+    CHECK(w.runs == 1);
+    CHECK(w.cli->counters().cancelled == 1);
+}
+
+TEST_CASE("asio cancel: a reply that arrived but is not yet delivered wins", "[asio][cancel]") {
+    world w;
+    w.flowing = false;
+    asio::cancellation_signal sig;
+    outcome got;
+    w.acli->async_call(w.p, echo, bytes_of("arrived"), {},
+                       asio::bind_cancellation_slot(sig.slot(), got.handler()));
+    REQUIRE(w.move()); // the reply is in the client, the adapter not told yet
+    sig.emit(asio::cancellation_type::terminal);
+    w.ring();
+    w.run_until([&] { return got.done(); });
+    CHECK(!*got.ec);
+    CHECK(got.reply == "arrived");
+    CHECK(w.cli->counters().cancelled == 0);
+}
+
+TEST_CASE("asio cancel: after completion, and total cancellation, do nothing", "[asio][cancel]") {
+    world w;
+    asio::cancellation_signal sig;
+    outcome first;
+    w.acli->async_call(w.p, echo, bytes_of("one"), {},
+                       asio::bind_cancellation_slot(sig.slot(), first.handler()));
+    w.run_until([&] { return first.done(); });
+    sig.emit(asio::cancellation_type::terminal); // no handler in the slot any more
+    CHECK(first.reply == "one");
+    // Total cancellation asks for no side effects, which a call sent cannot
+    // promise (it may have run): ignored.
+    outcome second;
+    w.acli->async_call(w.p, deferring, bytes_of("two"), {},
+                       asio::bind_cancellation_slot(sig.slot(), second.handler()));
+    w.run_until([&] { return w.runs == 2; });
+    sig.emit(asio::cancellation_type::total);
+    REQUIRE(w.srv->reply(w.deferred.at(0), bytes_of("answered")));
+    w.run_until([&] { return second.done(); });
+    CHECK(!*second.ec);
+    CHECK(second.reply == "answered");
+    CHECK(w.cli->counters().cancelled == 0);
+}
+
+TEST_CASE("asio cancel: a timeout with awaitable_operators cancels the call", "[asio][cancel]") {
+    using namespace asio::experimental::awaitable_operators;
+    world w;
+    std::optional<std::size_t> won;
+    asio::co_spawn(
+        w.ctx,
+        [&]() -> awaitable {
+            asio::steady_timer t(w.ctx, 20ms);
+            const auto r = co_await (
+                w.acli->async_call(w.p, deferring, bytes_of("slow"), {}, asio::use_awaitable) ||
+                t.async_wait(asio::use_awaitable));
+            won = r.index();
+        },
+        asio::detached);
+    w.run_until([&] { return won.has_value(); });
+    CHECK(*won == 1); // the timer
+    CHECK(w.cli->counters().cancelled == 1);
+    CHECK(w.acli->outstanding() == 0);
+}
+
+TEST_CASE("asio: an adapter destroyed with calls out ends them cancelled, posted",
+          "[asio][cancel]") {
+    world w;
+    outcome got;
+    w.acli->async_call(w.p, deferring, bytes_of("orphan"), {}, got.handler());
+    w.run_until([&] { return w.runs == 1; });
+    w.acli.reset();
+    CHECK(!got.done());
+    w.ctx.poll();
+    REQUIRE(got.done());
+    CHECK(*got.ec == call_status::cancelled);
+    CHECK(w.cli->in_flight() == 0);
+}
+
+// ---- allocations -------------------------------------------------------------------------------
+
+TEST_CASE("asio: no allocation per call through the awaitable path, over 100 000 calls",
+          "[asio][hot]") {
+    world w;
+    std::uint64_t during = 0;
+    int good = 0;
+    bool done = false;
+    asio::co_spawn(
+        w.ctx,
+        [&]() -> awaitable {
+            const auto run = [&](int calls) -> awaitable {
+                for (int i = 0; i < calls; ++i) {
+                    const call_result r = co_await w.acli->async_call(
+                        w.p, echo, bytes_of("0123456789abcdef"), {}, asio::use_awaitable);
+                    good += r.reply.size() == 16 ? 1 : 0;
+                }
+            };
+            co_await run(1000); // warm-up: the table, the recycled frames, the waits' memory
+            const std::uint64_t before = test::allocations.load();
+            co_await run(100'000);
+            during = test::allocations.load() - before;
+            done = true;
+        },
+        asio::detached);
+    w.run_until([&] { return done; });
+    CHECK(good == 101'000);
+    INFO("allocations over 100 000 calls: " << during);
+    CHECK(during == 0);
+}
+
+TEST_CASE("asio: a handler over the inline buffer lives in its allocator's memory (counted)",
+          "[asio][hot]") {
+    world w;
+    std::array<std::byte, 256> big{}; // captured by value: over call_handler::inline_bytes
+    int ran = 0;
+    const auto call = [&] {
+        w.acli->async_call(w.p, echo, bytes_of("big"), {},
+                           [&ran, big](std::error_code ec, call_result) {
+                               ran += !ec && big[0] == std::byte{0} ? 1 : 0;
+                           });
+    };
+    call();
+    w.run_until([&] { return ran == 1; });
+    const std::uint64_t before = test::allocations.load();
+    for (int i = 0; i < 10; ++i) {
+        call();
+        w.run_until([&] { return ran == i + 2; });
+    }
+    // Ten handlers in std::allocator's memory: the count sees the adapter's allocations.
+    CHECK(test::allocations.load() - before >= 10);
 }

@@ -293,7 +293,7 @@ figures run_rpc_async(const verbs::protection_domain& pd, const std::string& add
     });
     figures f;
     try {
-        asio::io_context io;
+        asio::io_context io(1); // one thread runs it: Asio takes fewer locks
         rpc::client cli(pd, o);
         const rpc::peer_id peer = cli.connect(addr, srv.port());
         rpc::async_options ao;

@@ -86,17 +86,28 @@ inline void async_state::on_post(std::error_code) {
 inline void async_state::pump() {
     if (closed_)
         return;
-    const int n = poll_and_deliver();
-    if (n > 0)
-        spins_ = 0;
-    if (outstanding_ == 0) {
-        idle();
+    const bool spinning = opts_.spin_polls != 0 || opts_.spin_for.count() != 0;
+    for (std::size_t rounds = 1;; ++rounds) {
+        const int n = poll_and_deliver();
+        if (outstanding_ == 0) {
+            idle();
+            return;
+        }
+        if (n > 0)
+            spins_ = 0;
+        // A full batch (more waiting), or a turn long enough: the other
+        // handlers of the context run before the next.
+        if (static_cast<std::size_t>(n) == batch || rounds == max_rounds) {
+            post_pump();
+            return;
+        }
+        // Spinning: the next reply (often of the call a handler just
+        // started) is polled for here, on this thread, within the budget.
+        if (spinning && (n > 0 || spin()))
+            continue;
+        sleep();
         return;
     }
-    if (static_cast<std::size_t>(n) == batch || spin())
-        post_pump(); // more results waiting, or spinning: after the other handlers
-    else
-        sleep();
 }
 
 inline int async_state::poll_and_deliver() {

@@ -17,7 +17,8 @@
 // the context's reactor (no thread of its own, no timer thread), and a timer
 // of one housekeeping interval runs while calls are out (deadlines,
 // keepalive, reconnects). `async_options::spin_polls` / `spin_for` poll that
-// many times / that long before sleeping on the descriptor: CPU for latency.
+// many times / that long before sleeping on the descriptor, on the context's
+// thread (other handlers wait meanwhile, at most 64 polls): CPU for latency.
 //
 // The rules:
 // - One thread: the client, its async_client and every call and
@@ -72,8 +73,9 @@
 namespace rdmax::rpc {
 
 struct async_options {
-    /// Polls before sleeping on the descriptor once nothing came (each one
-    /// a turn of the io_context: other handlers run between them). 0: sleep at once.
+    /// Polls that find nothing before the adapter sleeps on the client's
+    /// descriptor (spinning on the context's thread; after 64 polls in a row
+    /// the other handlers run, and the spin goes on). 0: sleep at once.
     std::uint32_t spin_polls = 0;
     /// ... or polls for this long (the larger budget of the two wins).
     std::chrono::microseconds spin_for{0};
@@ -177,6 +179,8 @@ private:
 
     /// Results taken per poll (more waiting: another turn of the context).
     static constexpr std::size_t batch = 16;
+    /// Polls one turn of the pump makes at most before it lets the other handlers run.
+    static constexpr std::size_t max_rounds = 64;
 
     /// client::start; with no credit left, the slots of the replies that
     /// handlers have had are given back first (the caller of a new call is

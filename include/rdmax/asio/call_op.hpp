@@ -16,6 +16,7 @@
 // stack lookups): not this project's to fix.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wnull-dereference"
+#include <asio/any_io_executor.hpp>
 #include <asio/associated_allocator.hpp>
 #include <asio/associated_executor.hpp>
 #include <asio/bind_allocator.hpp>
@@ -41,11 +42,33 @@ using call_signature = void(std::error_code, call_result);
 
 namespace detail {
 
+/// True when `ex` is the io_context executor `io` itself (plain, or inside
+/// an any_io_executor, as a coroutine's is).
+template <class Executor>
+[[nodiscard]] bool is_context(const Executor& ex,
+                              const ::asio::io_context::executor_type& io) noexcept {
+    using io_executor = ::asio::io_context::executor_type;
+    if constexpr (std::is_same_v<Executor, io_executor>) {
+        return ex == io;
+    } else if constexpr (std::is_same_v<Executor, ::asio::any_io_executor>) {
+        const auto* target = ex.template target<io_executor>();
+        return target != nullptr && *target == io;
+    } else {
+        return false;
+    }
+}
+
 /// Runs `h(ec, r)` through h's associated executor (dispatch: at once when
 /// that is the running io_context's; else queued, with h's allocator).
 template <class Handler>
 void run_handler(Handler h, const call_result& r, const ::asio::io_context::executor_type& io) {
     const auto ex = ::asio::get_associated_executor(h, io);
+    if (is_context(ex, io) && io.running_in_this_thread()) {
+        // What dispatch would do here, without its type-erased executor on
+        // the way (a coroutine's handler names an any_io_executor).
+        std::move(h)(error_of(r), r);
+        return;
+    }
     const auto alloc = ::asio::get_associated_allocator(h);
     ::asio::dispatch(ex, ::asio::bind_allocator(alloc, [h = std::move(h), r]() mutable {
                          std::move(h)(error_of(r), r);

@@ -571,3 +571,25 @@ TEST_CASE("asio: no allocation per call with 16 coroutines in flight", "[asio][h
     // the next: Asio's per-thread frame cache suffices.
     CHECK(after - before == 0);
 }
+
+TEST_CASE("asio: a handler that throws leaves run(); the rest of its round still completes",
+          "[asio][tokens]") {
+    world w;
+    w.flowing = false;
+    bool second = false;
+    w.acli->async_call(w.p, echo, bytes_of("a"), {},
+                       [](std::error_code, call_result) { throw std::runtime_error("handler"); });
+    w.acli->async_call(w.p, echo, bytes_of("b"), {}, [&](std::error_code ec, call_result r) {
+        second = !ec && text(r.reply) == "b";
+    });
+    REQUIRE(w.move()); // both replies in the client: one round
+    w.ring();
+    CHECK_THROWS_AS(w.ctx.run_for(2s), std::runtime_error);
+    CHECK_FALSE(second);
+    w.ctx.restart();
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!second && std::chrono::steady_clock::now() < deadline)
+        w.ctx.run_one_for(10ms);
+    CHECK(second);
+    CHECK(w.acli->outstanding() == 0);
+}

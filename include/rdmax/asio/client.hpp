@@ -196,6 +196,7 @@ private:
     void idle() noexcept;
     void cancel_timer() noexcept;
     /// Polls the client once and runs the handlers of what ended; how many.
+    /// A handler that throws: the exception goes on, the rest wait for the next turn.
     int poll_and_deliver();
     void deliver(call_result r);
     /// Nothing came: spin (post another pump) while the budget lasts.
@@ -231,6 +232,9 @@ private:
     /// The round's results handed to their handlers so far (the client's cookies).
     std::array<std::uint64_t, batch> round_{};
     std::size_t round_size_ = 0;
+    /// The last poll's results, and the next to deliver.
+    std::array<call_result, batch> got_{};
+    std::size_t got_at_ = 0, got_n_ = 0;
     bool release_asked_ = false;
     bool closed_ = false;
 };
@@ -248,7 +252,8 @@ public:
         : state_(std::make_shared<detail::async_state>(ctx, core, o)) {}
     async_client(const async_client&) = delete;
     async_client& operator=(const async_client&) = delete;
-    /// Calls still out end cancelled (their handlers posted to run).
+    /// Calls still out end cancelled, or with the outcome that came first
+    /// (its reply dropped); their handlers are posted to run.
     ~async_client() { state_->close(); }
 
     /// Starts a call of `method` to `p` with `request` (kept unchanged until

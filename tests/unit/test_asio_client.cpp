@@ -593,3 +593,15 @@ TEST_CASE("asio: a handler that throws leaves run(); the rest of its round still
     CHECK(second);
     CHECK(w.acli->outstanding() == 0);
 }
+
+TEST_CASE("asio: a descriptor the reactor refuses is an rdmax::error that says so",
+          "[asio][setup]") {
+    asio::io_context ctx;
+    try {
+        rdmax::detail::fd_watch w(ctx, -1);
+        FAIL("no error");
+    } catch (const rdmax::error& e) {
+        CHECK(e.verb() == "asio::posix::stream_descriptor::assign");
+        CHECK(std::string(e.what()).find("descriptor -1") != std::string::npos);
+    }
+}

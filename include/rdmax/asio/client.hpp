@@ -247,7 +247,7 @@ public:
     using executor_type = ::asio::io_context::executor_type;
 
     /// `core` must outlive this; both are used on the thread that runs `ctx`.
-    /// Throws std::system_error (the reactor refused the client's descriptor).
+    /// Throws rdmax::error (the reactor refused the client's descriptor).
     async_client(::asio::io_context& ctx, client& core, async_options o = {})
         : state_(std::make_shared<detail::async_state>(ctx, core, o)) {}
     async_client(const async_client&) = delete;

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <new>
+#include <string>
 #include <system_error>
 #include <utility>
 
@@ -27,6 +28,8 @@
 #include <asio/io_context.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #pragma GCC diagnostic pop
+
+#include <rdmax/error.hpp>
 
 namespace rdmax::detail {
 
@@ -102,10 +105,16 @@ class fd_watch {
 public:
     using executor_type = ::asio::io_context::executor_type;
 
-    /// `fd` stays the caller's: never closed here. Throws std::system_error
-    /// (the reactor refused it).
+    /// `fd` stays the caller's: never closed here. Throws rdmax::error (the
+    /// reactor refused it).
     fd_watch(::asio::io_context& ctx, int fd)
-        : d_(ctx.get_executor(), fd) {}
+        : d_(ctx.get_executor()) {
+        std::error_code ec;
+        d_.assign(fd, ec);
+        if (ec)
+            throw_error("asio::posix::stream_descriptor::assign", ec.value(),
+                        "descriptor " + std::to_string(fd) + " into the io_context's reactor");
+    }
     fd_watch(const fd_watch&) = delete;
     fd_watch& operator=(const fd_watch&) = delete;
     /// Gives the descriptor back to its owner (a wait still queued ends

@@ -66,8 +66,11 @@ inline void async_state::kick() {
     }
     if (!timer_waiting_)
         wait_timer();
+    // Not asleep on the descriptor: the pump arms and sleeps, after a look.
+    // Not here: the look may run other calls' handlers, never inside an
+    // initiating function.
     if (!armed_)
-        sleep();
+        post_pump();
 }
 
 inline void async_state::post_pump() {

@@ -23,7 +23,10 @@
 // The rules:
 // - One thread: the client, its async_client and every call and
 //   cancellation belong to the thread that runs the io_context (one client
-//   per thread; several threads, several clients).
+//   per thread; several threads, several clients). While the adapter lives,
+//   the client's calls go through it: it polls the client, and results of
+//   calls started on the client directly are dropped. The adapter outlives
+//   its calls' operations (a deferred one not yet started too).
 // - The reply: the result's span is valid until the handler returns; for a
 //   coroutine, until it next suspends (its next co_await, on this client or
 //   anything else) or release(). A call that passes call_options::reply_into

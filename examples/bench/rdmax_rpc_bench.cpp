@@ -1,8 +1,9 @@
 // rdmax_rpc_bench: RPC echo latency and rate over rdmax::rpc, against the
 // same echo over send/receive on rdmax verbs and over TCP, in one run.
 //
-//   rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep size|outstanding|clients|all]
+//   rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep size|outstanding|clients|api|all]
 //                   [--transports rdmax,local,sendrecv,tcp] [--json FILE]
+//                   [--api poll,awaitable,callback] [--spin-us N]
 //
 // "rdmax" is rdmax::rpc through the device, "local" the same calls through
 // the node's memory (both ends are on this node: shared rings, CMA). The
@@ -17,6 +18,13 @@
 //   clients      1 .. 16 clients, 16 in flight each, 64 B
 //   latency      64 B, 1 in flight, 1 client: one point, for rounds against the floor
 //   syscalls     64 B, 16 in flight, 1 client, rdmax: one point, for strace -c
+//   api          64 B, 1, 16 and 64 in flight, 1 client, rdmax and local: each
+//                API of --api (built with Asio: rpc::async_client), with the
+//                ratio to poll's p50 and calls/s of the same point in this run
+// --api names how the rdmax and local clients call: poll (start/poll, spinning;
+// the default), awaitable (K coroutines on an io_context, one call each at a
+// time) or callback (K chains of callbacks); --spin-us lets the adapter spin
+// that long before it sleeps on the client's descriptor (0: it sleeps at once).
 // TCP runs over 127.0.0.1 (plain sockets, TCP_NODELAY). writeimm (not in
 // the default list) is the bare verbs rdmax's RPC uses, with nothing of its
 // own: what rdmax adds is the difference. The wire floor
@@ -44,6 +52,18 @@
 
 #include <fmt/format.h>
 
+#ifdef RDMAX_BENCH_ASIO
+#include <rdmax/asio/client.hpp>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnull-dereference" // in Asio's own code (see client.hpp)
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/use_awaitable.hpp>
+#pragma GCC diagnostic pop
+#endif
+
 #include "bench_common.hpp"
 
 namespace {
@@ -56,6 +76,7 @@ struct point {
     std::size_t bytes = 64;
     int outstanding = 1;
     int clients = 1;
+    std::string api = "poll"; ///< rdmax and local: poll, awaitable or callback
 };
 
 struct figures {
@@ -190,6 +211,106 @@ figures run_rpc(const verbs::protection_domain& pd, const std::string& addr, con
     serve.join();
     return f;
 }
+
+// ---- rdmax::rpc through the Asio adapter ----------------------------------------------------
+
+#ifdef RDMAX_BENCH_ASIO
+/// One client, K calls in flight through rpc::async_client: K coroutines, or
+/// K chains of callbacks (each starts its next call from its handler).
+class async_run {
+public:
+    async_run(rpc::async_client& a, rpc::peer_id peer, const point& p, long calls)
+        : a_(a)
+        , peer_(peer)
+        , calls_(calls)
+        , rec_(calls)
+        , lanes_(static_cast<std::size_t>(p.outstanding)) {
+        for (auto& l : lanes_)
+            l.req.resize(p.bytes);
+    }
+    figures run(asio::io_context& io, bool coroutines, double per_us) {
+        const std::uint64_t t0 = cycles();
+        for (std::size_t k = 0; k < lanes_.size(); ++k) {
+            if (coroutines)
+                asio::co_spawn(io, lane(k), asio::detached);
+            else
+                next(k);
+        }
+        io.run_for(std::chrono::seconds(120));
+        if (done_ < calls_)
+            throw bench_failure("rpc (async): no progress for 120 s");
+        return rec_.finish(per_us, cycles() - t0, bad_);
+    }
+
+private:
+    void begin(std::size_t k) {
+        fill(lanes_[k].req, static_cast<std::uint64_t>(started_++));
+        lanes_[k].started = cycles();
+    }
+    void end(std::size_t k, std::error_code ec, const rpc::call_result& r) {
+        rec_.add(cycles() - lanes_[k].started);
+        if (ec || !same(r.reply, lanes_[k].req))
+            ++bad_;
+        ++done_;
+    }
+    asio::awaitable<void> lane(std::size_t k) {
+        while (started_ < calls_) {
+            begin(k);
+            const auto [ec, r] = co_await a_.async_call(
+                peer_, 1, lanes_[k].req, {}, asio::experimental::as_tuple(asio::use_awaitable));
+            end(k, ec, r);
+        }
+    }
+    void next(std::size_t k) {
+        if (started_ >= calls_)
+            return;
+        begin(k);
+        a_.async_call(peer_, 1, lanes_[k].req, {},
+                      [this, k](std::error_code ec, const rpc::call_result& r) {
+                          end(k, ec, r);
+                          next(k);
+                      });
+    }
+
+    rpc::async_client& a_;
+    rpc::peer_id peer_;
+    long calls_, started_ = 0, done_ = 0, bad_ = 0;
+    recorder rec_;
+    std::vector<call_slot> lanes_;
+};
+
+figures run_rpc_async(const verbs::protection_domain& pd, const std::string& addr, const point& p,
+                      long calls, double per_us, bool local, long spin_us) {
+    rpc::rpc_options o = rpc::rpc_options{}.with_env();
+    o.local = local;
+    o.slots = static_cast<std::uint16_t>(std::max(p.outstanding, 1));
+    rpc::server srv(pd, addr, 0, o);
+    srv.on(1, [](rpc::request_context& c) { c.reply(c.body()); });
+    std::atomic<bool> stop{false};
+    std::thread serve([&] {
+        while (!stop.load(std::memory_order_relaxed))
+            (void)srv.poll();
+    });
+    figures f;
+    try {
+        asio::io_context io(1); // one thread runs it: Asio takes fewer locks
+        rpc::client cli(pd, o);
+        const rpc::peer_id peer = cli.connect(addr, srv.port());
+        rpc::async_options ao;
+        ao.spin_for = std::chrono::microseconds(spin_us);
+        rpc::async_client a(io, cli, ao);
+        async_run r(a, peer, p, calls);
+        f = r.run(io, p.api == "awaitable", per_us);
+    } catch (...) {
+        stop = true;
+        serve.join();
+        throw;
+    }
+    stop = true;
+    serve.join();
+    return f;
+}
+#endif
 
 // ---- send/receive on rdmax verbs -----------------------------------------------------------
 
@@ -699,6 +820,19 @@ figures run_tcp(const point& p, long calls, double per_us) {
     return f;
 }
 
+/// An rdmax or local point through the Asio adapter (--api awaitable or callback).
+figures run_async(const verbs::protection_domain& pd, const std::string& addr, const point& p,
+                  long calls, double per_us, bool local, long spin_us) {
+#ifdef RDMAX_BENCH_ASIO
+    if (p.api != "awaitable" && p.api != "callback")
+        throw bench_failure(fmt::format("--api {}: poll, awaitable or callback", p.api));
+    return run_rpc_async(pd, addr, p, calls, per_us, local, spin_us);
+#else
+    (void)pd, (void)addr, (void)calls, (void)per_us, (void)local, (void)spin_us;
+    throw bench_failure(fmt::format("--api {}: built without Asio (libasio-dev)", p.api));
+#endif
+}
+
 std::vector<std::string> split(const std::string& s) {
     std::vector<std::string> out;
     std::size_t at = 0;
@@ -716,10 +850,13 @@ std::vector<std::string> split(const std::string& s) {
 
 int main(int argc, char** argv) {
     std::string addr = "192.0.2.1", sweep = "all", transports = "rdmax,local,sendrecv,tcp", json;
-    long calls = 2000;
+    std::string apis = "poll";
+    long calls = 2000, spin_us = 0;
     static const option longs[] = {{"sweep", required_argument, nullptr, 'w'},
                                    {"transports", required_argument, nullptr, 'T'},
                                    {"json", required_argument, nullptr, 'j'},
+                                   {"api", required_argument, nullptr, 'A'},
+                                   {"spin-us", required_argument, nullptr, 'S'},
                                    {"help", no_argument, nullptr, 'h'},
                                    {nullptr, 0, nullptr, 0}};
     for (int c; (c = getopt_long(argc, argv, "a:n:h", longs, nullptr)) != -1;) {
@@ -729,11 +866,13 @@ int main(int argc, char** argv) {
         case 'w': sweep = optarg; break;
         case 'T': transports = optarg; break;
         case 'j': json = optarg; break;
+        case 'A': apis = optarg; break;
+        case 'S': spin_us = std::max(0L, std::atol(optarg)); break;
         default:
             std::fputs(
                 "usage: rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep "
-                "size|outstanding|clients|latency|syscalls|all] [--transports rdmax,sendrecv,tcp] "
-                "[--json FILE]\n",
+                "size|outstanding|clients|latency|syscalls|api|all] [--transports "
+                "rdmax,sendrecv,tcp] [--json FILE] [--api poll,awaitable,callback] [--spin-us N]\n",
                 stderr);
             return c == 'h' ? 0 : 2;
         }
@@ -742,7 +881,9 @@ int main(int argc, char** argv) {
         std::vector<point> points;
         const auto add = [&](std::size_t b, int k, int c) {
             for (const std::string& t : split(transports))
-                points.push_back({t, b, k, c});
+                for (const std::string& api : split(apis))
+                    if (api == "poll" || t == "rdmax" || t == "local")
+                        points.push_back({t, b, k, c, api});
         };
         if (sweep == "size" || sweep == "all")
             for (std::size_t b : {64, 512, 4096, 65536})
@@ -757,17 +898,22 @@ int main(int argc, char** argv) {
             add(64, 16, 1);
         if (sweep == "latency") // the 64 B point alone, for rounds against the floor (rpc-bench)
             add(64, 1, 1);
+        if (sweep == "api") // poll against the async adapter, same run
+            for (int k : {1, 16, 64})
+                add(64, k, 1);
         if (points.empty())
             throw bench_failure(
-                fmt::format("--sweep {}: size, outstanding, clients or all", sweep));
+                fmt::format("--sweep {}: size, outstanding, clients, api or all", sweep));
         verbs::context ctx = verbs::context::open_by_address(addr);
         verbs::protection_domain pd(ctx);
         const double per_us = estimate_cycles_per_us();
         std::FILE* out = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
         if (!json.empty() && out == nullptr)
             throw bench_failure(fmt::format("--json {}: {}", json, std::strerror(errno)));
-        fmt::print("{:<9} {:>8} {:>5} {:>7} {:>10} {:>10} {:>12} {:>5}\n", "transport", "bytes",
-                   "out", "clients", "p50[us]", "p99[us]", "calls/s", "bad");
+        fmt::print("{:<9} {:>8} {:>5} {:>7} {:>10} {:>10} {:>12} {:>5} {:<9} {:>9} {:>9}\n",
+                   "transport", "bytes", "out", "clients", "p50[us]", "p99[us]", "calls/s", "bad",
+                   "api", "p50/poll", "rate/poll");
+        std::vector<std::pair<point, figures>> polled; // poll's figures, for the ratios
         long bad = 0;
         for (const point& p : points) {
             fmt::print(stderr, "rdmax_rpc_bench: {} {} B x{} in flight, {} clients\n", p.transport,
@@ -775,7 +921,10 @@ int main(int argc, char** argv) {
             // Fewer calls for large messages: TCG moves them slowly.
             const long n = p.bytes > 4096 ? std::max(50L, calls / 10) : calls;
             figures f;
-            if (p.transport == "rdmax")
+            const bool rpc_path = p.transport == "rdmax" || p.transport == "local";
+            if (rpc_path && p.api != "poll")
+                f = run_async(pd, addr, p, n, per_us, p.transport == "local", spin_us);
+            else if (p.transport == "rdmax")
                 f = run_rpc(pd, addr, p, n, per_us, false);
             else if (p.transport == "local")
                 f = run_rpc(pd, addr, p, n, per_us, true);
@@ -789,17 +938,28 @@ int main(int argc, char** argv) {
                 throw bench_failure(
                     fmt::format("transport {}: rdmax, sendrecv or tcp", p.transport));
             bad += f.bad;
-            fmt::print("{:<9} {:>8} {:>5} {:>7} {:>10.1f} {:>10.1f} {:>12.0f} {:>5}\n", p.transport,
-                       p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us, f.calls_per_s, f.bad);
+            if (p.api == "poll")
+                polled.emplace_back(p, f);
+            // The same point through poll() in this run: the ratios (machines here are noisy).
+            const auto base = std::find_if(polled.begin(), polled.end(), [&](const auto& b) {
+                return b.first.transport == p.transport && b.first.bytes == p.bytes &&
+                       b.first.outstanding == p.outstanding && b.first.clients == p.clients;
+            });
+            const bool ratio = base != polled.end() && p.api != "poll";
+            fmt::print(
+                "{:<9} {:>8} {:>5} {:>7} {:>10.1f} {:>10.1f} {:>12.0f} {:>5} {:<9} {:>9} {:>9}\n",
+                p.transport, p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us, f.calls_per_s,
+                f.bad, p.api, ratio ? fmt::format("{:.2f}", f.p50_us / base->second.p50_us) : "",
+                ratio ? fmt::format("{:.2f}", f.calls_per_s / base->second.calls_per_s) : "");
             std::fflush(stdout);
             if (out != nullptr)
                 fmt::print(
                     out,
                     "{{\"kind\":\"rpc\",\"transport\":\"{}\",\"bytes\":{},\"outstanding\":{},"
                     "\"clients\":{},\"p50_us\":{:.2f},\"p99_us\":{:.2f},\"calls_per_s\":{:.0f},"
-                    "\"calls\":{},\"bad\":{}}}\n",
+                    "\"calls\":{},\"bad\":{},\"api\":\"{}\"}}\n",
                     p.transport, p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us,
-                    f.calls_per_s, f.calls, f.bad);
+                    f.calls_per_s, f.calls, f.bad, p.api);
         }
         if (out != nullptr)
             std::fclose(out);

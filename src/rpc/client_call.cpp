@@ -230,6 +230,25 @@ void client::release_handed_out() noexcept {
     handed_out_.clear();
 }
 
+void client::release(std::uint64_t cookie) noexcept {
+    for (slot_ref& r : handed_out_) {
+        if (!r.release || r.slot == no_slot || r.link == no_link)
+            continue;
+        peer& l = ep_.peers[r.link];
+        if (!l.wire)
+            continue;
+        slot_state& ss = l.slots[r.slot];
+        if (ss.phase != slot_phase::done || ss.seq != r.seq || ss.cookie != cookie)
+            continue;
+        ss.phase = slot_phase::free;
+        --l.held;
+        if (!l.wire->broken)
+            l.free_slots.push_back(static_cast<std::uint16_t>(r.slot));
+        r.release = false; // the next poll() finds it given back already
+        return;
+    }
+}
+
 int client::poll(std::span<call_result> out) noexcept {
     release_handed_out();
     progress();

@@ -304,29 +304,60 @@ void client::keep_alive(peer& l, std::uint32_t index,
 void client::expire_calls(peer& l, std::uint32_t index,
                           sched::coarse_clock::time_point now) noexcept {
     for (std::uint32_t s = 0; s < l.slots.size(); ++s) {
-        slot_state& ss = l.slots[s];
-        if (ss.phase != slot_phase::in_flight || ss.deadline > now)
-            continue;
-        // The slot is the caller's again at once: its next call goes with
-        // the other epoch, which tells the server to drop this one, and a
-        // late reply of this one is dropped unread.
-        ss.phase = slot_phase::free;
-        // The server is fenced out of the call's buffers from now on: a late
-        // READ or WRITE fails at the device (and ends the link), and a
-        // node-local server finds the call given up before it copies.
-        (void)l.wire->end_access(s, detail::access_end::abandon);
-        if (ss.late < UINT8_MAX)
-            ++ss.late;
-        // Taken last: calls go to other free slots first, which gives a slow
-        // server's answer the time to come and leaves its call be.
-        l.free_slots.push_back(static_cast<std::uint16_t>(s));
-        std::rotate(l.free_slots.begin(), l.free_slots.end() - 1, l.free_slots.end());
-        --l.in_flight;
-        ++ep_.counters.timed_out;
-        ++ep_.counters.failed;
-        push_result({ss.cookie, session_id(l.session), call_status::timed_out, {}},
-                    {index, no_slot, ss.seq, false, ss.call_id});
+        const slot_state& ss = l.slots[s];
+        if (ss.phase == slot_phase::in_flight && ss.deadline <= now)
+            abandon(l, index, s, call_status::timed_out);
     }
+}
+
+void client::abandon(peer& l, std::uint32_t index, std::uint32_t slot, call_status st) noexcept {
+    slot_state& ss = l.slots[slot];
+    // The slot is the caller's again at once: its next call goes with the
+    // other epoch, which tells the server to drop this one, and a late reply
+    // of this one is dropped unread.
+    ss.phase = slot_phase::free;
+    // The server is fenced out of the call's buffers from now on: a late
+    // READ or WRITE fails at the device (and ends the link), and a
+    // node-local server finds the call given up before it copies.
+    (void)l.wire->end_access(slot, detail::access_end::abandon);
+    if (ss.late < UINT8_MAX)
+        ++ss.late;
+    // Taken last: calls go to other free slots first, which gives a slow
+    // server's answer the time to come and leaves its call be.
+    l.free_slots.push_back(static_cast<std::uint16_t>(slot));
+    std::rotate(l.free_slots.begin(), l.free_slots.end() - 1, l.free_slots.end());
+    --l.in_flight;
+    ++(st == call_status::cancelled ? ep_.counters.cancelled : ep_.counters.timed_out);
+    ++ep_.counters.failed;
+    push_result({ss.cookie, session_id(l.session), st, {}},
+                {index, no_slot, ss.seq, false, ss.call_id});
+}
+
+bool client::cancel(peer_id p, std::uint64_t cookie) noexcept {
+    session* ss = find_session(p);
+    if (ss == nullptr)
+        return false;
+    // Not sent yet (or to be sent again): it leaves the queue, and no
+    // server sees it from now on.
+    const auto waiting = std::find_if(ss->waiting.begin(), ss->waiting.end(),
+                                      [&](const waiting_call& c) { return c.o.cookie == cookie; });
+    if (waiting != ss->waiting.end()) {
+        push_slotless(p.index, *waiting, call_status::cancelled);
+        ss->waiting.erase(waiting);
+        return true;
+    }
+    if (ss->link == no_link)
+        return false;
+    // In flight: given up as at its deadline. One replied already (fencing,
+    // or its result queued) has ended: its result says how.
+    peer& l = ep_.peers[ss->link];
+    for (std::uint32_t k = 0; k < l.slots.size(); ++k) {
+        if (l.slots[k].phase == slot_phase::in_flight && l.slots[k].cookie == cookie) {
+            abandon(l, ss->link, k, call_status::cancelled);
+            return true;
+        }
+    }
+    return false;
 }
 
 bool client::fence_stalled(const peer& l, sched::coarse_clock::time_point now) const noexcept {

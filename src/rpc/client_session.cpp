@@ -192,6 +192,8 @@ void client::push_slotless(std::uint32_t s, const waiting_call& c, call_status s
         ++ep_.counters.failed;
     if (st == call_status::timed_out)
         ++ep_.counters.timed_out;
+    if (st == call_status::cancelled)
+        ++ep_.counters.cancelled;
     if (st == call_status::unknown_outcome)
         ++ep_.counters.unknown_outcomes;
     push_result({c.o.cookie, session_id(s), st, {}}, {no_link, no_slot, 0, false, c.call_id});

@@ -3,13 +3,16 @@
 // counting the allocations: for tests that show a path allocates nothing.
 // Include it in one translation unit of a test program only (it defines the
 // replacements). Every form pairs with free(), so that sanitizers see no mix
-// of their allocator with this one.
+// of their allocator with this one. Allocations inside a test::not_counted
+// scope (not_counted.hpp) are left out.
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+
+#include "not_counted.hpp"
 
 namespace rdmax::test {
 /// Allocations made by operator new since the program started.
@@ -21,7 +24,8 @@ inline std::atomic<std::uint64_t> allocations{0};
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
 void* operator new(std::size_t n) {
-    rdmax::test::allocations.fetch_add(1, std::memory_order_relaxed);
+    if (rdmax::test::not_counted_depth == 0)
+        rdmax::test::allocations.fetch_add(1, std::memory_order_relaxed);
     if (void* p = std::malloc(n == 0 ? 1 : n))
         return p;
     throw std::bad_alloc();
@@ -30,7 +34,8 @@ void* operator new[](std::size_t n) {
     return operator new(n);
 }
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-    rdmax::test::allocations.fetch_add(1, std::memory_order_relaxed);
+    if (rdmax::test::not_counted_depth == 0)
+        rdmax::test::allocations.fetch_add(1, std::memory_order_relaxed);
     return std::malloc(n == 0 ? 1 : n);
 }
 void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {

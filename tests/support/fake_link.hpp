@@ -43,6 +43,8 @@
 #include <rdmax/rpc/server.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
 
+#include "not_counted.hpp"
+
 namespace rdmax::test {
 
 enum class fake_path : std::uint8_t { device, node_local };
@@ -72,15 +74,24 @@ struct fake_end {
         , slot_bytes(slot_size)
         , ring(std::size_t{slot_count} * slot_size)
         , staging(std::size_t{slot_count} * slot_size)
-        , event_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-        if (event_fd < 0)
+        , event_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK))
+        , wake_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+        if (event_fd < 0 || wake_fd < 0) {
+            if (event_fd >= 0)
+                ::close(event_fd);
+            if (wake_fd >= 0)
+                ::close(wake_fd);
             throw std::runtime_error("eventfd");
+        }
         static std::uint32_t next_qp = 0x100;
         qp_num = next_qp++;
     }
     fake_end(const fake_end&) = delete;
     fake_end& operator=(const fake_end&) = delete;
-    ~fake_end() { ::close(event_fd); }
+    ~fake_end() {
+        ::close(event_fd);
+        ::close(wake_fd);
+    }
 
     const fake_path path;
     const std::uint16_t slots;
@@ -91,6 +102,9 @@ struct fake_end {
     std::deque<std::uint32_t> arrived; ///< node-local: landed immediates for poll
     fake_end* peer = nullptr;          ///< the joined end, if any
     int event_fd;                      ///< readable once the peer is gone
+    /// Readable once the test woke this side (wake()), as a completion
+    /// event or a node-local peer would; the endpoint's wake-up reads it.
+    int wake_fd;
     std::uint32_t qp_num = 0;
 
     // What the test makes happen.
@@ -128,6 +142,11 @@ struct fake_end {
         gone = true;
         const std::uint64_t one = 1;
         (void)!::write(event_fd, &one, sizeof one);
+    }
+    /// Wakes the endpoint asleep on this side's descriptors.
+    void wake() const noexcept {
+        const std::uint64_t one = 1;
+        (void)!::write(wake_fd, &one, sizeof one);
     }
     /// Lands the oldest message of the outbox at the peer; its immediate (slot
     /// messages), or nullopt (a body write, or nothing to land).
@@ -167,7 +186,7 @@ public:
         // itself, as in the shared segment.
         const bool shared = e_->path == fake_path::node_local && e_->peer != nullptr;
         lay_out(e_->slot_in(0), shared ? e_->peer->slot_in(0) : e_->slot_out(0));
-        set_fds(e_->event_fd, -1);
+        set_fds(e_->event_fd, e_->wake_fd);
         if (e_->path == fake_path::device)
             set_qp_num(e_->qp_num);
     }
@@ -179,6 +198,7 @@ public:
                                    sched::priority p, bool epoch) noexcept override {
         if (e_->send_result != status::ok)
             return e_->send_result;
+        const not_counted scaffolding; // the copy of the message is the fake network's
         ++e_->sends;
         fake_message m;
         m.imm = rpc::encode_imm(k, s, bytes, epoch);
@@ -227,7 +247,13 @@ public:
             return rpc::link_end{};
         return std::nullopt;
     }
-    [[nodiscard]] bool sleep(bool) noexcept override { return true; }
+    [[nodiscard]] bool sleep(bool going) noexcept override {
+        if (!going) {
+            std::uint64_t n = 0;
+            (void)!::read(e_->wake_fd, &n, sizeof n);
+        }
+        return true;
+    }
     void close() noexcept override { ++e_->closes; }
     [[nodiscard]] bool established(bool) noexcept override { return true; }
     [[nodiscard]] rpc::detail::access grant_access(std::uint32_t, std::span<const std::byte>,

@@ -473,6 +473,85 @@ TEST_CASE("a deadline by the real coarse clock", "[rpc-protocol][deadline]") {
     CHECK(got[0].status == call_status::timed_out);
 }
 
+// ---- cancellation (rpc::client::cancel; the Asio adapter's cancellation slots use it) ----------
+
+TEST_CASE("cancel: a call in flight ends cancelled at once, fenced as a timed-out one; its late "
+          "reply is dropped",
+          "[rpc-protocol][cancel]") {
+    const fake_path path = GENERATE(fake_path::device, fake_path::node_local);
+    rig r(path, 1);
+    REQUIRE(r.start(echo, "given up", {.cookie = 5}) == call_status::ok);
+    const bool first = inside::slot_epoch(*r.cli, r.at_cli, 0);
+    r.to_server(); // it ran; the reply is on its way
+    CHECK(r.cli->cancel(r.at_cli, 5));
+    const auto got = r.results();
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::cancelled);
+    CHECK(got[0].cookie == 5);
+    CHECK(got[0].reply.empty());
+    CHECK(r.cli->counters().cancelled == 1);
+    CHECK(r.cli->counters().timed_out == 0);
+    CHECK(r.cli->counters().failed == 1);
+    CHECK(r.cli->in_flight() == 0);
+    CHECK(inside::slot_free(*r.cli, r.at_cli, 0));
+    CHECK(inside::slot_late(*r.cli, r.at_cli, 0) == 1);
+    CHECK_FALSE(r.cli->cancel(r.at_cli, 5)); // once
+    r.to_client();                           // the reply lands: dropped unread, the link stays
+    CHECK(r.results().empty());
+    CHECK(r.cli->counters().late_replies == 1);
+    CHECK(r.cli->connected(r.at_cli));
+    REQUIRE(r.start(echo, "next") == call_status::ok); // the slot, with the other epoch
+    CHECK(inside::slot_epoch(*r.cli, r.at_cli, 0) != first);
+    r.pump();
+    const auto next = r.results();
+    REQUIRE(next.size() == 1);
+    CHECK(text(next[0].reply) == "next");
+}
+
+TEST_CASE("cancel: a call not yet run is given up at the server too", "[rpc-protocol][cancel]") {
+    rig r(fake_path::device, 1);
+    REQUIRE(r.start(echo, "never", {.cookie = 1}) == call_status::ok);
+    CHECK(r.cli->cancel(r.at_cli, 1));
+    CHECK(r.results().size() == 1);
+    REQUIRE(r.start(echo, "instead", {.cookie = 2}) == call_status::ok);
+    r.pump(); // the server sees the slot's newer epoch first: the given-up call never runs
+    const auto got = r.results();
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].cookie == 2);
+    CHECK(text(got[0].reply) == "instead");
+}
+
+TEST_CASE("cancel: a call whose reply came has ended; cancel says false, its result says ok",
+          "[rpc-protocol][cancel]") {
+    rig r;
+    REQUIRE(r.start(echo, "done", {.cookie = 3}) == call_status::ok);
+    r.pump(); // the reply is in: its result is queued, not yet polled
+    CHECK_FALSE(r.cli->cancel(r.at_cli, 3));
+    auto got = r.results();
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::ok);
+    CHECK(text(got[0].reply) == "done");
+    CHECK_FALSE(r.cli->cancel(r.at_cli, 3));      // handed out: over
+    CHECK_FALSE(r.cli->cancel(r.at_cli, 99));     // no such call
+    CHECK_FALSE(r.cli->cancel(peer_id{7, 7}, 3)); // no such peer
+    CHECK(r.cli->counters().cancelled == 0);
+}
+
+TEST_CASE("release(cookie) gives back one handed-out slot; the others' replies stay",
+          "[rpc-protocol][cancel]") {
+    rig r(fake_path::device, 2);
+    REQUIRE(r.start(echo, "one", {.cookie = 1}) == call_status::ok);
+    REQUIRE(r.start(echo, "two", {.cookie = 2}) == call_status::ok);
+    r.pump();
+    const auto got = r.results();
+    REQUIRE(got.size() == 2);
+    CHECK(r.start(echo, "three") == call_status::no_credit);
+    r.cli->release(got[0].cookie);
+    REQUIRE(r.start(echo, "three", {.cookie = 3}) == call_status::ok);
+    CHECK(text(got[1].reply) == (got[1].cookie == 1 ? "one" : "two")); // still there
+    CHECK(r.start(echo, "four") == call_status::no_credit);
+}
+
 TEST_CASE("a late reply is dropped unread and counted, never delivered for the slot's next call",
           "[rpc-protocol][deadline][late]") {
     rig r(fake_path::device, 1);

@@ -3,7 +3,9 @@
 // reply's header (the server says them); the rest the client decides.
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -34,6 +36,11 @@ enum class [[nodiscard]] call_status : std::uint32_t {
     /// A body or reply buffer over a slot needs a registration the device (or
     /// the registration cache) refused: memory it cannot pin, a limit reached.
     registration_failed = 23,
+    /// The caller cancelled the call (rpc::client::cancel, or an Asio
+    /// cancellation slot): it may have run at the server; its reply, if one
+    /// comes, is dropped, and its buffers are fenced from the peer as a
+    /// timed-out call's are.
+    cancelled = 24,
 };
 
 [[nodiscard]] constexpr std::string_view to_string(call_status s) noexcept {
@@ -56,6 +63,7 @@ enum class [[nodiscard]] call_status : std::uint32_t {
     case call_status::invalid_method: return "method id 0 is reserved";
     case call_status::registration_failed:
         return "a buffer of the call could not be registered for the peer";
+    case call_status::cancelled: return "the caller cancelled the call";
     }
     return "unknown call status";
 }
@@ -65,7 +73,40 @@ enum class [[nodiscard]] call_status : std::uint32_t {
     return s <= static_cast<std::uint32_t>(call_status::unknown_outcome);
 }
 
+/// The error category of call_status (ok is no error): for std::error_code
+/// and the Asio adapters' completions. Its conditions: timed_out is
+/// std::errc::timed_out, cancelled std::errc::operation_canceled, peer_gone
+/// and bad_peer std::errc::not_connected, no_credit
+/// std::errc::resource_unavailable_try_again.
+[[nodiscard]] inline const std::error_category& call_category() noexcept {
+    struct category final : std::error_category {
+        [[nodiscard]] const char* name() const noexcept override { return "rdmax.rpc"; }
+        [[nodiscard]] std::string message(int v) const override {
+            return std::string(to_string(static_cast<call_status>(v)));
+        }
+        [[nodiscard]] std::error_condition default_error_condition(int v) const noexcept override {
+            switch (static_cast<call_status>(v)) {
+            case call_status::timed_out: return std::errc::timed_out;
+            case call_status::cancelled: return std::errc::operation_canceled;
+            case call_status::peer_gone:
+            case call_status::bad_peer: return std::errc::not_connected;
+            case call_status::no_credit: return std::errc::resource_unavailable_try_again;
+            default: return {v, *this};
+            }
+        }
+    };
+    static const category c;
+    return c;
+}
+
+[[nodiscard]] inline std::error_code make_error_code(call_status s) noexcept {
+    return {static_cast<int>(s), call_category()};
+}
+
 } // namespace rdmax::rpc
+
+template <>
+struct std::is_error_code_enum<rdmax::rpc::call_status> : std::true_type {};
 
 template <>
 struct fmt::formatter<rdmax::rpc::call_status> : fmt::formatter<std::string_view> {

@@ -39,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include <rdmax/detail/rpc/client_slots.hpp>
 #include <rdmax/detail/rpc/endpoint.hpp>
 #include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
@@ -121,14 +122,32 @@ public:
     /// (the next poll() would): their replies are no longer valid. For a
     /// loop that starts new calls after taking results.
     void release() noexcept { release_handed_out(); }
+    /// The same for one of them, the result named `cookie`: the others' replies stay valid.
+    void release(std::uint64_t cookie) noexcept;
     /// Starts a call and waits for its result (spinning; the deadline bounds
     /// it). Results of other calls that end meanwhile wait for poll().
     call_result call(peer_id p, std::uint16_t method, std::span<const std::byte> request,
                      const call_options& o = {}) noexcept;
     /// poll(), sleeping on fd() up to `timeout` when nothing has ended.
     int wait(std::span<call_result> out, std::chrono::microseconds timeout) noexcept;
+    /// Ends the call to `p` named `cookie` (the first found, if several
+    /// share it) at once: it ends cancelled, its result comes at the next
+    /// poll(), and its buffers are fenced from the peer as a timed-out call's
+    /// (a late reply is dropped unread). A call waiting for a connection
+    /// leaves the queue unsent. False when no such call is under way: it
+    /// ended already (its reply came: the result tells) or never started.
+    bool cancel(peer_id p, std::uint64_t cookie) noexcept;
+
+    /// Your own loop (epoll, an io_context): sleep on fd() only after arm()
+    /// said true, and call awake() when it was readable (or the sleep ended).
     [[nodiscard]] int fd() const noexcept { return ep_.in.fd(); }
-    bool arm() noexcept { return ep_.in.arm(); }
+    /// Arms the completion channel and asks every peer to wake this side;
+    /// false when something came meanwhile (or the device refused): poll()
+    /// again instead of sleeping.
+    bool arm() noexcept { return ep_.prepare_sleep(); }
+    /// Takes fd()'s events, tells the peers this side is awake, and has the
+    /// next poll() look at connection events and deadlines.
+    void awake() noexcept { ep_.woke(); }
 
     /// Calls started and not yet handed back.
     [[nodiscard]] std::size_t in_flight() const noexcept { return in_flight_; }
@@ -153,54 +172,14 @@ private:
     friend struct protocol_test_access;
     client(detail::no_device_t none, rpc_options opts);
 
-    enum class slot_phase : std::uint8_t {
-        free,      ///< the caller's credit, unused
-        in_flight, ///< request sent, no reply yet
-        fencing,   ///< replied; its result waits for its windows' invalidation to complete
-        done,      ///< its result is queued or handed out; freed at the next poll
-    };
-    struct slot_state {
-        slot_phase phase = slot_phase::free;
-        /// Flipped at each call in the slot; the reply echoes it.
-        bool epoch = false;
-        /// Calls here that timed out, their reply not come: dropped unread.
-        std::uint8_t late = 0;
-        std::uint32_t seq = 0;
-        // The call as sent, kept here (node-local staging is the server's to write).
-        std::uint32_t bytes = 0;   ///< the request's, in the staging slot
-        std::uint32_t at_body = 0; ///< where its inline body starts there
-        std::uint16_t method = 0;
-        std::uint8_t flags = 0; ///< flag_idempotent
-        std::uint8_t priority = 0;
-        std::span<const std::byte> external; ///< a body over the slot: the caller's buffer
-        std::uint64_t call_id = 0;
-        std::uint64_t cookie = 0;
-        sched::coarse_clock::time_point deadline{};
-        std::span<std::byte> reply_into;
-        /// While fencing: the result, handed out once the peer's keys are dead.
-        call_status fenced_status = call_status::ok;
-        std::span<const std::byte> fenced_reply;
-    };
+    using slot_phase = detail::client_slot_phase;
+    using slot_state = detail::client_slot;
+    using slot_ref = detail::client_slot_ref;
+    using peer = detail::client_link;
+    using outgoing = detail::outgoing_call;
     /// A result that names no slot (timed out, or ended waiting for a connection).
     static constexpr std::uint32_t no_slot = UINT32_MAX;
     static constexpr std::uint32_t no_link = UINT32_MAX;
-    struct slot_ref {
-        std::uint32_t link = 0;
-        std::uint32_t slot = 0;
-        std::uint32_t seq = 0;
-        bool release = false;      ///< handing the result out gives the slot back at the next poll
-        std::uint64_t call_id = 0; ///< names the call across its connections (call())
-    };
-    /// A connection: the endpoint's, and the calls in its slots.
-    struct peer : detail::peer_base {
-        std::uint32_t session = 0; ///< the peer_id (sessions_) it serves
-        std::vector<slot_state> slots;
-        std::vector<std::uint16_t> free_slots;
-        std::uint32_t next_seq = 1;
-        std::uint32_t in_flight = 0;
-        std::uint32_t held = 0;    ///< slots done: results queued or handed out
-        std::uint32_t fencing = 0; ///< of in_flight, slots fencing
-    };
     /// A call waiting for a connection (`sent`: in flight on one that ended).
     struct waiting_call {
         std::uint64_t call_id = 0;
@@ -229,16 +208,6 @@ private:
         std::deque<waiting_call> waiting;
         std::shared_ptr<detail::pending_dial> dialing; ///< a reconnect under way (device)
     };
-    /// A call as start() encodes it.
-    struct outgoing {
-        std::span<const std::byte> request;
-        bool external = false; ///< the body stays in the caller's buffer (over the slot)
-        std::uint32_t body_key = 0;
-        std::uint32_t reply_key = 0;
-        std::uint64_t call_id = 0;
-        std::uint8_t flags = 0; ///< flag_idempotent, flag_retry
-    };
-
     // Connecting (client_connect.cpp).
     /// A connection to addr:port: node-local if it can, else through the device.
     std::unique_ptr<detail::link> dial(std::string_view addr, std::uint16_t port);
@@ -363,6 +332,8 @@ private:
     void housekeeping() noexcept;
     /// Probes an idle link, or ends a silent one.
     void keep_alive(peer& l, std::uint32_t index, sched::coarse_clock::time_point now) noexcept;
+    /// The in-flight call in `slot` ends `st` now (timed out, cancelled): fenced, its slot freed.
+    void abandon(peer& l, std::uint32_t index, std::uint32_t slot, call_status st) noexcept;
     /// The calls of `l` past their deadline end timed_out.
     void expire_calls(peer& l, std::uint32_t index, sched::coarse_clock::time_point now) noexcept;
     /// A fencing slot past its call's deadline (and a housekeeping period).

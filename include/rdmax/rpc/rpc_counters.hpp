@@ -29,6 +29,7 @@ struct rpc_counters {
     std::uint64_t completed = 0;    ///< client: calls that ended ok
     std::uint64_t failed = 0;       ///< client: calls that ended in another status
     std::uint64_t timed_out = 0;    ///< client: of those, at their deadline
+    std::uint64_t cancelled = 0;    ///< client: of those, cancelled by the caller
     std::uint64_t late_replies = 0; ///< client: replies after their call's deadline (dropped)
     std::uint64_t no_credit = 0;    ///< client: calls refused for want of a free slot
     std::uint64_t external_bodies =
@@ -157,7 +158,8 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
     auto format(const rdmax::rpc::rpc_counters& c, fmt::format_context& ctx) const {
         return fmt::format_to(
             ctx.out(),
-            "calls {} completed {} failed {} (timed out {}, late replies {}, no credit {}) "
+            "calls {} completed {} failed {} (timed out {}, cancelled {}, late replies {}, no "
+            "credit {}) "
             "external bodies {} replies {} window reallocs {} windows unavailable {} "
             "fence stalls {} cancelled reads {} "
             "keepalive probes {} timeouts {} reconnects {} (failed attempts {}) retried {} "
@@ -167,7 +169,7 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "stray {} connected {} refused {} (last: {}{}{}) disconnected {} link failures {} "
             "(last: {}) "
             "last link event {} ({})",
-            c.calls, c.completed, c.failed, c.timed_out, c.late_replies, c.no_credit,
+            c.calls, c.completed, c.failed, c.timed_out, c.cancelled, c.late_replies, c.no_credit,
             c.external_bodies, c.external_replies, c.window_reallocs, c.windows_unavailable,
             c.fence_stalls, c.cancelled_reads, c.keepalive_probes, c.keepalive_timeouts,
             c.reconnects, c.reconnect_attempts, c.retried_calls, c.unknown_outcomes, c.duplicates,

@@ -283,6 +283,27 @@ public:
     /// Something changed that housekeeping must look at: at the next poll.
     void housekeep_soon() noexcept { next_housekeeping_ = {}; }
 
+    /// Before a sleep on the inbox's fd in the owner's own loop: arms the
+    /// completion channel and asks every live link's peer to wake this side.
+    /// False (everyone told it is awake again) when a link has something
+    /// already or the device refused: poll instead of sleeping.
+    [[nodiscard]] bool prepare_sleep() noexcept {
+        bool asleep = in.arm();
+        for (Peer& p : peers)
+            if (p.wire && !p.wire->broken && !p.wire->sleep(true))
+                asleep = false;
+        if (!asleep)
+            wake_all();
+        return asleep;
+    }
+    /// After that sleep (the fd was readable, or the owner's timer ran out):
+    /// the channel's events taken, the links told, housekeeping at the next poll.
+    void woke() noexcept {
+        in.sleep(std::chrono::microseconds{0});
+        wake_all();
+        housekeep_soon();
+    }
+
     /// poll_once(), sleeping on the inbox's epoll up to `timeout` (and at
     /// most a housekeeping interval) when nothing came. Every live link is
     /// asked to have its peer wake this side first, and told when it is awake.

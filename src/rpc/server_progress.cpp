@@ -113,6 +113,8 @@ void server::housekeeping() noexcept {
     accept_new(events);
     reap_links(events);
     cache_.expire(now);
+    if (group_ != nullptr)
+        publish_load();
 }
 
 void server::keep_alive(peer& l, sched::coarse_clock::time_point now) noexcept {

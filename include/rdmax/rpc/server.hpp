@@ -58,6 +58,10 @@
 namespace rdmax::rpc {
 
 struct local_hello;
+class server_group;
+namespace detail {
+class group_routes;
+}
 
 /// A deferred call, to answer later with server::reply or server::fail.
 struct deferred_call {
@@ -181,6 +185,20 @@ private:
     /// listener, and links adopted without a connection (add_link).
     friend struct protocol_test_access;
     server(detail::no_device_t none, rpc_options opts);
+    /// A server_group's worker `worker`: no listener of its own; its
+    /// connections come through its mailbox in `group` (server_worker.cpp).
+    friend class server_group;
+    server(const verbs::protection_domain& pd, detail::group_routes& group, std::size_t worker,
+           rpc_options opts);
+    server(detail::no_device_t none, detail::group_routes& group, std::size_t worker,
+           rpc_options opts);
+    void take_handoffs() noexcept;
+    /// A node-local client the group knows is another worker's: handed to it.
+    bool forward_local(local::unix_channel& ch, std::span<const std::byte> hello,
+                       std::uint64_t client);
+    void publish_load() noexcept;
+    detail::group_routes* group_ = nullptr;
+    std::size_t worker_ = 0;
 
     struct slot_state {
         bool busy = false; ///< a request arrived, its answer is not yet sent

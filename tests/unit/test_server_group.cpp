@@ -65,7 +65,7 @@ enum class counted : std::uint8_t { no, worker, client };
 thread_local counted counting = counted::no;
 thread_local int worker_index = -1;
 
-void count_lock() noexcept {
+[[maybe_unused]] void count_lock() noexcept {
     if (counting == counted::worker)
         worker_locks.fetch_add(1, std::memory_order_relaxed);
     else if (counting == counted::client)

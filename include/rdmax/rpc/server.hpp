@@ -144,9 +144,14 @@ public:
     /// poll(), sleeping on fd() up to `timeout` when there is nothing to do.
     int wait(std::chrono::microseconds timeout) noexcept;
     /// Readable when poll() may have work: for the caller's own epoll loop
-    /// (call arm() before sleeping on it, then poll()).
+    /// (or an Asio reactor): poll() until it returns 0, arm(), and sleep on
+    /// fd() only if arm() returned true; poll() again when it wakes.
     [[nodiscard]] int fd() const noexcept { return ep_.in.fd(); }
-    bool arm() noexcept { return ep_.in.arm(); }
+    /// What wait() does before it sleeps: takes the completion events, arms
+    /// the queue, and asks node-local peers to wake this side (poll() tells
+    /// them it is awake). False when something is waiting already (a
+    /// connection event for housekeeping, a message): poll() first.
+    bool arm() noexcept;
 
     /// Answers a deferred call; false if its peer is gone (nothing sent).
     bool reply(const deferred_call& d, std::span<const std::byte> bytes) noexcept;
@@ -386,6 +391,7 @@ private:
     /// Copies that waited for a first copy that never ran (forget_call).
     std::vector<detail::reply_cache::waiter> orphans_;
     bool draining_ = false;
+    bool asleep_ = false; ///< arm() asked the node-local peers to wake this side
 };
 
 } // namespace rdmax::rpc

@@ -146,6 +146,12 @@ void server_group::on_thread_start(std::function<void(std::size_t)> f) {
     on_start_ = std::move(f);
 }
 
+void server_group::set_worker_loop(std::function<void(worker_loop_context)> loop) {
+    if (started_)
+        throw_error("rpc::server_group::set_worker_loop", EBUSY, "set before start()");
+    loop_ = std::move(loop);
+}
+
 void server_group::start() {
     if (started_)
         throw_error("rpc::server_group::start", EBUSY, "started already");
@@ -180,9 +186,19 @@ void server_group::worker_main(std::size_t w) noexcept {
         }
     }
     server& s = *workers_[w];
+    if (loop_) {
+        try {
+            loop_(worker_loop_context{w, s, leaving_});
+        } catch (...) {
+            // The loop's own failure: this worker serves no more (its
+            // connections' calls end at their deadlines, then the drain's).
+        }
+        if (drain_.load(std::memory_order_acquire))
+            drained_[w].store(s.drain(drain_deadline_), std::memory_order_relaxed);
+    }
     // The loop reads two atomics per wake; stop() and drain() wake it
     // through the mailbox's eventfd.
-    while (!stop_.load(std::memory_order_acquire)) {
+    while (!loop_ && !stop_.load(std::memory_order_acquire)) {
         if (drain_.load(std::memory_order_acquire)) {
             drained_[w].store(s.drain(drain_deadline_), std::memory_order_relaxed);
             break;
@@ -288,6 +304,7 @@ bool server_group::stop(std::chrono::milliseconds deadline) noexcept {
     const auto until = std::chrono::steady_clock::now() + deadline;
     stop_acceptor();
     stop_.store(true, std::memory_order_release);
+    leaving_.store(true, std::memory_order_release);
     return join_workers(until);
 }
 
@@ -302,6 +319,7 @@ bool server_group::drain(std::chrono::milliseconds deadline) noexcept {
     local_listener_.reset();
     drain_deadline_ = deadline;
     drain_.store(true, std::memory_order_release);
+    leaving_.store(true, std::memory_order_release);
     // Each worker's drain ends by `deadline`; a second more for it to return.
     const bool joined = join_workers(until + std::chrono::seconds(1));
     stop_.store(true, std::memory_order_release);

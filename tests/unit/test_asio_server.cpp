@@ -4,26 +4,45 @@
 // coroutines run by an asio::io_context on this thread. Handlers that
 // co_await a timer (several calls interleaved), throw, return without an
 // answer, or never finish (their frame destroyed with the io_context); a
-// body still right after the ring slot it came in was overwritten; and
-// async_server driving the server from the io_context alone.
+// body still right after the ring slot it came in was overwritten;
+// async_server driving the server from the io_context alone; and a
+// server_group whose two workers run coroutine handlers on io_contexts of
+// their own, for clients on their own threads through the node-local path
+// (which needs no device: real shared segments and eventfds, so the
+// reactor's wake-ups are the real ones).
 //
 // TODO(coordinator): a handler that co_awaits another call
 // (co_await other.async_call(..., asio::use_awaitable)) once the client's
 // completion tokens (issue 26, item 1, include/rdmax/asio/client.hpp) are in.
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <rdmax/asio/server.hpp>
 
 #include "../support/catch.hpp"
 #include "../support/fake_link.hpp"
+
+namespace rdmax::rpc {
+/// Befriended by server_group: a group with no device (node-local path only).
+struct group_test_access {
+    static std::unique_ptr<server_group> make(std::string_view addr, std::uint16_t port,
+                                              std::size_t threads, rpc_options o) {
+        return std::unique_ptr<server_group>(
+            new server_group(detail::no_device, addr, port, threads, o));
+    }
+};
+} // namespace rdmax::rpc
 
 using namespace rdmax;
 using namespace std::chrono_literals;
@@ -223,4 +242,54 @@ TEST_CASE("asio coroutine handlers: async_server drives the server from the io_c
         CHECK(r.replies[i] == "0-" + std::to_string(r.got[i].cookie));
     }
     a.stop();
+}
+
+TEST_CASE("asio coroutine handlers on a server_group: each worker's own io_context") {
+    rpc::rpc_options o = options();
+    o.local = true;
+    // Housekeeping (async_server's timer) every 200 ms: the calls go at the
+    // pace of the reactor's wake-ups (the links' eventfds), or not at all.
+    o.housekeeping = 200ms;
+    const auto port = static_cast<std::uint16_t>(30000 + (::getpid() % 20000));
+    auto g = rpc::group_test_access::make("asio-group.test", port, 2, o);
+    std::atomic<int> setups{0};
+    rdmax::asio::serve_with_asio(*g, [&setups](rdmax::asio::async_server& a, std::size_t w) {
+        ++setups;
+        a.on(delayed_echo, [w](rdmax::asio::async_request q) -> ::asio::awaitable<void> {
+            co_await pause(1ms);
+            std::vector<std::byte> out(q.body().size() + 1);
+            out[0] = static_cast<std::byte>(w);
+            std::memcpy(out.data() + 1, q.body().data(), q.body().size());
+            q.reply(out);
+        });
+    });
+    g->start();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<int> seen(4, -2);
+    std::vector<std::thread> clients;
+    for (std::size_t k = 0; k < 4; ++k)
+        clients.emplace_back([&, k] {
+            auto cli = inside::make_client(o);
+            const peer_id p = cli->connect("asio-group.test", port);
+            int w = -2;
+            for (std::uint32_t i = 0; i < 200; ++i) {
+                const std::string body = "call " + std::to_string(i);
+                const call_result r = cli->call(p, delayed_echo, bytes_of(body));
+                const bool right = r.status == call_status::ok &&
+                                   r.reply.size() == body.size() + 1 &&
+                                   text(r.reply.subspan(1)) == body;
+                const int by = right ? static_cast<int>(r.reply[0]) : -1;
+                w = (w == -2 || w == by) ? by : -1;
+            }
+            seen[k] = w;
+        });
+    for (std::thread& t : clients)
+        t.join();
+    // 200 calls per client: 40 s if each waited for a housekeeping tick.
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+    CHECK(setups.load() == 2);
+    std::sort(seen.begin(), seen.end());
+    CHECK(seen == std::vector<int>{0, 0, 1, 1});
+    CHECK(g->counters().calls == 800);
+    CHECK(g->drain(5s));
 }

@@ -31,8 +31,9 @@
 // executor given here, which must be the thread that drives the server
 // (async_server drives it there). Destroy or run dry the io_context (the
 // coroutine frames) before the server: a frame's destructor answers its call.
-// On a server_group, each worker drives its own server: rdmax::asio::on()
-// registers a coroutine handler on a server driven in another way.
+// On a server_group, serve_with_asio() runs each worker on an io_context of
+// its own thread, and its handlers' coroutines there; rdmax::asio::on()
+// registers a coroutine handler on a server driven some other way.
 
 // GCC 12 reports, where Asio 1.22's scheduler is inlined into the caller's
 // code, a null thread_info it never dereferences (-Wnull-dereference is on
@@ -50,6 +51,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -57,6 +59,7 @@
 #include <vector>
 
 #include <rdmax/rpc/server.hpp>
+#include <rdmax/rpc/server_group.hpp>
 
 namespace rdmax::asio {
 
@@ -248,5 +251,38 @@ private:
     ::asio::steady_timer timer_;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
+
+/// Runs each worker of `g` (before g.start()) on an io_context of its own
+/// thread: `setup(a, worker)` registers the worker's handlers on its
+/// async_server `a` (a.on(...) for coroutines, a.server().on(...) for plain
+/// ones), on that thread, before it serves; then the io_context runs until
+/// the group stops or drains (looked at every 10 ms). Coroutines still
+/// waiting then are destroyed with the io_context: their calls answer
+/// handler_failed. `setup` is called from every worker's thread at once.
+template <class Setup>
+    requires std::is_invocable_v<const Setup&, async_server&, std::size_t>
+void serve_with_asio(rpc::server_group& g, Setup setup) {
+    g.set_worker_loop([setup = std::move(setup)](rpc::server_group::worker_loop_context c) {
+        ::asio::io_context io(1);
+        async_server a(c.srv, io.get_executor());
+        setup(a, c.worker);
+        ::asio::steady_timer watch(io);
+        std::function<void()> look = [&] {
+            watch.expires_after(std::chrono::milliseconds(10));
+            watch.async_wait([&](const ::asio::error_code& ec) {
+                if (ec)
+                    return;
+                if (!c.stopping.load(std::memory_order_acquire))
+                    return look();
+                a.stop();
+                io.stop();
+            });
+        };
+        look();
+        io.run();
+        // `a` goes before `io`: the handlers io still holds are destroyed
+        // with it, not run; the coroutine frames answer through c.srv.
+    });
+}
 
 } // namespace rdmax::asio

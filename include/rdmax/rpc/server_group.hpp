@@ -66,6 +66,21 @@ public:
     /// Runs first on each worker's thread, with its index: pin it to a CPU,
     /// name it. Before start() only.
     void on_thread_start(std::function<void(std::size_t worker)> f);
+    /// What a worker's own loop (set_worker_loop) gets: its index, its
+    /// server (driven on this thread only), and the flag that says to stop
+    /// serving (stop() or drain(); after a drain() the loop's return, the
+    /// group drains the server itself, with its calls still in flight).
+    struct worker_loop_context {
+        std::size_t worker;
+        server& srv;
+        const std::atomic<bool>& stopping;
+    };
+    /// Replaces each worker's loop (server::wait() until stopped) by one of
+    /// the caller's, on the worker's thread: an event loop that drives the
+    /// server (rdmax::asio::serve_with_asio). It may register handlers on
+    /// its server first (srv.on), and must return soon after `stopping`
+    /// becomes true. Before start() only.
+    void set_worker_loop(std::function<void(worker_loop_context)> loop);
     /// Starts the acceptor and the workers.
     void start();
 
@@ -117,6 +132,7 @@ private:
     std::optional<local::unix_listener> local_listener_;
     std::uint16_t port_ = 0;
     std::function<void(std::size_t)> on_start_;
+    std::function<void(worker_loop_context)> loop_;
 
     std::vector<std::thread> threads_;
     std::thread acceptor_;
@@ -124,6 +140,7 @@ private:
     std::atomic<bool> stop_{false};
     std::atomic<bool> stop_acceptor_{false};
     std::atomic<bool> drain_{false};
+    std::atomic<bool> leaving_{false}; ///< stop_ or drain_: a worker's own loop returns
     std::chrono::milliseconds drain_deadline_{0};
     /// Per worker: drained clean (written by the worker, read after join).
     std::unique_ptr<std::atomic<bool>[]> drained_;

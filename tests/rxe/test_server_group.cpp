@@ -150,7 +150,7 @@ TEST_CASE("server_group: a device client that reconnects goes back to its worker
     CHECK(g->stop(5s));
 }
 
-TEST_CASE("server_group: server CPU time per call, 1 and 2 workers") {
+TEST_CASE("server_group: server CPU time per call, 1 and 2 workers", "[cpu]") {
     verbs::context ctx = test::open_test_device();
     verbs::protection_domain pd(ctx);
     constexpr std::uint32_t calls = 2000;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <limits>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -74,7 +75,7 @@ group_routes::group_routes(std::size_t workers, std::size_t most_clients)
 
 std::size_t group_routes::least_loaded() const noexcept {
     std::size_t best = 0;
-    std::size_t best_load = static_cast<std::size_t>(-1);
+    std::size_t best_load = std::numeric_limits<std::size_t>::max();
     for (std::size_t i = 0; i < boxes_.size(); ++i) {
         const handoff& b = *boxes_[i];
         const std::size_t l =

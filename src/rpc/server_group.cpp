@@ -133,7 +133,7 @@ server_group::~server_group() {
         ::close(acceptor_wake_);
 }
 
-void server_group::on(std::uint16_t method, server::handler h) {
+void server_group::on(std::uint16_t method, const server::handler& h) {
     if (started_)
         throw_error("rpc::server_group::on", EBUSY, "handlers are set before start()");
     for (const std::unique_ptr<server>& w : workers_)

@@ -110,6 +110,7 @@ TEST_CASE("server_group: device and node-local clients spread over 2 workers") {
     // Connected one after another: device, device, local, local go to
     // workers 0, 1, 0, 1 (the fewest connections; ties to the lowest).
     std::vector<std::unique_ptr<caller>> callers;
+    callers.reserve(5);
     for (bool local : {false, false, true, true})
         callers.push_back(std::make_unique<caller>(pd, g->port(), local));
     CHECK_FALSE(callers[0]->cli.is_local(callers[0]->peer));
@@ -135,6 +136,7 @@ TEST_CASE("server_group: a device client that reconnects goes back to its worker
     auto g = make_group(pd, 2);
     g->start();
     std::vector<std::unique_ptr<caller>> callers;
+    callers.reserve(5);
     for (int k = 0; k < 3; ++k) // workers 0, 1, 0
         callers.push_back(std::make_unique<caller>(pd, g->port(), false));
     CHECK(callers[1]->call(64, 1) == 1);
@@ -159,6 +161,7 @@ TEST_CASE("server_group: server CPU time per call, 1 and 2 workers", "[cpu]") {
             auto g = make_group(pd, workers);
             g->start();
             std::vector<std::unique_ptr<caller>> callers;
+            callers.reserve(5);
             for (int k = 0; k < 4; ++k)
                 callers.push_back(std::make_unique<caller>(pd, g->port(), local));
             (void)run(callers, 100, 64); // warm

@@ -242,7 +242,7 @@ TEST_CASE("server_group: 4 clients x 2 workers, 10^4 calls, no lock and no alloc
 
 TEST_CASE("server_group: 4 clients x 2 workers, handlers on their connection's worker") {
     // The sanitizers' run of the same traffic (fewer calls under TSan).
-    const std::uint16_t port = static_cast<std::uint16_t>(unique_port() + 1);
+    const auto port = static_cast<std::uint16_t>(unique_port() + 1);
     auto g = make_group(2, port);
     g->start();
     const run_result r = run_clients(port, 4, 20, 500);
@@ -268,7 +268,7 @@ TEST_CASE("server_group: 4 clients x 2 workers, handlers on their connection's w
 }
 
 TEST_CASE("server_group: a client that reconnects goes back to the worker with its replies") {
-    const std::uint16_t port = static_cast<std::uint16_t>(unique_port() + 2);
+    const auto port = static_cast<std::uint16_t>(unique_port() + 2);
     auto g = make_group(2, port);
     g->start();
     auto connect = [&] {
@@ -302,7 +302,7 @@ TEST_CASE("server_group: refuses what it cannot do, with why") {
     CHECK_THROWS_WITH(
         rpc::group_test_access::make("server-group.test", unique_port(), 0, options()),
         Catch::Matchers::Contains("0 worker threads asked"));
-    const std::uint16_t port = static_cast<std::uint16_t>(unique_port() + 3);
+    const auto port = static_cast<std::uint16_t>(unique_port() + 3);
     auto g = make_group(1, port);
     g->start();
     CHECK_THROWS_WITH(g->on(2, [](rpc::request_context&) {}),

@@ -38,6 +38,16 @@
 // GCC 12 reports, where Asio 1.22's scheduler is inlined into the caller's
 // code, a null thread_info it never dereferences (-Wnull-dereference is on
 // here, and warnings are errors): not reported for Asio's own lines.
+//
+// Asio 1.22 knows clang's coroutines only as the TS's (__cpp_coroutines,
+// <experimental/coroutine>), which clang 16 in C++20 mode no longer has; it
+// has the standard's, as GCC, so awaitable is declared for it too (clang-tidy
+// reads this header with clang). Include this header before Asio's own then.
+#if defined(__clang__) && !defined(ASIO_HAS_CO_AWAIT) && defined(__cpp_impl_coroutine)
+#if __cpp_impl_coroutine >= 201902 && __has_include(<coroutine>)
+#define ASIO_HAS_CO_AWAIT 1
+#endif
+#endif
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wnull-dereference"
 #include <asio/any_io_executor.hpp>
@@ -178,7 +188,7 @@ void on(rpc::server& srv, std::uint16_t method, ::asio::any_io_executor ex, F f)
 /// stop() or the destructor leaves the server alone (its fd stays open).
 class async_server {
 public:
-    async_server(rpc::server& srv, ::asio::any_io_executor ex)
+    async_server(rpc::server& srv, const ::asio::any_io_executor& ex)
         : srv_(srv)
         , ex_(ex)
         , fd_(ex, srv.fd())

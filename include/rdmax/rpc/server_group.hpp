@@ -62,7 +62,7 @@ public:
 
     /// Serves `method` with `h` on every worker (each has its own copy of
     /// `h`, called on its thread). Before start() only (throws after).
-    void on(std::uint16_t method, server::handler h);
+    void on(std::uint16_t method, const server::handler& h);
     /// Runs first on each worker's thread, with its index: pin it to a CPU,
     /// name it. Before start() only.
     void on_thread_start(std::function<void(std::size_t worker)> f);

@@ -27,7 +27,7 @@ void handoff::post(handoff_item item) {
         const std::lock_guard<std::mutex> hold(m_);
         items_.push_back(std::move(item));
     }
-    pending.fetch_add(1, std::memory_order_relaxed);
+    pending.fetch_add(1, std::memory_order_release);
     wake();
 }
 
@@ -41,6 +41,12 @@ std::vector<handoff_item> handoff::take() noexcept {
     std::uint64_t n = 0;
     (void)!::read(fd_, &n, sizeof n); // EAGAIN: nothing posted since the last take
     std::vector<handoff_item> out;
+    // The eventfd is readable for other reasons too (a wake for stop or a
+    // snapshot): the lock only when something was posted. post() counts an
+    // item before it writes the eventfd, so one whose write was read here
+    // is counted already; one counted later writes it again.
+    if (pending.load(std::memory_order_acquire) == 0)
+        return out;
     const std::lock_guard<std::mutex> hold(m_);
     out.swap(items_);
     return out;

@@ -186,6 +186,7 @@ void on(rpc::server& srv, std::uint16_t method, ::asio::any_io_executor ex, F f)
 /// reactor (poll() when readable, arm() before each wait) and a timer each
 /// housekeeping interval (connections, deadlines, keepalive). Not copyable;
 /// stop() or the destructor leaves the server alone (its fd stays open).
+/// Stop or destroy it on the executor's thread, or once that stopped running.
 class async_server {
 public:
     async_server(rpc::server& srv, const ::asio::any_io_executor& ex)

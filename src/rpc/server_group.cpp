@@ -160,6 +160,7 @@ void server_group::start() {
         throw_error("eventfd", errno, "rpc::server_group acceptor");
     const std::size_t n = workers_.size();
     drained_ = std::make_unique<std::atomic<bool>[]>(n);
+    loop_drained_ = std::make_unique<std::atomic<bool>[]>(n);
     final_cpu_ = std::make_unique<std::atomic<std::int64_t>[]>(n);
     done_ = std::make_unique<std::atomic<bool>[]>(n);
     for (std::size_t w = 0; w < n; ++w)
@@ -188,12 +189,13 @@ void server_group::worker_main(std::size_t w) noexcept {
     server& s = *workers_[w];
     if (loop_) {
         try {
-            loop_(worker_loop_context{w, s, leaving_});
+            loop_(worker_loop_context{w, s, leaving_, *this});
         } catch (...) {
             // The loop's own failure: this worker serves no more (its
             // connections' calls end at their deadlines, then the drain's).
         }
-        if (drain_.load(std::memory_order_acquire))
+        if (drain_.load(std::memory_order_acquire) &&
+            !loop_drained_[w].load(std::memory_order_relaxed))
             drained_[w].store(s.drain(drain_deadline_), std::memory_order_relaxed);
     }
     // The loop reads two atomics per wake; stop() and drain() wake it
@@ -318,6 +320,7 @@ bool server_group::drain(std::chrono::milliseconds deadline) noexcept {
     listener_ = verbs::listener();
     local_listener_.reset();
     drain_deadline_ = deadline;
+    drain_until_ = until;
     drain_.store(true, std::memory_order_release);
     leaving_.store(true, std::memory_order_release);
     // Each worker's drain ends by `deadline`; a second more for it to return.
@@ -327,6 +330,29 @@ bool server_group::drain(std::chrono::milliseconds deadline) noexcept {
     for (std::size_t w = 0; w < threads_.size(); ++w)
         clean = clean && drained_[w].load(std::memory_order_relaxed);
     return clean;
+}
+
+bool server_group::worker_loop_context::draining() const noexcept {
+    return group.drain_.load(std::memory_order_acquire);
+}
+
+std::chrono::steady_clock::time_point
+server_group::worker_loop_context::drain_until() const noexcept {
+    return group.drain_until_; // written before drain_ (release), read after it
+}
+
+void server_group::worker_loop_context::begin_drain() const noexcept {
+    srv.begin_drain();
+}
+
+bool server_group::worker_loop_context::drained() const noexcept {
+    return srv.drained();
+}
+
+void server_group::worker_loop_context::end_drain(bool clean) const noexcept {
+    srv.end_drain();
+    group.drained_[worker].store(clean, std::memory_order_relaxed);
+    group.loop_drained_[worker].store(true, std::memory_order_relaxed);
 }
 
 std::size_t server_group::peers(std::size_t w) const noexcept {

@@ -293,3 +293,52 @@ TEST_CASE("asio coroutine handlers on a server_group: each worker's own io_conte
     CHECK(g->counters().calls == 800);
     CHECK(g->drain(5s));
 }
+
+TEST_CASE("asio coroutine handlers on a server_group: drain waits for the coroutines") {
+    rpc::rpc_options o = options();
+    o.local = true;
+    const auto port = static_cast<std::uint16_t>(31000 + (::getpid() % 20000));
+    auto g = rpc::group_test_access::make("asio-drain.test", port, 2, o);
+    rdmax::asio::serve_with_asio(*g, [](rdmax::asio::async_server& a, std::size_t) {
+        a.on(delayed_echo, [](rdmax::asio::async_request q) -> ::asio::awaitable<void> {
+            co_await pause(300ms); // still waiting when the drain begins
+            q.reply(q.body());
+        });
+    });
+    g->start();
+    // Two clients (one per worker), four calls in flight each.
+    std::vector<std::unique_ptr<rpc::client>> clis;
+    std::vector<peer_id> peers;
+    for (int k = 0; k < 2; ++k) {
+        clis.push_back(inside::make_client(o));
+        peers.push_back(clis.back()->connect("asio-drain.test", port));
+        for (int i = 0; i < 4; ++i)
+            REQUIRE(clis.back()->start(peers.back(), delayed_echo, bytes_of("0-in flight")) ==
+                    call_status::ok);
+    }
+    // The clients poll on threads of their own while the group drains.
+    std::atomic<int> ok{0}, other{0};
+    std::vector<std::thread> pollers;
+    pollers.reserve(2);
+    for (int k = 0; k < 2; ++k)
+        pollers.emplace_back([&, k] {
+            const auto end = std::chrono::steady_clock::now() + 5s;
+            int got = 0;
+            while (got < 4 && std::chrono::steady_clock::now() < end) {
+                std::array<call_result, 8> out;
+                const int n = clis[static_cast<std::size_t>(k)]->poll(out);
+                for (int i = 0; i < n; ++i) {
+                    const bool right =
+                        out[static_cast<std::size_t>(i)].status == call_status::ok &&
+                        text(out[static_cast<std::size_t>(i)].reply) == "0-in flight";
+                    ++(right ? ok : other);
+                }
+                got += n;
+            }
+        });
+    CHECK(g->drain(5s));
+    for (std::thread& t : pollers)
+        t.join();
+    CHECK(ok.load() == 8);
+    CHECK(other.load() == 0);
+}

@@ -267,8 +267,9 @@ private:
 /// thread: `setup(a, worker)` registers the worker's handlers on its
 /// async_server `a` (a.on(...) for coroutines, a.server().on(...) for plain
 /// ones), on that thread, before it serves; then the io_context runs until
-/// the group stops or drains (looked at every 10 ms). Coroutines still
-/// waiting then are destroyed with the io_context: their calls answer
+/// the group stops (looked at every 10 ms), or until a drain ends (every
+/// call answered, coroutines included, or the drain's deadline). Coroutines
+/// still waiting then are destroyed with the io_context: their calls answer
 /// handler_failed. `setup` is called from every worker's thread at once.
 template <class Setup>
     requires std::is_invocable_v<const Setup&, async_server&, std::size_t>
@@ -278,6 +279,7 @@ void serve_with_asio(rpc::server_group& g, Setup setup) {
         async_server a(c.srv, io.get_executor());
         setup(a, c.worker);
         ::asio::steady_timer watch(io);
+        bool draining = false;
         std::function<void()> look = [&] {
             watch.expires_after(std::chrono::milliseconds(10));
             watch.async_wait([&](const ::asio::error_code& ec) {
@@ -285,6 +287,18 @@ void serve_with_asio(rpc::server_group& g, Setup setup) {
                     return;
                 if (!c.stopping.load(std::memory_order_acquire))
                     return look();
+                // Draining: the coroutines keep running until every call
+                // is answered (or the deadline), as server::drain's would.
+                if (c.draining() && !draining) {
+                    draining = true;
+                    c.begin_drain();
+                }
+                if (draining) {
+                    const bool clean = c.drained();
+                    if (!clean && std::chrono::steady_clock::now() < c.drain_until())
+                        return look();
+                    c.end_drain(clean);
+                }
                 a.stop();
                 io.stop();
             });

@@ -74,6 +74,17 @@ public:
         std::size_t worker;
         server& srv;
         const std::atomic<bool>& stopping;
+        server_group& group;
+        /// drain() asked (`stopping` is set too). A loop that keeps serving
+        /// while its server drains calls begin_drain(), serves until
+        /// drained() or drain_until(), then end_drain(); one that returns
+        /// at once leaves the drain to the group (with its own work stopped).
+        [[nodiscard]] bool draining() const noexcept;
+        [[nodiscard]] std::chrono::steady_clock::time_point drain_until() const noexcept;
+        void begin_drain() const noexcept;
+        [[nodiscard]] bool drained() const noexcept;
+        /// Closes every connection; `clean`: drained() came before the deadline.
+        void end_drain(bool clean) const noexcept;
     };
     /// Replaces each worker's loop (server::wait() until stopped) by one of
     /// the caller's, on the worker's thread: an event loop that drives the
@@ -142,6 +153,9 @@ private:
     std::atomic<bool> drain_{false};
     std::atomic<bool> leaving_{false}; ///< stop_ or drain_: a worker's own loop returns
     std::chrono::milliseconds drain_deadline_{0};
+    std::chrono::steady_clock::time_point drain_until_{}; ///< set before drain_
+    /// Per worker: its own loop drained it (end_drain), else the group does.
+    std::unique_ptr<std::atomic<bool>[]> loop_drained_;
     /// Per worker: drained clean (written by the worker, read after join).
     std::unique_ptr<std::atomic<bool>[]> drained_;
     /// Per worker and the acceptor: CPU time at its end (ns), and done.

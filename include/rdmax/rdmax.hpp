@@ -34,6 +34,7 @@
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/rpc/server.hpp>
+#include <rdmax/rpc/server_group.hpp>
 #include <rdmax/sched/basic_priority_scheduler.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
 #include <rdmax/sched/deficit_round_robin.hpp>

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/rpc/handoff.hpp>
 #include <rdmax/detail/rpc/rdma_link.hpp>
 #include <rdmax/detail/rpc/shm_link.hpp>
 #include <rdmax/error.hpp>
@@ -68,6 +69,32 @@ server::server(detail::no_device_t none, rpc_options opts)
     ep_.peers.reserve(opts_.max_peers);
 }
 
+server::server(const verbs::protection_domain& pd, detail::group_routes& group, std::size_t worker,
+               rpc_options opts)
+    : group_(&group)
+    , worker_(worker)
+    , opts_((opts.check("rpc::server_group"), opts))
+    , ep_(pd, opts_, inbox_depth(opts_))
+    , cache_(cache_limits(opts_)) {
+    // The mailbox wakes the worker's wait() and makes its housekeeping look.
+    ep_.in.watch(group.box(worker).fd());
+    ep_.peers.reserve(opts_.max_peers);
+    ep_.by_qp.reserve(std::size_t{opts_.max_peers} * 2);
+    housekept_ = ep_.now();
+}
+
+server::server(detail::no_device_t none, detail::group_routes& group, std::size_t worker,
+               rpc_options opts)
+    : group_(&group)
+    , worker_(worker)
+    , opts_((opts.check("rpc::server_group"), opts))
+    , ep_(none, opts_)
+    , cache_(cache_limits(opts_)) {
+    ep_.in.watch(group.box(worker).fd());
+    ep_.peers.reserve(opts_.max_peers);
+    housekept_ = ep_.now();
+}
+
 server::~server() {
     for (handshake& h : handshakes_)
         ep_.in.forget(h.ch.fd());
@@ -77,6 +104,8 @@ server::~server() {
 }
 
 void server::accept_new(bool events) noexcept {
+    if (events && group_ != nullptr)
+        take_handoffs();
     if (events) {
         try {
             accept_pending();
@@ -204,6 +233,13 @@ std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t
     }
     ++live_;
     ++ep_.counters.connected;
+    if (group_ != nullptr) {
+        try {
+            group_->claim(client, worker_); // its reconnections come here
+        } catch (...) {
+            // No memory: its next connection may land on another worker.
+        }
+    }
     return index;
 }
 
@@ -358,6 +394,9 @@ std::uint32_t server::judge_hello(const local_hello& hello, std::size_t bytes,
 void server::accept_local(local::unix_channel ch, std::span<const std::byte> hello_bytes) {
     local_hello hello;
     std::memcpy(&hello, hello_bytes.data(), std::min(hello_bytes.size(), sizeof hello));
+    if (group_ != nullptr && hello_bytes.size() == sizeof hello &&
+        forward_local(ch, hello_bytes, hello.incarnation))
+        return;
     local_welcome w;
     w.status = judge_hello(hello, hello_bytes.size(), ch);
     if (w.status != local_ok) {

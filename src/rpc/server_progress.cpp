@@ -15,7 +15,35 @@ void server::on(std::uint16_t method, handler h) {
     handlers_[method] = std::move(h);
 }
 
+bool server::arm() noexcept {
+    // A caller's own loop sleeps on fd() instead of wait(): the same steps.
+    // A readable rdma_cm channel or mailbox is housekeeping's, and stays
+    // readable until it runs: at the next poll, not after a sleep.
+    // A node-local peer's wake-up may come after this side woke (it saw
+    // the flag before poll() cleared it): its eventfd is drained here too,
+    // as wait() drains it after every sleep.
+    if (ep_.in.events_pending()) {
+        asleep_ = true; // poll() clears the flags and drains the eventfds
+        ep_.housekeep_soon();
+        return false;
+    }
+    if (!ep_.in.arm())
+        return false;
+    asleep_ = true;
+    bool quiet = true;
+    for (peer& p : ep_.peers)
+        if (p.wire && !p.wire->broken && !p.wire->sleep(true))
+            quiet = false;
+    return quiet;
+}
+
 int server::poll() noexcept {
+    if (asleep_) { // awake: node-local peers need not wake this side
+        asleep_ = false;
+        for (peer& p : ep_.peers)
+            if (p.wire)
+                (void)p.wire->sleep(false);
+    }
     const std::uint64_t before = ep_.counters.calls;
     ep_.take_inbox([this](const ibv_wc& wc) { on_receive(wc); });
     for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {
@@ -113,6 +141,8 @@ void server::housekeeping() noexcept {
     accept_new(events);
     reap_links(events);
     cache_.expire(now);
+    if (group_ != nullptr)
+        publish_load();
 }
 
 void server::keep_alive(peer& l, sched::coarse_clock::time_point now) noexcept {

@@ -58,6 +58,10 @@
 namespace rdmax::rpc {
 
 struct local_hello;
+class server_group;
+namespace detail {
+class group_routes;
+}
 
 /// A deferred call, to answer later with server::reply or server::fail.
 struct deferred_call {
@@ -140,9 +144,14 @@ public:
     /// poll(), sleeping on fd() up to `timeout` when there is nothing to do.
     int wait(std::chrono::microseconds timeout) noexcept;
     /// Readable when poll() may have work: for the caller's own epoll loop
-    /// (call arm() before sleeping on it, then poll()).
+    /// (or an Asio reactor): poll() until it returns 0, arm(), and sleep on
+    /// fd() only if arm() returned true; poll() again when it wakes.
     [[nodiscard]] int fd() const noexcept { return ep_.in.fd(); }
-    bool arm() noexcept { return ep_.in.arm(); }
+    /// What wait() does before it sleeps: takes the completion events, arms
+    /// the queue, and asks node-local peers to wake this side (poll() tells
+    /// them it is awake). False when something is waiting already (a
+    /// connection event for housekeeping, a message): poll() first.
+    bool arm() noexcept;
 
     /// Answers a deferred call; false if its peer is gone (nothing sent).
     bool reply(const deferred_call& d, std::span<const std::byte> bytes) noexcept;
@@ -181,6 +190,20 @@ private:
     /// listener, and links adopted without a connection (add_link).
     friend struct protocol_test_access;
     server(detail::no_device_t none, rpc_options opts);
+    /// A server_group's worker `worker`: no listener of its own; its
+    /// connections come through its mailbox in `group` (server_worker.cpp).
+    friend class server_group;
+    server(const verbs::protection_domain& pd, detail::group_routes& group, std::size_t worker,
+           rpc_options opts);
+    server(detail::no_device_t none, detail::group_routes& group, std::size_t worker,
+           rpc_options opts);
+    void take_handoffs() noexcept;
+    /// A node-local client the group knows is another worker's: handed to it.
+    bool forward_local(local::unix_channel& ch, std::span<const std::byte> hello,
+                       std::uint64_t client);
+    void publish_load() noexcept;
+    detail::group_routes* group_ = nullptr;
+    std::size_t worker_ = 0;
 
     struct slot_state {
         bool busy = false; ///< a request arrived, its answer is not yet sent
@@ -368,6 +391,7 @@ private:
     /// Copies that waited for a first copy that never ran (forget_call).
     std::vector<detail::reply_cache::waiter> orphans_;
     bool draining_ = false;
+    bool asleep_ = false; ///< arm() asked the node-local peers to wake this side
 };
 
 } // namespace rdmax::rpc

@@ -34,11 +34,16 @@ std::int64_t own_cpu_ns() noexcept {
     return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 /// Adds `b`'s counts to `a`'s; the last refusal and link end are b's where it has one.
+// A field added to rpc_counters must be added to the sum below too: this
+// trips when the struct's size changes (then update both).
+static_assert(sizeof(rpc_counters) == 464, "rpc_counters changed: update add_counters");
+
 void add_counters(rpc_counters& a, const rpc_counters& b) noexcept {
     for (auto f : {&rpc_counters::calls,
                    &rpc_counters::completed,
                    &rpc_counters::failed,
                    &rpc_counters::timed_out,
+                   &rpc_counters::cancelled,
                    &rpc_counters::late_replies,
                    &rpc_counters::no_credit,
                    &rpc_counters::external_bodies,

@@ -90,8 +90,8 @@ TEST_CASE("asio: coroutine handlers on a device server, device and node-local cl
     verbs::protection_domain pd(ctx);
     rpc::server srv(pd, test_addr(), 0, options(true));
     ::asio::io_context io;
-    rdmax::asio::async_server a(srv, io.get_executor());
-    a.on(echo, [](rdmax::asio::async_request q) -> ::asio::awaitable<void> {
+    rdmax::rpc::async_server a(srv, io.get_executor());
+    a.on(echo, [](rdmax::rpc::async_request q) -> ::asio::awaitable<void> {
         co_await pause(1ms);
         q.reply(q.body());
     });
@@ -119,8 +119,8 @@ TEST_CASE("asio: coroutine handlers on a server_group's two workers") {
     verbs::context ctx = test::open_test_device();
     verbs::protection_domain pd(ctx);
     rpc::server_group g(pd, test_addr(), 0, 2, options(true));
-    rdmax::asio::serve_with_asio(g, [](rdmax::asio::async_server& a, std::size_t w) {
-        a.on(echo, [w](rdmax::asio::async_request q) -> ::asio::awaitable<void> {
+    rdmax::rpc::serve_with_asio(g, [](rdmax::rpc::async_server& a, std::size_t w) {
+        a.on(echo, [w](rdmax::rpc::async_request q) -> ::asio::awaitable<void> {
             co_await pause(1ms);
             std::vector<std::byte> out(q.body().size() + 1);
             out[0] = static_cast<std::byte>(w);

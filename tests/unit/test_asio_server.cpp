@@ -138,21 +138,21 @@ struct rig {
 
 void serve(rig& r) {
     const auto ex = r.io.get_executor();
-    rdmax::asio::on(*r.srv, delayed_echo, ex,
-                    [](rdmax::asio::async_request q) -> ::asio::awaitable<void> {
-                        const auto ms = std::chrono::milliseconds(
-                            q.body().empty() ? 0 : static_cast<int>(q.body()[0]) - '0');
-                        co_await pause(ms * 10);
-                        q.reply(q.body());
-                    });
-    rdmax::asio::on(*r.srv, throws, ex, [](rdmax::asio::async_request) -> ::asio::awaitable<void> {
+    rdmax::rpc::on(*r.srv, delayed_echo, ex,
+                   [](rdmax::rpc::async_request q) -> ::asio::awaitable<void> {
+                       const auto ms = std::chrono::milliseconds(
+                           q.body().empty() ? 0 : static_cast<int>(q.body()[0]) - '0');
+                       co_await pause(ms * 10);
+                       q.reply(q.body());
+                   });
+    rdmax::rpc::on(*r.srv, throws, ex, [](rdmax::rpc::async_request) -> ::asio::awaitable<void> {
         co_await pause(1ms);
         throw std::runtime_error("no");
     });
-    rdmax::asio::on(*r.srv, returns, ex, [](rdmax::asio::async_request) -> ::asio::awaitable<void> {
+    rdmax::rpc::on(*r.srv, returns, ex, [](rdmax::rpc::async_request) -> ::asio::awaitable<void> {
         co_await pause(1ms);
     });
-    rdmax::asio::on(*r.srv, forever, ex, [](rdmax::asio::async_request) -> ::asio::awaitable<void> {
+    rdmax::rpc::on(*r.srv, forever, ex, [](rdmax::rpc::async_request) -> ::asio::awaitable<void> {
         co_await pause(std::chrono::hours(1));
     });
 }
@@ -210,10 +210,10 @@ TEST_CASE("asio coroutine handlers: one never finished ends handler_failed with 
     rig r;
     {
         auto io = std::make_unique<::asio::io_context>();
-        rdmax::asio::on(*r.srv, forever, io->get_executor(),
-                        [](rdmax::asio::async_request) -> ::asio::awaitable<void> {
-                            co_await pause(std::chrono::hours(1));
-                        });
+        rdmax::rpc::on(*r.srv, forever, io->get_executor(),
+                       [](rdmax::rpc::async_request) -> ::asio::awaitable<void> {
+                           co_await pause(std::chrono::hours(1));
+                       });
         r.start(forever, "z");
         r.pump();
         (void)io->run_for(20ms); // the coroutine starts, and waits
@@ -227,8 +227,8 @@ TEST_CASE("asio coroutine handlers: one never finished ends handler_failed with 
 
 TEST_CASE("asio coroutine handlers: async_server drives the server from the io_context") {
     rig r;
-    rdmax::asio::async_server a(*r.srv, r.io.get_executor());
-    a.on(delayed_echo, [](rdmax::asio::async_request q) -> ::asio::awaitable<void> {
+    rdmax::rpc::async_server a(*r.srv, r.io.get_executor());
+    a.on(delayed_echo, [](rdmax::rpc::async_request q) -> ::asio::awaitable<void> {
         co_await pause(1ms);
         q.reply(q.body());
     });
@@ -253,9 +253,9 @@ TEST_CASE("asio coroutine handlers on a server_group: each worker's own io_conte
     const auto port = static_cast<std::uint16_t>(30000 + (::getpid() % 20000));
     auto g = rpc::group_test_access::make("asio-group.test", port, 2, o);
     std::atomic<int> setups{0};
-    rdmax::asio::serve_with_asio(*g, [&setups](rdmax::asio::async_server& a, std::size_t w) {
+    rdmax::rpc::serve_with_asio(*g, [&setups](rdmax::rpc::async_server& a, std::size_t w) {
         ++setups;
-        a.on(delayed_echo, [w](rdmax::asio::async_request q) -> ::asio::awaitable<void> {
+        a.on(delayed_echo, [w](rdmax::rpc::async_request q) -> ::asio::awaitable<void> {
             co_await pause(1ms);
             std::vector<std::byte> out(q.body().size() + 1);
             out[0] = static_cast<std::byte>(w);
@@ -299,8 +299,8 @@ TEST_CASE("asio coroutine handlers on a server_group: drain waits for the corout
     o.local = true;
     const auto port = static_cast<std::uint16_t>(31000 + (::getpid() % 20000));
     auto g = rpc::group_test_access::make("asio-drain.test", port, 2, o);
-    rdmax::asio::serve_with_asio(*g, [](rdmax::asio::async_server& a, std::size_t) {
-        a.on(delayed_echo, [](rdmax::asio::async_request q) -> ::asio::awaitable<void> {
+    rdmax::rpc::serve_with_asio(*g, [](rdmax::rpc::async_server& a, std::size_t) {
+        a.on(delayed_echo, [](rdmax::rpc::async_request q) -> ::asio::awaitable<void> {
             co_await pause(300ms); // still waiting when the drain begins
             q.reply(q.body());
         });

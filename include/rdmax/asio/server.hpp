@@ -6,8 +6,8 @@
 //
 //     asio::io_context io;
 //     rpc::server srv(pd, "0.0.0.0", 7471);
-//     rdmax::asio::async_server a(srv, io.get_executor());   // srv.fd() on io's reactor
-//     a.on(1, [&](rdmax::asio::async_request r) -> asio::awaitable<void> {
+//     rdmax::rpc::async_server a(srv, io.get_executor());   // srv.fd() on io's reactor
+//     a.on(1, [&](rdmax::rpc::async_request r) -> asio::awaitable<void> {
 //         co_await other_service(r.body());                  // anything awaitable
 //         r.reply(answer);
 //     });
@@ -32,7 +32,7 @@
 // (async_server drives it there). Destroy or run dry the io_context (the
 // coroutine frames) before the server: a frame's destructor answers its call.
 // On a server_group, serve_with_asio() runs each worker on an io_context of
-// its own thread, and its handlers' coroutines there; rdmax::asio::on()
+// its own thread, and its handlers' coroutines there; rdmax::rpc::on()
 // registers a coroutine handler on a server driven some other way.
 
 // GCC 12 reports, where Asio 1.22's scheduler is inlined into the caller's
@@ -71,7 +71,7 @@
 #include <rdmax/rpc/server.hpp>
 #include <rdmax/rpc/server_group.hpp>
 
-namespace rdmax::asio {
+namespace rdmax::rpc {
 
 /// A call a coroutine handler answers: the request's fields and a copy of
 /// its body, and the deferred call. Move-only; answers handler_failed when
@@ -206,7 +206,7 @@ public:
     /// Serves `method` with coroutine handler `f`, spawned on this executor.
     template <coroutine_handler F>
     void on(std::uint16_t method, F f) {
-        rdmax::asio::on(srv_, method, ex_, std::move(f));
+        rdmax::rpc::on(srv_, method, ex_, std::move(f));
     }
     /// Stops driving the server (pending waits end; the fd is not closed).
     void stop() noexcept {
@@ -310,4 +310,4 @@ void serve_with_asio(rpc::server_group& g, Setup setup) {
     });
 }
 
-} // namespace rdmax::asio
+} // namespace rdmax::rpc

@@ -88,7 +88,7 @@ public:
     };
     /// Replaces each worker's loop (server::wait() until stopped) by one of
     /// the caller's, on the worker's thread: an event loop that drives the
-    /// server (rdmax::asio::serve_with_asio). It may register handlers on
+    /// server (rdmax::rpc::serve_with_asio). It may register handlers on
     /// its server first (srv.on), and must return soon after `stopping`
     /// becomes true. Before start() only.
     void set_worker_loop(std::function<void(worker_loop_context)> loop);

@@ -9,11 +9,8 @@
 // server_group whose two workers run coroutine handlers on io_contexts of
 // their own, for clients on their own threads through the node-local path
 // (which needs no device: real shared segments and eventfds, so the
-// reactor's wake-ups are the real ones).
-//
-// TODO(coordinator): a handler that co_awaits another call
-// (co_await other.async_call(..., asio::use_awaitable)) once the client's
-// completion tokens (issue 26, item 1, include/rdmax/asio/client.hpp) are in.
+// reactor's wake-ups are the real ones). A handler that co_awaits another
+// call (rpc::async_client) is in test_asio_chain.cpp.
 
 #include <algorithm>
 #include <array>

@@ -236,7 +236,9 @@ struct chain_world {
 
 TEST_CASE("asio chain: a handler co_awaits another call, six in flight at once", "[asio][chain]") {
     chain_world w;
-    // B waits 60, 50, ... 10 ms: its replies, and so A's, come in reverse.
+    // B waits 60, 50, ... 10 ms, so its replies tend to come in reverse; the
+    // order is not checked (a loaded machine, TSan, may run timers late): that
+    // each answer is its own B reply, and that A had every B call out at once.
     const std::vector<std::string> sent{"6 alpha", "5 bravo", "4 charlie",
                                         "3 delta", "2 echo",  "1 foxtrot"};
     for (std::size_t i = 0; i < sent.size(); ++i)
@@ -247,7 +249,6 @@ TEST_CASE("asio chain: a handler co_awaits another call, six in flight at once",
         const outcome& r = w.results[k];
         INFO("result " << k << ", cookie " << r.cookie);
         CHECK(r.status == call_status::ok);
-        CHECK(r.cookie == sent.size() - 1 - k); // reverse order
         REQUIRE(r.cookie < sent.size());
         CHECK(r.reply == "a:" + uppercase(sent[r.cookie])); // its own B reply
     }

@@ -139,7 +139,7 @@ void serve(rig& r) {
                    [](rdmax::rpc::async_request q) -> ::asio::awaitable<void> {
                        const auto ms = std::chrono::milliseconds(
                            q.body().empty() ? 0 : static_cast<int>(q.body()[0]) - '0');
-                       co_await pause(ms * 10);
+                       co_await pause(ms * 30); // 30 ms apart: in order even when timers run late
                        q.reply(q.body());
                    });
     rdmax::rpc::on(*r.srv, throws, ex, [](rdmax::rpc::async_request) -> ::asio::awaitable<void> {
@@ -159,7 +159,7 @@ void serve(rig& r) {
 TEST_CASE("asio coroutine handlers: calls interleave over co_await, each answered its own") {
     rig r;
     serve(r);
-    // Waits of 30, 10, 20 ms: answered in the order 2, 3, 1.
+    // Waits of 90, 30, 60 ms: answered in the order 2, 3, 1.
     r.start(delayed_echo, "3-first", 1);
     r.start(delayed_echo, "1-second", 2);
     r.start(delayed_echo, "2-third", 3);

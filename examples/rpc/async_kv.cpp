@@ -103,7 +103,10 @@ asio::awaitable<void> worker(rpc::async_client& c, rpc::peer_id p, int client, i
     for (int k = from; k < to; k += 8) {
         const std::string key = fmt::format("c{}-k{}", client, k);
         const std::string value = fmt::format("value of {} ({})", key, std::string(k % 64, '*'));
-        (void)co_await c.async_call(p, put, bytes(key + '\0' + value), {}, asio::use_awaitable);
+        std::string body = key;
+        body += '\0';
+        body += value;
+        (void)co_await c.async_call(p, put, bytes(body), {}, asio::use_awaitable);
         auto [ec, r] = co_await c.async_call(p, get, bytes(key), {}, tuple);
         if (!ec && text(r.reply) == value) // the reply: valid until this coroutine's next co_await
             ++t.ok;
@@ -122,7 +125,10 @@ asio::awaitable<void> impatient(rpc::async_client& c, rpc::peer_id p, int client
         ++t.timed_out; // the timer won: the call was cancelled, its buffers fenced
     asio::cancellation_signal stop;
     asio::steady_timer soon(co_await asio::this_coro::executor, 10ms);
-    soon.async_wait([&](auto) { stop.emit(asio::cancellation_type::terminal); });
+    soon.async_wait([&](std::error_code ec) {
+        if (!ec) // not when the call ended first and soon went with this frame
+            stop.emit(asio::cancellation_type::terminal);
+    });
     auto [ec, r] =
         co_await c.async_call(p, slow_get, bytes(key), {},
                               asio::bind_cancellation_slot(
@@ -148,6 +154,7 @@ int main(int argc, char** argv) try {
 
     tally t;
     std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(clients));
     const auto t0 = std::chrono::steady_clock::now();
     for (int n = 0; n < clients; ++n)
         threads.emplace_back([&, n] {

@@ -26,8 +26,10 @@ void handoff::post(handoff_item item) {
     {
         const std::lock_guard<std::mutex> hold(m_);
         items_.push_back(std::move(item));
+        // Counted with the item, under the lock: a take() that finds the
+        // item subtracts what was added, never before it.
+        pending.fetch_add(1, std::memory_order_release);
     }
-    pending.fetch_add(1, std::memory_order_release);
     wake();
 }
 

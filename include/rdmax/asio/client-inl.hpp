@@ -92,6 +92,8 @@ inline void async_state::pump() {
     const bool spinning = opts_.spin_polls != 0 || opts_.spin_for.count() != 0;
     for (std::size_t rounds = 1;; ++rounds) {
         const int n = poll_and_deliver();
+        if (closed_)
+            return; // a handler destroyed the adapter (and maybe the client)
         if (outstanding_ == 0) {
             idle();
             return;
@@ -138,7 +140,7 @@ inline int async_state::poll_and_deliver() {
         throw;
     }
     delivering_ = false;
-    if (release_asked_) {
+    if (release_asked_ && !closed_) { // closed: the client may be gone
         release_asked_ = false;
         core_.release();
     }
@@ -184,6 +186,8 @@ inline bool async_state::spin() {
 }
 
 inline void async_state::sleep() {
+    if (closed_)
+        return;
     // The wait first: the reactor reports edges, and one that came before
     // the wait was queued would be lost. Then the arming, then one more
     // look (a completion that came before the arming raises no event).
@@ -294,6 +298,12 @@ inline void async_state::close() noexcept {
     for (int n; outstanding_ > 0 && (n = core_.poll(got)) > 0;)
         for (int k = 0; k < n; ++k)
             orphan(got[static_cast<std::size_t>(k)]);
+    // Calls the client could not cancel yet (answered, their windows still
+    // being invalidated): their handlers end cancelled too, and their slots
+    // stay fenced in the client, whose late results nothing here takes.
+    for (std::size_t i = 0; i < table_.size() && outstanding_ > 0; ++i)
+        if (const entry& e = *table_[i]; e.busy)
+            orphan({(std::uint64_t{e.generation} << 32) | i, e.peer, call_status::cancelled, {}});
 }
 
 } // namespace rdmax::rpc::detail

@@ -116,8 +116,14 @@ public:
         // What may throw first (a large handler's memory, the slot's), then the call.
         ::asio::cancellation_slot slot = ::asio::get_associated_cancellation_slot(h);
         e.handler.emplace(std::forward<Handler>(h));
-        if (slot.is_connected())
-            slot.template emplace<cancel_call>(this, index, e.generation);
+        if (slot.is_connected()) {
+            try {
+                slot.template emplace<cancel_call>(this, index, e.generation);
+            } catch (...) {
+                e.handler.reset(); // the entry stays free, and empty
+                throw;
+            }
+        }
         if (const call_status st = start_core(p, method, body, o); st != call_status::ok) {
             if (slot.is_connected())
                 slot.clear();

@@ -4,8 +4,8 @@
 // returning asio::awaitable<void>; it gets an async_request, which owns the
 // call (deferred: rpc::request_context::defer) and a copy of the body:
 //
-//     asio::io_context io;
 //     rpc::server srv(pd, "0.0.0.0", 7471);
+//     asio::io_context io;                       // after srv: its frames answer through srv
 //     rdmax::rpc::async_server a(srv, io.get_executor());   // srv.fd() on io's reactor
 //     a.on(1, [&](rdmax::rpc::async_request r) -> asio::awaitable<void> {
 //         co_await other_service(r.body());                  // anything awaitable
@@ -64,6 +64,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -211,7 +212,11 @@ public:
     /// Stops driving the server (pending waits end; the fd is not closed).
     void stop() noexcept {
         alive_.reset();
-        timer_.cancel();
+        try {
+            (void)timer_.cancel();
+        } catch (const std::system_error&) {
+            // The reactor refused: the wait ends at its expiry, finding alive_ gone.
+        }
         if (fd_.is_open()) {
             ::asio::error_code ignored;
             fd_.cancel(ignored);
@@ -222,16 +227,35 @@ public:
 
 private:
     void start() {
-        wait_fd();
+        serve();
         tick();
     }
-    /// Polls until nothing is left, arms, and waits for the fd.
-    void wait_fd() {
-        drive();
+    /// Polls until nothing is left and the server is armed, then waits for
+    /// the fd; a flood that leaves it unarmed goes on after the executor's
+    /// other work (posted), since no readiness would come to wake it.
+    void serve() {
+        if (!drive()) {
+            if (posted_)
+                return;
+            posted_ = true;
+            ::asio::post(ex_, [this, alive = std::weak_ptr<bool>(alive_)] {
+                if (!alive.lock())
+                    return;
+                posted_ = false;
+                serve();
+            });
+            return;
+        }
+        if (fd_waiting_)
+            return;
+        fd_waiting_ = true;
         fd_.async_wait(::asio::posix::stream_descriptor::wait_read,
                        [this, alive = std::weak_ptr<bool>(alive_)](const ::asio::error_code& ec) {
-                           if (!ec && alive.lock())
-                               wait_fd();
+                           if (!alive.lock())
+                               return;
+                           fd_waiting_ = false;
+                           if (ec != ::asio::error::operation_aborted)
+                               serve(); // another error: the timer's ticks go on
                        });
     }
     /// Housekeeping is due each interval even when nothing arrives.
@@ -241,25 +265,29 @@ private:
             [this, alive = std::weak_ptr<bool>(alive_)](const ::asio::error_code& ec) {
                 if (ec || !alive.lock())
                     return;
-                drive();
+                serve();
                 tick();
             });
     }
-    void drive() noexcept {
-        // Bounded: a flood yields to the executor's other work (the
-        // coroutines the handlers spawned) every round.
+    /// True once the server is armed (nothing left); false after 64 rounds
+    /// of a flood, which then yields to the executor's other work (the
+    /// coroutines the handlers spawned).
+    bool drive() noexcept {
         for (int round = 0; round < 64; ++round) {
             while (srv_.poll() > 0) {
             }
             if (srv_.arm())
-                return;
+                return true;
         }
+        return false;
     }
 
     rpc::server& srv_;
     ::asio::any_io_executor ex_;
     ::asio::posix::stream_descriptor fd_;
     ::asio::steady_timer timer_;
+    bool fd_waiting_ = false; ///< a wait for the fd is queued
+    bool posted_ = false;     ///< a serve() is posted (a flood's next turn)
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -60,8 +60,9 @@ template <class Executor>
 
 /// Runs `h(ec, r)` through h's associated executor (dispatch: at once when
 /// that is the running io_context's; else queued, with h's allocator).
-template <class Handler>
-void run_handler(Handler h, const call_result& r, const ::asio::io_context::executor_type& io) {
+/// error_of(r) is found by argument-dependent lookup (the result's namespace).
+template <class Handler, class Result>
+void run_handler(Handler h, const Result& r, const ::asio::io_context::executor_type& io) {
     const auto ex = ::asio::get_associated_executor(h, io);
     if (is_context(ex, io) && io.running_in_this_thread()) {
         // What dispatch would do here, without its type-erased executor on
@@ -77,26 +78,28 @@ void run_handler(Handler h, const call_result& r, const ::asio::io_context::exec
 
 /// As run_handler, but never at once (a call that did not start: its
 /// handler runs after the initiating function returned).
-template <class Handler>
-void post_handler(Handler h, const call_result& r, const ::asio::io_context::executor_type& io) {
+template <class Handler, class Result>
+void post_handler(Handler h, const Result& r, const ::asio::io_context::executor_type& io) {
     const auto ex = ::asio::get_associated_executor(h, io);
     const auto alloc = ::asio::get_associated_allocator(h);
     ::asio::post(ex, ::asio::bind_allocator(
                          alloc, [h = std::move(h), r]() mutable { std::move(h)(error_of(r), r); }));
 }
 
-/// One call's handler, erased. Empty, or holding one handler.
-class call_handler {
+/// One operation's handler, erased: called with (error_of(r), r) for a
+/// Result r. Empty, or holding one handler.
+template <class Result>
+class op_handler {
 public:
     /// Enough for an awaitable's handler, a deferred one's, and callbacks
     /// that capture a few pointers.
     static constexpr std::size_t inline_bytes = 128;
     using io_executor = ::asio::io_context::executor_type;
 
-    call_handler() = default;
-    call_handler(const call_handler&) = delete;
-    call_handler& operator=(const call_handler&) = delete;
-    ~call_handler() { reset(); }
+    op_handler() = default;
+    op_handler(const op_handler&) = delete;
+    op_handler& operator=(const op_handler&) = delete;
+    ~op_handler() { reset(); }
 
     template <class H>
     void emplace(H&& h) {
@@ -119,7 +122,7 @@ public:
     [[nodiscard]] bool empty() const noexcept { return ops_ == nullptr; }
     /// Takes the handler out (this is empty after) and runs it with `r`
     /// (`posted`: never at once, as post_handler).
-    void complete(const call_result& r, const io_executor& io, bool posted = false) {
+    void complete(const Result& r, const io_executor& io, bool posted = false) {
         const ops* o = std::exchange(ops_, nullptr);
         o->complete(std::exchange(obj_, nullptr), r, io, buf_, posted);
     }
@@ -131,7 +134,7 @@ public:
 
 private:
     struct ops {
-        void (*complete)(void* obj, const call_result& r, const io_executor& io, std::byte* buf,
+        void (*complete)(void* obj, const Result& r, const io_executor& io, std::byte* buf,
                          bool posted);
         void (*destroy)(void* obj, std::byte* buf) noexcept;
     };
@@ -154,7 +157,7 @@ private:
     }
     template <class T>
     static constexpr ops ops_of{
-        [](void* obj, const call_result& r, const io_executor& io, std::byte* buf, bool posted) {
+        [](void* obj, const Result& r, const io_executor& io, std::byte* buf, bool posted) {
             T* p = static_cast<T*>(obj);
             T h(std::move(*p));
             free(p, buf); // its storage is free before it runs: it may start another call
@@ -170,6 +173,9 @@ private:
     void* obj_ = nullptr;
     const ops* ops_ = nullptr;
 };
+
+/// One call's handler (rpc::async_client).
+using call_handler = op_handler<call_result>;
 
 } // namespace detail
 } // namespace rdmax::rpc

@@ -1,0 +1,275 @@
+#pragma once
+// rdmax::sched::async_scheduler: a priority scheduler's requests as Asio
+// asynchronous operations (the async_initiate model: a coroutine, a
+// callback, a future, a deferred operation), each completing when its
+// request's completion arrives:
+//
+//     asio::io_context io;
+//     sched::priority_scheduler<> s(qp);
+//     sched::async_scheduler a(io, s);
+//     asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+//         verbs::completion c = co_await a.async_write(sched::urgent, src, peer, 0,
+//                                                      asio::use_awaitable);
+//     }, asio::detached);
+//     io.run();
+//
+// Completion signature: void(std::error_code, verbs::completion). The error
+// is the completion's status (verbs::wc_category(); empty on success): a
+// coroutine sees a failed request as asio::system_error unless it asks for
+// a tuple (asio::experimental::as_tuple).
+//
+// Progress: the scheduler has no descriptor of its own, so the adapter
+// polls it on the io_context's thread while requests are out: a turn of
+// the context per poll for `spin_polls` empty polls, then a timer from
+// `idle_wait` doubling up to `max_idle_wait` (a large transfer does not keep
+// a core busy), back to polling at the first completion. Nothing runs while
+// no request is out. One thread: the scheduler, this adapter and every
+// request belong to the thread that runs the io_context; while the adapter
+// lives, the scheduler's completions go through it (one submitted directly,
+// with a wr_id of its own, is dropped).
+//
+// No allocation per request in steady state: a request's state is an entry
+// of a table (grown only when every entry is in use), its handler inline
+// (rpc::detail::op_handler). Requests refused at submission (status is not
+// ok: queue full, too large...) complete at once, posted, with a completion
+// whose status is IBV_WC_GENERAL_ERR and the error naming the refusal.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <rdmax/asio/call_op.hpp>
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnull-dereference"
+#include <asio/async_result.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#pragma GCC diagnostic pop
+
+#include <rdmax/mem/buffer.hpp>
+#include <rdmax/sched/priority.hpp>
+#include <rdmax/sched/request_flags.hpp>
+#include <rdmax/status.hpp>
+#include <rdmax/verbs/completion.hpp>
+
+namespace rdmax::verbs {
+
+/// Work-completion statuses (ibv_wc_status) as error codes.
+inline const std::error_category& wc_category() noexcept {
+    struct category final : std::error_category {
+        [[nodiscard]] const char* name() const noexcept override { return "ibv_wc_status"; }
+        [[nodiscard]] std::string message(int v) const override {
+            return ibv_wc_status_str(static_cast<ibv_wc_status>(v));
+        }
+    };
+    static const category c;
+    return c;
+}
+
+/// The error of a completion (empty on success); found by the Asio adapters.
+[[nodiscard]] inline std::error_code error_of(const completion& c) noexcept {
+    return c.ok() ? std::error_code{} : std::error_code(static_cast<int>(c.status), wc_category());
+}
+
+} // namespace rdmax::verbs
+
+namespace rdmax::sched {
+
+struct async_scheduler_options {
+    std::uint32_t spin_polls = 64;                 ///< empty polls, a turn each, before the timer
+    std::chrono::microseconds idle_wait{50};       ///< the timer's first wait
+    std::chrono::microseconds max_idle_wait{1000}; ///< ... doubling up to this
+};
+
+template <class Scheduler>
+class async_scheduler {
+public:
+    using signature = void(std::error_code, verbs::completion);
+
+    async_scheduler(::asio::io_context& io, Scheduler& s, async_scheduler_options o = {})
+        : state_(std::make_shared<state>(io, s, o)) {}
+    async_scheduler(const async_scheduler&) = delete;
+    async_scheduler& operator=(const async_scheduler&) = delete;
+    /// Requests still out complete with operation_aborted (posted); the
+    /// scheduler keeps them (their completions, later, are dropped).
+    ~async_scheduler() { state_->close(); }
+
+    /// RDMA write of `src` to dst + dst_offset (sliced, by priority).
+    template <rights L, rights R, class Token>
+        requires(has(R, rights::remote_write))
+    auto async_write(priority p, local_buffer<L> src, remote_buffer<R> dst,
+                     std::uint64_t dst_offset, Token&& token, request_flags f = {}) {
+        return submit(std::forward<Token>(token), [=](Scheduler& s, std::uint64_t wr_id) {
+            return s.write(p, src, dst, dst_offset, wr_id, signaled(f));
+        });
+    }
+    /// RDMA read of src + src_offset into `dst`.
+    template <rights L, rights R, class Token>
+        requires(has(L, rights::local_write) && has(R, rights::remote_read))
+    auto async_read(priority p, local_buffer<L> dst, remote_buffer<R> src, std::uint64_t src_offset,
+                    Token&& token, request_flags f = {}) {
+        return submit(std::forward<Token>(token), [=](Scheduler& s, std::uint64_t wr_id) {
+            return s.read(p, dst, src, src_offset, wr_id, signaled(f));
+        });
+    }
+    /// A send (the peer's receive must hold all of it).
+    template <rights L, class Token>
+    auto async_send(priority p, local_buffer<L> src, Token&& token, request_flags f = {}) {
+        return submit(std::forward<Token>(token), [=](Scheduler& s, std::uint64_t wr_id) {
+            return s.send(p, src, wr_id, signaled(f));
+        });
+    }
+
+    [[nodiscard]] std::size_t outstanding() const noexcept { return state_->outstanding; }
+
+private:
+    static request_flags signaled(request_flags f) noexcept {
+        f.signaled = true; // the operation completes with its completion
+        return f;
+    }
+
+    struct entry {
+        rpc::detail::op_handler<verbs::completion> handler;
+        std::uint32_t generation = 0;
+        bool busy = false;
+    };
+
+    struct state : std::enable_shared_from_this<state> {
+        state(::asio::io_context& io, Scheduler& s, async_scheduler_options o)
+            : io_(io.get_executor())
+            , sched(s)
+            , opts(o)
+            , timer(io) {
+            grow(16);
+        }
+        void grow(std::size_t more) {
+            const std::size_t from = table.size();
+            for (std::size_t i = 0; i < more; ++i)
+                table.push_back(std::make_unique<entry>());
+            for (std::size_t i = from + more; i-- > from;)
+                free.push_back(static_cast<std::uint32_t>(i));
+        }
+        void kick() {
+            spins = 0;
+            wait = opts.idle_wait;
+            if (!posted && !timing && !closed)
+                post_pump();
+        }
+        void post_pump() {
+            posted = true;
+            ::asio::post(io_, [self = this->shared_from_this()] {
+                self->posted = false;
+                self->pump();
+            });
+        }
+        void pump() {
+            if (closed)
+                return;
+            verbs::completion done[16];
+            const int n = sched.poll(done);
+            for (int i = 0; i < n && !closed; ++i)
+                deliver(done[i]);
+            if (closed || outstanding == 0)
+                return;
+            if (n > 0) {
+                spins = 0;
+                wait = opts.idle_wait;
+            }
+            if (n > 0 || ++spins <= opts.spin_polls) {
+                post_pump();
+                return;
+            }
+            timing = true;
+            timer.expires_after(wait);
+            wait = std::min(2 * wait, opts.max_idle_wait);
+            timer.async_wait([self = this->shared_from_this()](std::error_code) {
+                self->timing = false;
+                self->pump();
+            });
+        }
+        void deliver(const verbs::completion& c) {
+            const auto index = static_cast<std::uint32_t>(c.wr_id);
+            if (index >= table.size())
+                return; // not submitted through this adapter
+            entry& e = *table[index];
+            if (!e.busy || e.generation != static_cast<std::uint32_t>(c.wr_id >> 32))
+                return;
+            e.busy = false;
+            ++e.generation;
+            free.push_back(index);
+            --outstanding;
+            e.handler.complete(c, io_);
+        }
+        void close() noexcept {
+            closed = true;
+            try {
+                (void)timer.cancel();
+            } catch (const std::system_error&) {
+                // The wait ends at its expiry and finds the adapter closed.
+            }
+            for (std::size_t i = 0; i < table.size(); ++i) {
+                entry& e = *table[i];
+                if (!e.busy)
+                    continue;
+                e.busy = false;
+                verbs::completion c;
+                c.wr_id = i;
+                c.status = IBV_WC_WR_FLUSH_ERR;
+                try {
+                    e.handler.complete(c, io_, true);
+                } catch (...) {
+                    // No memory to post it: dropped, as a closed context drops it.
+                }
+            }
+            outstanding = 0;
+        }
+
+        ::asio::io_context::executor_type io_;
+        Scheduler& sched;
+        async_scheduler_options opts;
+        ::asio::steady_timer timer;
+        std::vector<std::unique_ptr<entry>> table;
+        std::vector<std::uint32_t> free;
+        std::size_t outstanding = 0;
+        std::uint32_t spins = 0;
+        std::chrono::microseconds wait{};
+        bool posted = false;
+        bool timing = false;
+        bool closed = false;
+    };
+
+    template <class Token, class Submit>
+    auto submit(Token&& token, Submit s) {
+        return ::asio::async_initiate<Token, signature>(
+            [st = state_.get()](auto handler, Submit submit_it) {
+                if (st->free.empty())
+                    st->grow(st->table.size()); // only when every entry holds a request
+                const std::uint32_t index = st->free.back();
+                entry& e = *st->table[index];
+                e.handler.emplace(std::move(handler));
+                const std::uint64_t wr_id = (std::uint64_t{e.generation} << 32) | index;
+                if (const status r = submit_it(st->sched, wr_id); r != status::ok) {
+                    verbs::completion c;
+                    c.wr_id = wr_id;
+                    c.status = IBV_WC_GENERAL_ERR;
+                    e.handler.complete(c, st->io_, true);
+                    return;
+                }
+                st->free.pop_back();
+                e.busy = true;
+                ++st->outstanding;
+                st->kick();
+            },
+            token, std::move(s));
+    }
+
+    std::shared_ptr<state> state_;
+};
+
+} // namespace rdmax::sched

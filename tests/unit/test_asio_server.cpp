@@ -29,17 +29,7 @@
 
 #include "../support/catch.hpp"
 #include "../support/fake_link.hpp"
-
-namespace rdmax::rpc {
-/// Befriended by server_group: a group with no device (node-local path only).
-struct group_test_access {
-    static std::unique_ptr<server_group> make(std::string_view addr, std::uint16_t port,
-                                              std::size_t threads, rpc_options o) {
-        return std::unique_ptr<server_group>(
-            new server_group(detail::no_device, addr, port, threads, o));
-    }
-};
-} // namespace rdmax::rpc
+#include "../support/group_test_access.hpp"
 
 using namespace rdmax;
 using namespace std::chrono_literals;

@@ -30,6 +30,7 @@
 #include "../support/counting_new.hpp"
 #include "../support/eventually.hpp"
 #include "../support/fake_link.hpp"
+#include "../support/group_test_access.hpp"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define RDMAX_TEST_SANITIZED 1
@@ -38,17 +39,6 @@
 #define RDMAX_TEST_SANITIZED 1
 #endif
 #endif
-
-namespace rdmax::rpc {
-/// Befriended by server_group: a group with no device (node-local path only).
-struct group_test_access {
-    static std::unique_ptr<server_group> make(std::string_view addr, std::uint16_t port,
-                                              std::size_t threads, rpc_options o) {
-        return std::unique_ptr<server_group>(
-            new server_group(detail::no_device, addr, port, threads, o));
-    }
-};
-} // namespace rdmax::rpc
 
 using namespace rdmax;
 using namespace std::chrono_literals;

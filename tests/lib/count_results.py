@@ -8,12 +8,27 @@ in CI the device and the module are always there (and install and tidy have
 their packages), so a skip there means the harness is broken. --ci-no-skip
 adds a suite that must not skip in one phase (odp on 7.x, where soft-RoCE has
 on-demand paging, while on 6.1 it has none and SKIPs).
+
+Under each failed test it prints why, so that the tail of a CI log (often all a
+reader of CI gets) says what broke: the record's "note" (the multi-host suite
+writes one) or the last lines of the test's output from meson's log.
 """
 import json
 import sys
 
 PASS = {"OK", "EXPECTEDFAIL"}
 SKIP = {"SKIP"}
+WHY_LINES = 12  # the output's last lines shown under a failed test
+WHY_TESTS = 6  # failed tests shown with their reasons, in all
+
+
+def why(rec):
+    """The reason a failed record gives: its note, else its output's last lines."""
+    note = rec.get("note")
+    if note:
+        return [note[:600]]
+    lines = [l.rstrip()[:300] for l in (rec.get("stdout") or "").splitlines() if l.strip()]
+    return lines[-WHY_LINES:]
 
 
 def main(argv):
@@ -27,6 +42,7 @@ def main(argv):
         elif a != "--ci":
             phases.append(a)
     total = {"passed": 0, "failed": 0, "skipped": 0}
+    explained = 0
     for phase in phases:
         label, _, path = phase.partition("=")
         counts = {"passed": 0, "failed": 0, "skipped": 0}
@@ -58,11 +74,14 @@ def main(argv):
             else:
                 counts["failed"] += 1
                 problems.append(f"{name}: {result}")
+                if explained < WHY_TESTS:
+                    explained += 1
+                    problems.extend("| " + l for l in why(rec))
         for key in total:
             total[key] += counts[key]
         print(f"  {label:<14} {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
         for p in problems:
-            print(f"    - {p}")
+            print(f"        {p}" if p.startswith("| ") else f"    - {p}")
     print(f"{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
     return 1 if total["failed"] else 0
 

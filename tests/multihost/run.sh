@@ -144,7 +144,9 @@ for spec in steps:
             result = "FAIL"
             notes.append(fault)
     failed += result == "FAIL"
-    out.append({"name": f"rdmax:multihost / {step}", "result": result, "duration": duration})
+    # The notes go into the record too: tests/run's summary shows them under a failure.
+    out.append({"name": f"rdmax:multihost / {step}", "result": result, "duration": duration,
+                "note": "; ".join(notes)})
     shown = "SKIPPED" if result == "SKIP" else result
     print(f"  {step:<15} {shown:<8} {'; '.join(notes)}")
 if vm_status != 0 and failed == 0:

@@ -176,9 +176,22 @@ export OMPI_MCA_btl=self,tcp # the ranks never call MPI; keep Open MPI off the R
 
 say() { echo "multihost[host$me]: $*"; }
 
+# The emulated link's health, for a failed step's note: whether the peer
+# answers a ping now, and the watchdog's count of this NIC's transmit stalls.
+link_health() {
+    local to
+    to=$(cat "/sys/class/net/$RDMAX_VM_NETDEV/queues/tx-0/tx_timeout" 2>/dev/null || echo '?')
+    if ping -c 2 -W 1 "$RDMAX_PEER_ADDR" >/dev/null 2>&1; then
+        echo "link: the peer answers ping, $RDMAX_VM_NETDEV tx timeouts $to"
+    else
+        echo "link: the peer does NOT answer ping (the emulated link is down), $RDMAX_VM_NETDEV tx timeouts $to"
+    fi
+}
+
 # record STEP OK|FAIL|SKIP SECONDS [NOTE]
 record() {
     local note=${4:-}
+    [ "$2" != FAIL ] || note="${note:+$note; }$(link_health)"
     python3 -c 'import json, sys; print(json.dumps({"step": sys.argv[1], "result": sys.argv[2], "duration": float(sys.argv[3]), "note": sys.argv[4]}))' \
         "$1" "$2" "$3" "$note" >>"$log"
     case $2 in

@@ -6,10 +6,12 @@
 // handler on the same io_context that drains the queue a little each turn.
 #include <chrono>
 #include <cstdint>
+#include <stdexcept>
 #include <system_error>
 #include <vector>
 
 #include <rdmax/asio/scheduler.hpp>
+#include <rdmax/status_error.hpp>
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wnull-dereference"
@@ -163,7 +165,79 @@ TEST_CASE("async_scheduler: a request refused at submission completes at once, p
     });
     CHECK_FALSE(called); // never inside the initiating function
     REQUIRE(r.run_until([&] { return called; }));
-    CHECK(got);
+    // The error is the refusal itself, not a device's completion status.
+    CHECK(got == make_error_code(status::zero_length));
+    CHECK(got.category() == status_category());
+    CHECK(got == std::errc::invalid_argument);
+}
+
+TEST_CASE("async_scheduler: a handler that throws loses none of its poll's other completions") {
+    rig r;
+    r.rate = 1 << 20; // all three complete in one turn of the wire: one poll
+    std::vector<int> ran;
+    const auto handler = [&](int tag) {
+        return [&ran, tag](std::error_code, verbs::completion) {
+            ran.push_back(tag);
+            if (tag == 1)
+                throw std::runtime_error("handler 1 throws");
+        };
+    };
+    for (int tag = 1; tag <= 3; ++tag)
+        r.a.async_write(urgent, lbuf(0, 64), remote(), 0, handler(tag));
+    r.wire();
+    bool thrown = false;
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (ran.size() < 3 && std::chrono::steady_clock::now() < end) {
+        r.io.restart();
+        try {
+            (void)r.io.run_for(5ms);
+        } catch (const std::runtime_error&) {
+            thrown = true; // Asio's rule: a handler's exception leaves run()
+        }
+    }
+    CHECK(thrown);
+    CHECK(ran == std::vector<int>{1, 2, 3});
+    CHECK(r.a.outstanding() == 0);
+}
+
+TEST_CASE("async_scheduler: a request made while the adapter sleeps on its timer is polled now") {
+    rig r;
+    // A long idle wait: without the kick, the second request's completion
+    // would be seen only when that wait ends.
+    async_scheduler<sim_scheduler> a{
+        r.io, r.s, {.spin_polls = 8, .idle_wait = 2s, .max_idle_wait = 2s}};
+    bool first = false, second = false;
+    a.async_write(bulk, lbuf(0, 64), remote(), 0,
+                  [&](std::error_code, verbs::completion) { first = true; });
+    // No wire yet: the adapter polls 8 turns, finds nothing and sleeps 2 s.
+    r.io.restart();
+    (void)r.io.run_for(50ms);
+    REQUIRE_FALSE(first);
+    const auto t0 = std::chrono::steady_clock::now();
+    a.async_write(urgent, lbuf(0, 64), remote(), 0,
+                  [&](std::error_code, verbs::completion) { second = true; });
+    r.wire();
+    REQUIRE(r.run_until([&] { return first && second; }));
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+}
+
+TEST_CASE("async_scheduler: requests out when the adapter goes end with operation_aborted") {
+    rig r;
+    std::error_code got;
+    bool called = false;
+    {
+        async_scheduler<sim_scheduler> a{r.io, r.s};
+        a.async_write(bulk, lbuf(0, 64), remote(), 0, [&](std::error_code ec, verbs::completion) {
+            called = true;
+            got = ec;
+        });
+        CHECK_FALSE(called);
+    }                    // no wire: the request is still out
+    CHECK_FALSE(called); // never inside the destructor
+    r.io.restart();
+    (void)r.io.run_for(50ms);
+    REQUIRE(called);
+    CHECK(got == asio::error::operation_aborted);
 }
 
 TEST_CASE("async_scheduler: no allocation per awaited request once warm") {

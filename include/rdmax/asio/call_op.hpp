@@ -86,6 +86,17 @@ void post_handler(Handler h, const Result& r, const ::asio::io_context::executor
                          alloc, [h = std::move(h), r]() mutable { std::move(h)(error_of(r), r); }));
 }
 
+/// As post_handler, with an error of the caller's choosing (a refusal that
+/// is not the result's own status).
+template <class Handler, class Result>
+void post_handler_with(Handler h, std::error_code ec, const Result& r,
+                       const ::asio::io_context::executor_type& io) {
+    const auto ex = ::asio::get_associated_executor(h, io);
+    const auto alloc = ::asio::get_associated_allocator(h);
+    ::asio::post(ex, ::asio::bind_allocator(
+                         alloc, [h = std::move(h), ec, r]() mutable { std::move(h)(ec, r); }));
+}
+
 /// One operation's handler, erased: called with (error_of(r), r) for a
 /// Result r. Empty, or holding one handler.
 template <class Result>
@@ -126,6 +137,12 @@ public:
         const ops* o = std::exchange(ops_, nullptr);
         o->complete(std::exchange(obj_, nullptr), r, io, buf_, posted);
     }
+    /// Takes the handler out and runs it with (ec, r), posted: an operation
+    /// refused before it started, whose error is not r's own.
+    void complete_with(std::error_code ec, const Result& r, const io_executor& io) {
+        const ops* o = std::exchange(ops_, nullptr);
+        o->complete_with(std::exchange(obj_, nullptr), ec, r, io, buf_);
+    }
     /// Destroys the handler without running it.
     void reset() noexcept {
         if (const ops* o = std::exchange(ops_, nullptr))
@@ -136,6 +153,8 @@ private:
     struct ops {
         void (*complete)(void* obj, const Result& r, const io_executor& io, std::byte* buf,
                          bool posted);
+        void (*complete_with)(void* obj, std::error_code ec, const Result& r, const io_executor& io,
+                              std::byte* buf);
         void (*destroy)(void* obj, std::byte* buf) noexcept;
     };
     template <class T>
@@ -165,6 +184,12 @@ private:
                 post_handler(std::move(h), r, io);
             else
                 run_handler(std::move(h), r, io);
+        },
+        [](void* obj, std::error_code ec, const Result& r, const io_executor& io, std::byte* buf) {
+            T* p = static_cast<T*>(obj);
+            T h(std::move(*p));
+            free(p, buf);
+            post_handler_with(std::move(h), ec, r, io);
         },
         [](void* obj, std::byte* buf) noexcept { free(static_cast<T*>(obj), buf); },
     };

@@ -31,9 +31,22 @@
 // No allocation per request in steady state: a request's state is an entry
 // of a table (grown only when every entry is in use), its handler inline
 // (rpc::detail::op_handler). Requests refused at submission (status is not
-// ok: queue full, too large...) complete at once, posted, with a completion
-// whose status is IBV_WC_GENERAL_ERR and the error naming the refusal.
+// ok: queue full, out of range...) complete posted, never inside the
+// initiating function, with a completion whose status is IBV_WC_GENERAL_ERR
+// and the refusal as the error (rdmax::status_category(): "queue_full" is
+// resource_unavailable_try_again, as from any status).
+//
+// No per-operation cancellation: a request handed to the scheduler may
+// already be on the wire, and RDMA has no way to take a posted work request
+// back short of failing the whole queue pair (which would fail every other
+// request on it). A cancellation slot bound to the token is not used; bound
+// a wait with a timer of your own and keep the buffers until the operation
+// completes.
+//
+// A handler that throws leaves the context's run() (Asio's rule); the other
+// completions of that poll are delivered at the next turn, none is lost.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -47,6 +60,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wnull-dereference"
 #include <asio/async_result.hpp>
+#include <asio/error.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
@@ -56,6 +70,7 @@
 #include <rdmax/sched/priority.hpp>
 #include <rdmax/sched/request_flags.hpp>
 #include <rdmax/status.hpp>
+#include <rdmax/status_error.hpp>
 #include <rdmax/verbs/completion.hpp>
 
 namespace rdmax::verbs {
@@ -158,10 +173,24 @@ private:
         void kick() {
             spins = 0;
             wait = opts.idle_wait;
-            if (!posted && !timing && !closed)
-                post_pump();
+            if (closed || posted)
+                return;
+            if (timing) {
+                // Asleep on the idle timer (up to max_idle_wait): the new
+                // request's completion is looked for now; the cancelled
+                // wait's handler runs the pump.
+                try {
+                    (void)timer.cancel();
+                } catch (const std::system_error&) {
+                    // The wait ends at its expiry instead.
+                }
+                return;
+            }
+            post_pump();
         }
         void post_pump() {
+            if (posted)
+                return; // one pump queued at a time (a handler's new request kicks too)
             posted = true;
             ::asio::post(io_, [self = this->shared_from_this()] {
                 self->posted = false;
@@ -171,10 +200,20 @@ private:
         void pump() {
             if (closed)
                 return;
-            verbs::completion done[16];
-            const int n = sched.poll(done);
-            for (int i = 0; i < n && !closed; ++i)
-                deliver(done[i]);
+            // Completions a throwing handler left undelivered go first, unpolled.
+            if (got_at == got_n) {
+                got_n = static_cast<std::size_t>(std::max(sched.poll(got), 0));
+                got_at = 0;
+            }
+            const auto n = static_cast<int>(got_n - got_at);
+            try {
+                while (got_at < got_n && !closed)
+                    deliver(got[got_at++]);
+            } catch (...) {
+                if (!closed && !posted)
+                    post_pump(); // the rest of this poll's, at the next turn
+                throw;
+            }
             if (closed || outstanding == 0)
                 return;
             if (n > 0) {
@@ -222,7 +261,7 @@ private:
                 c.wr_id = i;
                 c.status = IBV_WC_WR_FLUSH_ERR;
                 try {
-                    e.handler.complete(c, io_, true);
+                    e.handler.complete_with(::asio::error::operation_aborted, c, io_);
                 } catch (...) {
                     // No memory to post it: dropped, as a closed context drops it.
                 }
@@ -237,6 +276,9 @@ private:
         std::vector<std::unique_ptr<entry>> table;
         std::vector<std::uint32_t> free;
         std::size_t outstanding = 0;
+        verbs::completion got[16]; ///< the last poll's completions ...
+        std::size_t got_n = 0;     ///< ... how many
+        std::size_t got_at = 0;    ///< ... delivered so far
         std::uint32_t spins = 0;
         std::chrono::microseconds wait{};
         bool posted = false;
@@ -258,7 +300,7 @@ private:
                     verbs::completion c;
                     c.wr_id = wr_id;
                     c.status = IBV_WC_GENERAL_ERR;
-                    e.handler.complete(c, st->io_, true);
+                    e.handler.complete_with(make_error_code(r), c, st->io_);
                     return;
                 }
                 st->free.pop_back();

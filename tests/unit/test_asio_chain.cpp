@@ -39,15 +39,10 @@
 
 #include "../support/catch.hpp"
 #include "../support/fake_link.hpp"
+#include "../support/rpc_unit.hpp"
 
 using namespace rdmax;
-using namespace std::chrono_literals;
-using rdmax::rpc::call_result;
-using rdmax::rpc::call_status;
-using rdmax::rpc::peer_id;
-using rdmax::test::fake_end;
-using rdmax::test::fake_path;
-using inside = rdmax::rpc::protocol_test_access;
+using namespace rdmax::test::rpc_unit;
 using awaitable = ::asio::awaitable<void>;
 
 namespace {
@@ -60,12 +55,6 @@ constexpr std::uint16_t chain_tuple = 3;    ///< B's missing; the error as a tup
 constexpr std::uint16_t upper = 1;   ///< waits 10 ms x its body's first digit, uppercases
 constexpr std::uint16_t missing = 9; ///< no handler: unknown_method
 
-std::span<const std::byte> bytes_of(std::string_view s) {
-    return std::as_bytes(std::span(s.data(), s.size()));
-}
-std::string text(std::span<const std::byte> b) {
-    return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
 std::string uppercase(std::string s) {
     std::transform(s.begin(), s.end(), s.begin(),
                    [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
@@ -73,12 +62,7 @@ std::string uppercase(std::string s) {
 }
 
 rpc::rpc_options options() {
-    rpc::rpc_options o;
-    o.slots = 8;
-    o.slot_bytes = 256;
-    o.local = false;
-    o.call_timeout = 30s;
-    o.housekeeping = 1ms;
+    rpc::rpc_options o = asio_options();
     o.keepalive = 100s; // nothing here is about keepalive
     o.keepalive_timeout = 1000s;
     return o;

@@ -37,33 +37,15 @@
 
 #include "../support/catch.hpp"
 #include "../support/counting_new.hpp"
-#include "../support/fake_link.hpp"
+#include "../support/redialing_pair.hpp"
 
 using namespace rdmax;
-using rdmax::rpc::call_result;
-using rdmax::rpc::call_status;
-using rdmax::test::fake_end;
-using rdmax::test::fake_path;
-using inside = rdmax::rpc::protocol_test_access;
-using namespace std::chrono_literals;
-using time_point = sched::coarse_clock::time_point;
+using namespace rdmax::test::rpc_unit;
 
 namespace {
 
 constexpr std::uint16_t echo = 1;
 constexpr std::uint16_t deferring = 2; ///< answered only when the test says
-
-time_point virtual_now{std::chrono::hours(1)};
-time_point now_fn() noexcept {
-    return virtual_now;
-}
-
-std::span<const std::byte> bytes_of(std::string_view s) {
-    return std::as_bytes(std::span(s.data(), s.size()));
-}
-std::string text(std::span<const std::byte> b) {
-    return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
 
 rpc::rpc_options options(std::uint16_t slots = 4) {
     rpc::rpc_options o;
@@ -81,14 +63,7 @@ rpc::rpc_options options(std::uint16_t slots = 4) {
 }
 
 /// A client, a server, the fake network between them, on one io_context.
-struct world {
-    rpc::rpc_options o;
-    std::unique_ptr<rpc::client> cli;
-    std::unique_ptr<rpc::server> srv;
-    std::shared_ptr<fake_end> c, s;
-    std::vector<std::shared_ptr<fake_end>> old;
-    rpc::peer_id p;
-    bool up = true;      ///< the server takes connections
+struct world : test::redialing_pair {
     bool flowing = true; ///< the network moves messages
     std::vector<rpc::deferred_call> deferred;
     int runs = 0;
@@ -98,11 +73,8 @@ struct world {
     std::chrono::nanoseconds clock_step{0}; ///< virtual time per turn of the network
 
     explicit world(rpc::rpc_options opts = options(), rpc::async_options ao = {})
-        : o(opts) {
-        cli = inside::make_client(o);
-        inside::use_clock(*cli, &now_fn);
-        srv = inside::make_server(o);
-        inside::use_clock(*srv, &now_fn);
+        : redialing_pair(opts) {
+        make_server();
         srv->on(echo, [this](rpc::request_context& x) {
             ++runs;
             x.reply(x.body());
@@ -111,49 +83,13 @@ struct world {
             ++runs;
             deferred.push_back(x.defer());
         });
-        p = inside::adopt(*cli, join(), srv->incarnation());
-        inside::redial(*cli, [this]() -> std::unique_ptr<rpc::detail::link> {
-            if (!up)
-                throw std::runtime_error("connection refused");
-            auto w = std::make_unique<test::fake_link>(join());
-            w->peer_incarnation = srv->incarnation();
-            return w;
-        });
+        connect();
         acli.emplace(ctx, *cli, ao);
-    }
-    std::shared_ptr<fake_end> join() {
-        if (c) {
-            old.push_back(c);
-            old.push_back(s);
-        }
-        c = std::make_shared<fake_end>(fake_path::device, o.slots, o.slot_bytes);
-        s = std::make_shared<fake_end>(fake_path::device, o.slots, o.slot_bytes);
-        c->peer = s.get();
-        s->peer = c.get();
-        (void)inside::adopt(*srv, s, cli->incarnation(), inside::next_call(*cli));
-        return c;
-    }
-    /// The connection fails under both; what was on it is lost.
-    void cut() {
-        c->outbox.clear();
-        s->outbox.clear();
-        c->leave();
-        s->leave();
     }
     /// Moves what both sides sent; true when something reached the client.
     bool move() {
         const test::not_counted scaffolding;
-        bool to_client = false;
-        while (!c->outbox.empty())
-            if (const auto imm = c->land_one())
-                inside::receive_imm(*srv, *s, *imm);
-        (void)srv->poll();
-        while (!s->outbox.empty())
-            if (const auto imm = s->land_one()) {
-                inside::receive_imm(*cli, *c, *imm);
-                to_client = true;
-            }
-        return to_client;
+        return land_both_ways();
     }
     /// Makes the client's descriptor readable, as a completion event would.
     void ring() const { c->wake(); }

@@ -30,15 +30,10 @@
 #include "../support/catch.hpp"
 #include "../support/fake_link.hpp"
 #include "../support/group_test_access.hpp"
+#include "../support/rpc_unit.hpp"
 
 using namespace rdmax;
-using namespace std::chrono_literals;
-using rdmax::rpc::call_result;
-using rdmax::rpc::call_status;
-using rdmax::rpc::peer_id;
-using rdmax::test::fake_end;
-using rdmax::test::fake_path;
-using inside = rdmax::rpc::protocol_test_access;
+using namespace rdmax::test::rpc_unit;
 
 namespace {
 
@@ -47,28 +42,11 @@ constexpr std::uint16_t throws = 2;       ///< throws after a wait
 constexpr std::uint16_t returns = 3;      ///< returns without an answer
 constexpr std::uint16_t forever = 4;      ///< waits on a timer that never fires
 
-std::span<const std::byte> bytes_of(std::string_view s) {
-    return std::as_bytes(std::span(s.data(), s.size()));
-}
-std::string text(std::span<const std::byte> b) {
-    return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
-
-rpc::rpc_options options() {
-    rpc::rpc_options o;
-    o.slots = 8;
-    o.slot_bytes = 256;
-    o.local = false;
-    o.call_timeout = 30s;
-    o.housekeeping = 1ms;
-    return o;
-}
-
 /// A client and a server on a node-local fake link (immediates come out of
 /// the link's poll, so the server's poll() takes them), and an io_context.
 struct rig {
-    std::unique_ptr<rpc::server> srv = inside::make_server(options());
-    std::unique_ptr<rpc::client> cli = inside::make_client(options());
+    std::unique_ptr<rpc::server> srv = inside::make_server(asio_options());
+    std::unique_ptr<rpc::client> cli = inside::make_client(asio_options());
     std::shared_ptr<fake_end> c = std::make_shared<fake_end>(fake_path::node_local, 8, 256);
     std::shared_ptr<fake_end> s = std::make_shared<fake_end>(fake_path::node_local, 8, 256);
     peer_id p;
@@ -232,7 +210,7 @@ TEST_CASE("asio coroutine handlers: async_server drives the server from the io_c
 }
 
 TEST_CASE("asio coroutine handlers on a server_group: each worker's own io_context") {
-    rpc::rpc_options o = options();
+    rpc::rpc_options o = asio_options();
     o.local = true;
     // Housekeeping (async_server's timer) every 200 ms: the calls go at the
     // pace of the reactor's wake-ups (the links' eventfds), or not at all.
@@ -282,7 +260,7 @@ TEST_CASE("asio coroutine handlers on a server_group: each worker's own io_conte
 }
 
 TEST_CASE("asio coroutine handlers on a server_group: drain waits for the coroutines") {
-    rpc::rpc_options o = options();
+    rpc::rpc_options o = asio_options();
     o.local = true;
     const auto port = static_cast<std::uint16_t>(31000 + (::getpid() % 20000));
     auto g = rpc::group_test_access::make("asio-drain.test", port, 2, o);

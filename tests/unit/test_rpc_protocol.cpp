@@ -20,17 +20,12 @@
 
 #include "../support/catch.hpp"
 #include "../support/fake_link.hpp"
+#include "../support/rpc_unit.hpp"
 
 using namespace rdmax;
-using rdmax::rpc::call_result;
-using rdmax::rpc::call_status;
+using namespace rdmax::test::rpc_unit;
 using rdmax::rpc::message_kind;
-using rdmax::rpc::peer_id;
-using rdmax::test::fake_end;
-using rdmax::test::fake_path;
 using rdmax::test::fake_transfer;
-using inside = rdmax::rpc::protocol_test_access;
-using namespace std::chrono_literals;
 
 namespace {
 
@@ -50,13 +45,6 @@ rpc::rpc_options options(std::uint16_t slots = 4, std::uint32_t slot_bytes = 256
     // Housekeeping only when a test asks for it (advance, housekeep_next_poll).
     o.housekeeping = std::chrono::hours(1);
     return o;
-}
-
-std::span<const std::byte> bytes_of(std::string_view s) {
-    return std::as_bytes(std::span(s.data(), s.size()));
-}
-std::string text(std::span<const std::byte> b) {
-    return {reinterpret_cast<const char*>(b.data()), b.size()};
 }
 
 /// The rejections, in the order of rpc_counters.

@@ -26,36 +26,15 @@
 
 #include "../support/catch.hpp"
 #include "../support/counting_new.hpp"
-#include "../support/fake_link.hpp"
+#include "../support/redialing_pair.hpp"
 
 using namespace rdmax;
-using rdmax::rpc::call_result;
-using rdmax::rpc::call_status;
-using rdmax::rpc::peer_id;
-using rdmax::rpc::peer_state;
-using rdmax::test::fake_end;
-using rdmax::test::fake_path;
-using inside = rdmax::rpc::protocol_test_access;
-using namespace std::chrono_literals;
-using time_point = sched::coarse_clock::time_point;
+using namespace rdmax::test::rpc_unit;
 
 namespace {
 
 constexpr std::uint16_t run_once = 1; ///< counts its runs per call id, replies with the body
 constexpr std::uint16_t deferring = 2;
-
-/// The virtual clock every endpoint here reads.
-time_point virtual_now{std::chrono::hours(1)};
-time_point now_fn() noexcept {
-    return virtual_now;
-}
-
-std::span<const std::byte> bytes_of(std::string_view s) {
-    return std::as_bytes(std::span(s.data(), s.size()));
-}
-std::string text(std::span<const std::byte> b) {
-    return {reinterpret_cast<const char*>(b.data()), b.size()};
-}
 
 rpc::rpc_options options() {
     rpc::rpc_options o;
@@ -75,38 +54,20 @@ rpc::rpc_options options() {
 
 /// A client and a server, the connections between them made (and cut) by
 /// hand, the server restartable, time virtual.
-struct world {
-    rpc::rpc_options o;
-    std::unique_ptr<rpc::client> cli;
-    std::unique_ptr<rpc::server> srv;
-    std::shared_ptr<fake_end> c, s; ///< the current connection's ends
-    std::vector<std::shared_ptr<fake_end>> old;
-    peer_id p;
-    bool up = true;                    ///< the server takes connections
+struct world : test::redialing_pair {
     std::map<std::uint64_t, int> runs; ///< executions per call id, over every server
     std::vector<rpc::deferred_call> deferred;
     std::vector<time_point> attempts; ///< when the client tried to connect again
     std::vector<peer_state> states;
 
     explicit world(rpc::rpc_options opts = options())
-        : o(opts) {
-        cli = inside::make_client(o);
-        inside::use_clock(*cli, &now_fn);
+        : redialing_pair(opts) {
         start_server();
-        p = inside::adopt(*cli, join(), srv->incarnation());
-        inside::redial(*cli, [this]() -> std::unique_ptr<rpc::detail::link> {
-            attempts.push_back(virtual_now);
-            if (!up)
-                throw std::runtime_error("connection refused");
-            auto w = std::make_unique<test::fake_link>(join());
-            w->peer_incarnation = srv->incarnation();
-            return w;
-        });
+        connect([this] { attempts.push_back(virtual_now); });
         cli->on_state_change([this](peer_id, peer_state st) { states.push_back(st); });
     }
     void start_server() {
-        srv = inside::make_server(o);
-        inside::use_clock(*srv, &now_fn);
+        make_server();
         srv->on(run_once, [this](rpc::request_context& ctx) {
             ++runs[ctx.call_id()];
             ctx.reply(ctx.body());
@@ -115,27 +76,6 @@ struct world {
             ++runs[ctx.call_id()];
             deferred.push_back(ctx.defer());
         });
-    }
-    /// A new connection: its server end adopted by the server, its client end returned.
-    std::shared_ptr<fake_end> join() {
-        if (c) {
-            old.push_back(c);
-            old.push_back(s);
-        }
-        c = std::make_shared<fake_end>(fake_path::device, o.slots, o.slot_bytes);
-        s = std::make_shared<fake_end>(fake_path::device, o.slots, o.slot_bytes);
-        c->peer = s.get();
-        s->peer = c.get();
-        (void)inside::adopt(*srv, s, cli->incarnation(), inside::next_call(*cli));
-        return c;
-    }
-    /// The connection fails under both (connection events on both sides);
-    /// what was in flight on it is lost.
-    void cut() {
-        c->outbox.clear();
-        s->outbox.clear();
-        c->leave();
-        s->leave();
     }
     /// The server process dies and another starts (a new incarnation).
     void restart_server() {
@@ -148,13 +88,7 @@ struct world {
     void pump() {
         for (int round = 0; round < 64; ++round) {
             const bool moving = !c->outbox.empty() || !s->outbox.empty();
-            while (!c->outbox.empty())
-                if (const auto imm = c->land_one())
-                    inside::receive_imm(*srv, *s, *imm);
-            (void)srv->poll();
-            while (!s->outbox.empty())
-                if (const auto imm = s->land_one())
-                    inside::receive_imm(*cli, *c, *imm);
+            (void)land_both_ways();
             if (!moving)
                 return;
         }
@@ -642,9 +576,9 @@ TEST_CASE("hostile: a node-local server that rewrites a staged request cannot ch
           "[rpc-resilience][retry][hostile]") {
     rpc::rpc_options o = options();
     auto cli = inside::make_client(o);
-    inside::use_clock(*cli, &now_fn);
+    inside::use_clock(*cli, &virtual_clock);
     auto srv = inside::make_server(o);
-    inside::use_clock(*srv, &now_fn);
+    inside::use_clock(*srv, &virtual_clock);
     std::string seen;
     int honest_runs = 0;
     srv->on(run_once, [&](rpc::request_context& ctx) {
@@ -771,7 +705,7 @@ TEST_CASE("reply cache: records of clients that left are bounded (2 x max_peers)
           "[rpc-resilience][reply-cache][memory]") {
     rpc::rpc_options o = options();
     auto srv = inside::make_server(o);
-    inside::use_clock(*srv, &now_fn);
+    inside::use_clock(*srv, &virtual_clock);
     const auto before = ::mallinfo2().uordblks;
     constexpr int clients = 2000; // 2000 short-lived clients (or one that forges incarnations)
     for (int i = 0; i < clients; ++i) {

@@ -12,6 +12,7 @@
 // runtimes intercept the same functions, so the counting is left out of
 // those builds (the test case that asserts it is not compiled there).
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -31,6 +32,7 @@
 #include "../support/eventually.hpp"
 #include "../support/fake_link.hpp"
 #include "../support/group_test_access.hpp"
+#include "../support/rpc_unit.hpp"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define RDMAX_TEST_SANITIZED 1
@@ -41,10 +43,7 @@
 #endif
 
 using namespace rdmax;
-using namespace std::chrono_literals;
-using rdmax::rpc::call_status;
-using rdmax::rpc::peer_id;
-using inside = rdmax::rpc::protocol_test_access;
+using namespace rdmax::test::rpc_unit;
 
 namespace {
 
@@ -60,6 +59,17 @@ thread_local int worker_index = -1;
         worker_locks.fetch_add(1, std::memory_order_relaxed);
     else if (counting == counted::client)
         client_locks.fetch_add(1, std::memory_order_relaxed);
+}
+
+/// What each interposer (below) does, written once: counts the acquisition,
+/// then forwards to the next definition of `name` (libc's), looked up on the
+/// first call. `Self`, the interposer, gives each its own lookup and the
+/// function type to call it by.
+template <auto Self, class Lock>
+int count_then_forward(const char* name, Lock* lock) {
+    static const auto next = reinterpret_cast<decltype(Self)>(::dlsym(RTLD_NEXT, name));
+    count_lock();
+    return next(lock);
 }
 
 constexpr std::uint16_t echo = 1; ///< replies with the worker's index, then the body
@@ -161,6 +171,17 @@ run_result run_clients(std::uint16_t port, std::size_t clients, std::uint32_t wa
     return out;
 }
 
+/// How many clients each of the two workers answered, for the test cases
+/// that spread 4 clients over 2 workers; REQUIREs that each client saw one.
+std::array<int, 2> clients_per_worker(const run_result& r) {
+    std::array<int, 2> n = {0, 0};
+    for (int w : r.worker_of) {
+        REQUIRE((w == 0 || w == 1));
+        ++n[static_cast<std::size_t>(w)];
+    }
+    return n;
+}
+
 } // namespace
 
 #ifndef RDMAX_TEST_SANITIZED
@@ -168,28 +189,16 @@ run_result run_clients(std::uint16_t port, std::size_t clients, std::uint32_t wa
 // lookup, also for the library's calls; each forwards to the next (libc).
 extern "C" {
 int pthread_mutex_lock(pthread_mutex_t* m) {
-    using fn = int (*)(pthread_mutex_t*);
-    static const auto next = reinterpret_cast<fn>(::dlsym(RTLD_NEXT, "pthread_mutex_lock"));
-    count_lock();
-    return next(m);
+    return count_then_forward<&pthread_mutex_lock>("pthread_mutex_lock", m);
 }
 int pthread_mutex_trylock(pthread_mutex_t* m) {
-    using fn = int (*)(pthread_mutex_t*);
-    static const auto next = reinterpret_cast<fn>(::dlsym(RTLD_NEXT, "pthread_mutex_trylock"));
-    count_lock();
-    return next(m);
+    return count_then_forward<&pthread_mutex_trylock>("pthread_mutex_trylock", m);
 }
 int pthread_rwlock_rdlock(pthread_rwlock_t* l) {
-    using fn = int (*)(pthread_rwlock_t*);
-    static const auto next = reinterpret_cast<fn>(::dlsym(RTLD_NEXT, "pthread_rwlock_rdlock"));
-    count_lock();
-    return next(l);
+    return count_then_forward<&pthread_rwlock_rdlock>("pthread_rwlock_rdlock", l);
 }
 int pthread_rwlock_wrlock(pthread_rwlock_t* l) {
-    using fn = int (*)(pthread_rwlock_t*);
-    static const auto next = reinterpret_cast<fn>(::dlsym(RTLD_NEXT, "pthread_rwlock_wrlock"));
-    count_lock();
-    return next(l);
+    return count_then_forward<&pthread_rwlock_wrlock>("pthread_rwlock_wrlock", l);
 }
 }
 
@@ -217,11 +226,7 @@ TEST_CASE("server_group: 4 clients x 2 workers, 10^4 calls, no lock and no alloc
     CHECK(r.client_locks == 0);
     CHECK(r.allocations == 0);
     // Spread: two connections each; each client answered by one worker.
-    int per_worker[2] = {0, 0};
-    for (int w : r.worker_of) {
-        REQUIRE((w == 0 || w == 1));
-        ++per_worker[w];
-    }
+    const std::array<int, 2> per_worker = clients_per_worker(r);
     CHECK(per_worker[0] == 2);
     CHECK(per_worker[1] == 2);
     CHECK(g->counters().calls == 4U * 2700U);
@@ -237,11 +242,7 @@ TEST_CASE("server_group: 4 clients x 2 workers, handlers on their connection's w
     g->start();
     const run_result r = run_clients(port, 4, 20, 500);
     REQUIRE(r.finished);
-    int per_worker[2] = {0, 0};
-    for (int w : r.worker_of) {
-        REQUIRE((w == 0 || w == 1));
-        ++per_worker[w];
-    }
+    const std::array<int, 2> per_worker = clients_per_worker(r);
     CHECK(per_worker[0] == 2);
     CHECK(per_worker[1] == 2);
     // The clients are gone with their threads: each worker saw its two go.

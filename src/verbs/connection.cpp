@@ -237,23 +237,19 @@ void connection::release() noexcept {
     const bool sends = !disconnect_sent_ && !(ended_by_ && quiet_end(ended_by_->event));
     if (sends && park_if_port_down())
         return;
+    // Tell the peer now; do not wait for its answer here. (With `sends`, the
+    // port was asked just now.)
     if (id_ != nullptr && qp_ && !disconnected_)
-        send_disconnect(); // tell the peer now; do not wait for its answer here
-    qp_.reset();           // rdma_destroy_qp, before the id
-    const bool destroyed = id_ != nullptr;
-    if (id_ != nullptr) {
-        // Acknowledge whatever is pending: rdma_destroy_id waits for that.
-        while (rdma_cm_event* ev = next_event(channel_, clock::now()))
-            rdma_ack_cm_event(ev);
-        rdma_destroy_id(id_);
-        id_ = nullptr;
-    }
-    if (channel_ != nullptr) {
-        rdma_destroy_event_channel(channel_);
+        send_disconnect(sends);
+    qp_.reset(); // rdma_destroy_qp, before the id
+    if (id_ == nullptr) {
+        if (channel_ != nullptr)
+            rdma_destroy_event_channel(channel_);
         channel_ = nullptr;
+        return;
     }
-    if (destroyed)
-        detail::sweep_parked(); // a port may be up again
+    detail::destroy_id(std::exchange(id_, nullptr), std::exchange(channel_, nullptr));
+    detail::sweep_parked(); // a port may be up again
 }
 
 void connection::pump(std::chrono::milliseconds timeout) noexcept {
@@ -369,10 +365,10 @@ void connection::disconnect(std::chrono::milliseconds timeout) noexcept {
     (void)wait_disconnected(timeout);
 }
 
-void connection::send_disconnect() noexcept {
+void connection::send_disconnect(bool port_checked) noexcept {
     if (disconnect_sent_)
         return;
-    if (!detail::may_send_mads(id_)) {
+    if (!port_checked && !detail::may_send_mads(id_)) {
         // Not through a soft-RoCE port that is down (release() parks the id),
         // but posted work must still flush, as rdma_disconnect would make it.
         if (qp_)

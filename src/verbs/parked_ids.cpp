@@ -20,16 +20,7 @@ struct parked {
 };
 
 void destroy(const parked& p) noexcept {
-    // Acknowledge whatever is pending: rdma_destroy_id waits for that. The
-    // channel never blocks (make_channel in connection.cpp).
-    if (p.channel != nullptr) {
-        rdma_cm_event* ev = nullptr;
-        while (rdma_get_cm_event(p.channel, &ev) == 0)
-            rdma_ack_cm_event(ev);
-    }
-    rdma_destroy_id(p.id);
-    if (p.channel != nullptr)
-        rdma_destroy_event_channel(p.channel);
+    destroy_id(p.id, p.channel);
 }
 
 /// The process's parked ids, and which devices are soft-RoCE. Never
@@ -84,6 +75,19 @@ bool gid_present(ibv_context* ctx, std::uint8_t port, const ibv_gid& gid, int ta
 }
 
 } // namespace
+
+void destroy_id(rdma_cm_id* id, rdma_event_channel* channel) noexcept {
+    // The channel never blocks (make_channel in connection.cpp): the loop
+    // ends when nothing is pending.
+    if (channel != nullptr) {
+        rdma_cm_event* ev = nullptr;
+        while (rdma_get_cm_event(channel, &ev) == 0)
+            rdma_ack_cm_event(ev);
+    }
+    rdma_destroy_id(id);
+    if (channel != nullptr)
+        rdma_destroy_event_channel(channel);
+}
 
 bool may_send_mads(const rdma_cm_id* id) noexcept {
     if (id == nullptr || id->verbs == nullptr || id->port_num == 0 || !is_soft_roce(id->verbs))

@@ -121,8 +121,9 @@ private:
     /// Handles one pending connection event, if any arrives within `timeout`.
     void pump(std::chrono::milliseconds timeout) noexcept;
     /// rdma_disconnect, once: it starts this side's disconnect, or answers
-    /// the peer's.
-    void send_disconnect() noexcept;
+    /// the peer's. `port_checked`: may_send_mads() was true just now (the
+    /// caller asked it; it is a system call or two on soft-RoCE).
+    void send_disconnect(bool port_checked = false) noexcept;
 
     rdma_event_channel* channel_ = nullptr;
     rdma_cm_id* id_ = nullptr;

@@ -29,6 +29,12 @@ namespace rdmax::verbs::detail {
 /// Past max_parked ids, the id is destroyed at once, as before.
 void park(rdma_cm_id* id, rdma_event_channel* channel) noexcept;
 
+/// Destroys `id` (its QP already destroyed) and its event channel (may be
+/// null, and must not block): the events pending on it are acknowledged
+/// first, as rdma_destroy_id waits for that. Every teardown of an id goes
+/// through here, parked or not.
+void destroy_id(rdma_cm_id* id, rdma_event_channel* channel) noexcept;
+
 /// Destroys the parked ids that may send MADs again. Called before a new
 /// connection is made or accepted and after one is torn down; a lock and an
 /// empty check when none is parked.

@@ -11,6 +11,8 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <future>
 #include <optional>
 #include <span>
@@ -540,4 +542,44 @@ TEST_CASE("asio: a descriptor the reactor refuses is an rdmax::error that says s
         CHECK(e.verb() == "asio::posix::stream_descriptor::assign");
         CHECK(std::string(e.what()).find("descriptor -1") != std::string::npos);
     }
+}
+
+// Not run by the suite (hidden tag): the adapter's own cost per call, for a
+// profiler. `valgrind --tool=callgrind build/tests/test_asio_client
+// "[.overhead]"`, then callgrind_annotate --inclusive=yes: compare
+// rpc::client::start with the handler's completion path (docs/bench-rpc.md).
+// Calls: RDMAX_OVERHEAD_CALLS (default 3000), awaited then chained callbacks.
+TEST_CASE("asio: calls in a row for a profiler (awaitable, callback)", "[.overhead]") {
+    const char* env = std::getenv("RDMAX_OVERHEAD_CALLS");
+    const int calls = env != nullptr ? std::atoi(env) : 3000;
+    std::array<std::byte, 64> body{};
+    int ok = 0;
+    {
+        world w;
+        bool done = false;
+        asio::co_spawn(
+            w.ctx,
+            [&]() -> awaitable {
+                for (int i = 0; i < calls; ++i)
+                    ok += (co_await w.acli->async_call(w.p, echo, body, {}, asio::use_awaitable))
+                              .status == call_status::ok;
+                done = true;
+            },
+            asio::detached);
+        w.run_until([&] { return done; });
+    }
+    {
+        world w;
+        int left = calls;
+        std::function<void()> next = [&] {
+            if (left-- > 0)
+                w.acli->async_call(w.p, echo, body, {}, [&](std::error_code ec, call_result) {
+                    ok += !ec;
+                    next();
+                });
+        };
+        next();
+        w.run_until([&] { return left < 0; });
+    }
+    CHECK(ok == 2 * calls);
 }

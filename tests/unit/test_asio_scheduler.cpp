@@ -240,6 +240,24 @@ TEST_CASE("async_scheduler: requests out when the adapter goes end with operatio
     CHECK(got == asio::error::operation_aborted);
 }
 
+TEST_CASE("async_scheduler: a request submitted directly with a small wr_id is not its") {
+    rig r;
+    bool called = false;
+    std::size_t left_at_call = 0; // requests the scheduler still held when the handler ran
+    r.a.async_write(bulk, lbuf(0, 1024 * 1024), remote(), 0,
+                    [&](std::error_code, verbs::completion) {
+                        called = true;
+                        left_at_call = r.s.outstanding();
+                    });
+    // Beside the adapter, a caller of the scheduler itself, with wr_id 0 (as
+    // a plain verbs program numbers its requests): its completion is dropped,
+    // never taken for the adapter's request's.
+    REQUIRE(r.s.write(urgent, lbuf(0, 64), remote(), 0, 0) == status::ok);
+    r.wire();
+    REQUIRE(r.run_until([&] { return called; }));
+    CHECK(left_at_call == 0); // called for its own completion, not the direct one's
+}
+
 TEST_CASE("async_scheduler: no allocation per awaited request once warm") {
     rig r;
     r.rate = 1 << 20;

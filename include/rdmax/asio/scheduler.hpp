@@ -26,7 +26,9 @@
 // no request is out. One thread: the scheduler, this adapter and every
 // request belong to the thread that runs the io_context; while the adapter
 // lives, the scheduler's completions go through it (one submitted directly,
-// with a wr_id of its own, is dropped).
+// with a wr_id of its own, is dropped: the adapter's wr_ids have 0xA5 as their
+// top byte, which no small number and no user-space pointer has; a direct
+// wr_id must not have it).
 //
 // No allocation per request in steady state: a request's state is an entry
 // of a table (grown only when every entry is in use), its handler inline
@@ -151,9 +153,18 @@ private:
 
     struct entry {
         rpc::detail::op_handler<verbs::completion> handler;
-        std::uint32_t generation = 0;
+        std::uint32_t generation = 0; ///< its low 24 bits are in the wr_id
         bool busy = false;
     };
+
+    // A wr_id: tag (8 bits), the entry's generation (24), its index (32).
+    // The tag keeps a direct submission's wr_id (0, 1, 2..., a pointer) from
+    // naming a live entry.
+    static constexpr std::uint64_t wr_tag = std::uint64_t{0xA5} << 56;
+    static constexpr std::uint64_t generation_mask = (std::uint64_t{1} << 24) - 1;
+    static std::uint64_t wr_id_of(std::uint32_t index, std::uint32_t generation) noexcept {
+        return wr_tag | ((generation & generation_mask) << 32) | index;
+    }
 
     struct state : std::enable_shared_from_this<state> {
         state(::asio::io_context& io, Scheduler& s, async_scheduler_options o)
@@ -237,7 +248,7 @@ private:
             if (index >= table.size())
                 return; // not submitted through this adapter
             entry& e = *table[index];
-            if (!e.busy || e.generation != static_cast<std::uint32_t>(c.wr_id >> 32))
+            if (!e.busy || c.wr_id != wr_id_of(index, e.generation))
                 return;
             e.busy = false;
             ++e.generation;
@@ -258,7 +269,7 @@ private:
                     continue;
                 e.busy = false;
                 verbs::completion c;
-                c.wr_id = i;
+                c.wr_id = wr_id_of(static_cast<std::uint32_t>(i), e.generation);
                 c.status = IBV_WC_WR_FLUSH_ERR;
                 try {
                     e.handler.complete_with(::asio::error::operation_aborted, c, io_);
@@ -295,7 +306,7 @@ private:
                 const std::uint32_t index = st->free.back();
                 entry& e = *st->table[index];
                 e.handler.emplace(std::move(handler));
-                const std::uint64_t wr_id = (std::uint64_t{e.generation} << 32) | index;
+                const std::uint64_t wr_id = wr_id_of(index, e.generation);
                 if (const status r = submit_it(st->sched, wr_id); r != status::ok) {
                     verbs::completion c;
                     c.wr_id = wr_id;

@@ -2,10 +2,15 @@
 // send queue: a coroutine awaits a write, a read and a send; an urgent write
 // awaited beside a bulk one completes first; a failed slice fails its
 // request's operation with the completion's status; a refused request
-// completes at once; no allocation per request once warm. The "wire" is a
-// handler on the same io_context that drains the queue a little each turn.
+// completes at once; no allocation per request once warm; out of memory at
+// submission leaves nothing out. The "wire" is a handler on the same
+// io_context that drains the queue a little each turn.
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <system_error>
 #include <vector>
@@ -27,6 +32,21 @@
 #include "../support/catch.hpp"
 #include "../support/counting_new.hpp"
 #include "../support/simulated_send_queue.hpp"
+
+namespace {
+/// Fault injection: the next aligned_alloc fails (Asio takes the memory of
+/// a handler it queues outside a running context from aligned_alloc).
+std::atomic<bool> fail_next_aligned_alloc{false};
+} // namespace
+
+// Replaces the C library's for this program (the tests above use it through
+// Asio's recycling allocator only).
+extern "C" void* aligned_alloc(std::size_t align, std::size_t size) noexcept {
+    if (fail_next_aligned_alloc.exchange(false))
+        return nullptr;
+    void* p = nullptr;
+    return posix_memalign(&p, align, size) == 0 ? p : nullptr;
+}
 
 using namespace rdmax;
 using namespace rdmax::sched;
@@ -256,6 +276,25 @@ TEST_CASE("async_scheduler: a request submitted directly with a small wr_id is n
     r.wire();
     REQUIRE(r.run_until([&] { return called; }));
     CHECK(left_at_call == 0); // called for its own completion, not the direct one's
+}
+
+TEST_CASE("async_scheduler: a request whose wake-up cannot be queued leaves nothing behind") {
+    rig r;
+    bool first = false, second = false;
+    // Out of memory as the adapter queues its poll: the initiating function
+    // throws, and so the request must not be out (nor its handler kept).
+    fail_next_aligned_alloc = true;
+    CHECK_THROWS_AS(r.a.async_write(urgent, lbuf(0, 64), remote(), 0,
+                                    [&](std::error_code, verbs::completion) { first = true; }),
+                    std::bad_alloc);
+    CHECK(r.s.outstanding() == 0);
+    CHECK(r.a.outstanding() == 0);
+    // And the adapter still works.
+    r.a.async_write(urgent, lbuf(0, 64), remote(), 0,
+                    [&](std::error_code, verbs::completion) { second = true; });
+    r.wire();
+    REQUIRE(r.run_until([&] { return second; }));
+    CHECK_FALSE(first);
 }
 
 TEST_CASE("async_scheduler: no allocation per awaited request once warm") {

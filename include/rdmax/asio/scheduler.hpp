@@ -202,11 +202,13 @@ private:
         void post_pump() {
             if (posted)
                 return; // one pump queued at a time (a handler's new request kicks too)
-            posted = true;
+            // The flag only once queued: a post that throws (out of memory)
+            // must not leave the adapter believing a pump is on its way.
             ::asio::post(io_, [self = this->shared_from_this()] {
                 self->posted = false;
                 self->pump();
             });
+            posted = true;
         }
         void pump() {
             if (closed)
@@ -235,13 +237,18 @@ private:
                 post_pump();
                 return;
             }
-            timing = true;
-            timer.expires_after(wait);
+            try {
+                timer.expires_after(wait);
+                timer.async_wait([self = this->shared_from_this()](std::error_code) {
+                    self->timing = false;
+                    self->pump();
+                });
+            } catch (...) {
+                post_pump(); // no wait to be had: poll again at the next turn instead
+                return;
+            }
+            timing = true; // once the wait is on (as posted)
             wait = std::min(2 * wait, opts.max_idle_wait);
-            timer.async_wait([self = this->shared_from_this()](std::error_code) {
-                self->timing = false;
-                self->pump();
-            });
         }
         void deliver(const verbs::completion& c) {
             const auto index = static_cast<std::uint32_t>(c.wr_id);
@@ -306,6 +313,16 @@ private:
                 const std::uint32_t index = st->free.back();
                 entry& e = *st->table[index];
                 e.handler.emplace(std::move(handler));
+                // The pump is queued before the request goes to the
+                // scheduler: when queuing it throws, nothing is out and the
+                // handler goes, as an initiating function that throws must
+                // leave it (an extra pump after a refusal finds nothing).
+                try {
+                    st->kick();
+                } catch (...) {
+                    e.handler.reset();
+                    throw;
+                }
                 const std::uint64_t wr_id = wr_id_of(index, e.generation);
                 if (const status r = submit_it(st->sched, wr_id); r != status::ok) {
                     verbs::completion c;
@@ -317,7 +334,6 @@ private:
                 st->free.pop_back();
                 e.busy = true;
                 ++st->outstanding;
-                st->kick();
             },
             token, std::move(s));
     }

@@ -297,6 +297,32 @@ TEST_CASE("async_scheduler: a request whose wake-up cannot be queued leaves noth
     CHECK_FALSE(first);
 }
 
+TEST_CASE("async_scheduler: a handler that runs the context itself leaves one pump, not two") {
+    rig r;
+    bool ran = false;
+    // The handler makes a request that stays out (nothing drains it), then
+    // turns the context itself (a nested wait): the adapter's own pumps run
+    // inside it and go to sleep on the timer.
+    r.a.async_write(urgent, lbuf(0, 64), remote(), 0, [&](std::error_code, verbs::completion) {
+        r.a.async_write(bulk, lbuf(0, 64), remote(), 0, [](std::error_code, verbs::completion) {});
+        for (int i = 0; i < 16; ++i)
+            (void)r.io.poll_one();
+        ran = true;
+    });
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (!ran && std::chrono::steady_clock::now() < end) {
+        r.s.port().drain(1 << 20); // not after the handler ran: its request stays out
+        (void)r.io.poll_one();
+    }
+    REQUIRE(ran);
+    // Asleep on the timer (50 us doubling to 1 ms): about a hundred turns in
+    // 100 ms. Two pumps at once (a queued one beside the timer's) cancel
+    // each other's waits and turn the context without end.
+    r.io.restart();
+    const std::size_t turns = r.io.run_for(100ms);
+    CHECK(turns < 5000);
+}
+
 TEST_CASE("async_scheduler: no allocation per awaited request once warm") {
     rig r;
     r.rate = 1 << 20;

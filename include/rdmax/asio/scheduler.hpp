@@ -233,6 +233,12 @@ private:
                 spins = 0;
                 wait = opts.idle_wait;
             }
+            // At most one of a queued pump and a timer wait: a handler that
+            // turned the context itself may have run this pump's successor
+            // (which queued one or went to sleep). Two would cancel each
+            // other's waits and spin without end.
+            if (posted || timing)
+                return;
             if (n > 0 || ++spins <= opts.spin_polls) {
                 post_pump();
                 return;

@@ -323,6 +323,50 @@ TEST_CASE("async_scheduler: a handler that runs the context itself leaves one pu
     CHECK(turns < 5000);
 }
 
+TEST_CASE("async_scheduler: requests none of which was posted are withdrawn when it goes") {
+    rig r;
+    const auto nothing = [](std::error_code, verbs::completion) {};
+    std::error_code second_ec;
+    {
+        async_scheduler<sim_scheduler> a{r.io, r.s};
+        a.async_write(bulk, lbuf(0, 1024 * 1024), remote(), 0, nothing);
+        a.async_write(bulk, lbuf(0, 1024 * 1024), remote(), 0,
+                      [&](std::error_code ec, verbs::completion) { second_ec = ec; });
+        verbs::completion none[4];
+        REQUIRE(r.s.poll(none) == 0); // posts the first's first slices; the second waits
+        REQUIRE(r.s.outstanding() == 2);
+    }
+    // The second never reached the device: told operation_aborted, it must not
+    // reach it later (its buffer is its owner's again). The first, partly
+    // posted, runs its course.
+    CHECK(r.s.outstanding() == 1);
+    r.io.restart();
+    (void)r.io.run_for(50ms);
+    CHECK(second_ec == asio::error::operation_aborted);
+}
+
+TEST_CASE("async_scheduler: a successor on the same scheduler does not take its forerunner's") {
+    rig r;
+    {
+        async_scheduler<sim_scheduler> a{r.io, r.s};
+        a.async_write(bulk, lbuf(0, 1024 * 1024), remote(), 0,
+                      [](std::error_code, verbs::completion) {});
+        verbs::completion none[4];
+        REQUIRE(r.s.poll(none) == 0); // partly posted: it runs its course
+    }
+    async_scheduler<sim_scheduler> b{r.io, r.s};
+    bool called = false;
+    std::size_t left_at_call = 0;
+    // Behind the first in its level: its completion comes second.
+    b.async_write(bulk, lbuf(0, 1024 * 1024), remote(), 0, [&](std::error_code, verbs::completion) {
+        called = true;
+        left_at_call = r.s.outstanding();
+    });
+    r.wire();
+    REQUIRE(r.run_until([&] { return called; }));
+    CHECK(left_at_call == 0); // its own completion, not the forerunner's
+}
+
 TEST_CASE("async_scheduler: no allocation per awaited request once warm") {
     rig r;
     r.rate = 1 << 20;

@@ -49,6 +49,7 @@
 // completions of that poll are delivered at the next turn, none is lost.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -113,8 +114,10 @@ public:
         : state_(std::make_shared<state>(io, s, o)) {}
     async_scheduler(const async_scheduler&) = delete;
     async_scheduler& operator=(const async_scheduler&) = delete;
-    /// Requests still out complete with operation_aborted (posted); the
-    /// scheduler keeps them (their completions, later, are dropped).
+    /// Requests still out complete with operation_aborted (posted). Those
+    /// none of which was posted are withdrawn from the scheduler (cancel());
+    /// one posted in part or whole runs its course there, its buffers in use
+    /// until then (poll the scheduler, or destroy it, to know it is over).
     ~async_scheduler() { state_->close(); }
 
     /// RDMA write of `src` to dst + dst_offset (sliced, by priority).
@@ -166,18 +169,29 @@ private:
         return wr_tag | ((generation & generation_mask) << 32) | index;
     }
 
+    /// Adapters made so far (any thread): each starts its entries'
+    /// generations apart from the one before.
+    static inline std::atomic<std::uint32_t> adapters{0};
+
     struct state : std::enable_shared_from_this<state> {
         state(::asio::io_context& io, Scheduler& s, async_scheduler_options o)
             : io_(io.get_executor())
             , sched(s)
             , opts(o)
-            , timer(io) {
+            , timer(io)
+            // Spread (an odd multiplier: consecutive adapters differ in the
+            // wr_id's 24 bits), so that a successor on the same scheduler
+            // does not take the completion of a request its forerunner left
+            // running for one of its own.
+            , first_generation(adapters.fetch_add(1, std::memory_order_relaxed) * 0x9E3779B1U) {
             grow(16);
         }
         void grow(std::size_t more) {
             const std::size_t from = table.size();
-            for (std::size_t i = 0; i < more; ++i)
+            for (std::size_t i = 0; i < more; ++i) {
                 table.push_back(std::make_unique<entry>());
+                table.back()->generation = first_generation;
+            }
             for (std::size_t i = from + more; i-- > from;)
                 free.push_back(static_cast<std::uint32_t>(i));
         }
@@ -284,6 +298,10 @@ private:
                 verbs::completion c;
                 c.wr_id = wr_id_of(static_cast<std::uint32_t>(i), e.generation);
                 c.status = IBV_WC_WR_FLUSH_ERR;
+                // None of it posted: withdrawn, it never reaches the device
+                // (its buffers are its owner's again when the abort runs).
+                // Else it runs its course in the scheduler.
+                (void)sched.cancel(c.wr_id);
                 try {
                     e.handler.complete_with(::asio::error::operation_aborted, c, io_);
                 } catch (...) {
@@ -297,6 +315,7 @@ private:
         Scheduler& sched;
         async_scheduler_options opts;
         ::asio::steady_timer timer;
+        std::uint32_t first_generation; ///< of every entry
         std::vector<std::unique_ptr<entry>> table;
         std::vector<std::uint32_t> free;
         std::size_t outstanding = 0;

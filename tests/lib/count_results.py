@@ -22,13 +22,40 @@ WHY_LINES = 12  # the output's last lines shown under a failed test
 WHY_TESTS = 6  # failed tests shown with their reasons, in all
 
 
+def text(value):
+    """A record's field as text: anything else (a number, a list, null) is none."""
+    return value if isinstance(value, str) else ""
+
+
 def why(rec):
-    """The reason a failed record gives: its note, else its output's last lines."""
-    note = rec.get("note")
+    """The reason a failed record gives: its note (on one line), else its output's
+    last lines (each cut to 300 characters; only the output's tail is read)."""
+    note = " ".join(text(rec.get("note")).split())
     if note:
         return [note[:600]]
-    lines = [l.rstrip()[:300] for l in (rec.get("stdout") or "").splitlines() if l.strip()]
+    tail = text(rec.get("stdout"))[-WHY_LINES * 4096:]
+    lines = [l.rstrip()[:300] for l in tail.splitlines() if l.strip()]
     return lines[-WHY_LINES:]
+
+
+def read_log(path):
+    """The records of a meson test log, and the numbers of its lines that are
+    not one (cut short by a killed run, garbled): those count as failures, and
+    the rest of the log still counts."""
+    records, garbled = [], []
+    with open(path, encoding="utf-8", errors="replace") as log:
+        for number, line in enumerate(log, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                rec = None
+            if isinstance(rec, dict):
+                records.append(rec)
+            else:
+                garbled.append(number)
+    return records, garbled
 
 
 def main(argv):
@@ -48,18 +75,20 @@ def main(argv):
         counts = {"passed": 0, "failed": 0, "skipped": 0}
         problems = []
         try:
-            with open(path, encoding="utf-8") as log:
-                records = [json.loads(line) for line in log if line.strip()]
-        except (OSError, ValueError) as err:
-            records = []
+            records, garbled = read_log(path)
+        except OSError as err:
+            records, garbled = [], []
             counts["failed"] += 1
             problems.append(f"no test log ({err.__class__.__name__}): the phase did not run its tests")
+        for number in garbled:
+            counts["failed"] += 1
+            problems.append(f"line {number} of the test log is not a test record (cut short or garbled)")
         if not records and not problems:
             # A log without a test means the phase selected nothing: never a pass.
             counts["failed"] += 1
             problems.append("the test log lists no test: the phase ran nothing")
         for rec in records:
-            name, result = rec.get("name", "?"), rec.get("result", "?")
+            name, result = text(rec.get("name")) or "?", text(rec.get("result")) or "?"
             suite = name.split(" / ")[0].split(":")[-1]
             if result in PASS:
                 counts["passed"] += 1

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 #include <vector>
@@ -365,6 +366,33 @@ TEST_CASE("async_scheduler: a successor on the same scheduler does not take its 
     r.wire();
     REQUIRE(r.run_until([&] { return called; }));
     CHECK(left_at_call == 0); // its own completion, not the forerunner's
+}
+
+TEST_CASE("async_scheduler: a handler that destroys the adapter mid-poll ends the rest once") {
+    rig r;
+    r.rate = 1 << 20; // all three complete in one turn of the wire: one poll
+    std::optional<async_scheduler<sim_scheduler>> a;
+    a.emplace(r.io, r.s);
+    std::vector<int> ran;
+    std::vector<std::error_code> errors;
+    for (int tag = 1; tag <= 3; ++tag)
+        a->async_write(urgent, lbuf(0, 64), remote(), 0,
+                       [&, tag](std::error_code ec, verbs::completion) {
+                           ran.push_back(tag);
+                           errors.push_back(ec);
+                           if (tag == 1)
+                               a.reset(); // from inside its completion, the pump looping
+                       });
+    // The wire without the rig's adapter check: the scheduler's own count.
+    for (int i = 0; i < 64 && r.s.outstanding() > 0; ++i)
+        r.s.port().drain(r.rate);
+    REQUIRE(r.run_until([&] { return ran.size() == 3; }));
+    (void)r.io.run_for(20ms); // nothing more may come
+    REQUIRE(ran.size() == 3);
+    CHECK(ran[0] == 1);
+    CHECK_FALSE(errors[0]);
+    CHECK(errors[1] == asio::error::operation_aborted);
+    CHECK(errors[2] == asio::error::operation_aborted);
 }
 
 TEST_CASE("async_scheduler: no allocation per awaited request once warm") {

@@ -395,6 +395,33 @@ TEST_CASE("async_scheduler: a handler that destroys the adapter mid-poll ends th
     CHECK(errors[2] == asio::error::operation_aborted);
 }
 
+TEST_CASE("async_scheduler: a handler that runs the context and throws leaves one pump") {
+    rig r;
+    bool ran = false;
+    r.a.async_write(urgent, lbuf(0, 64), remote(), 0, [&](std::error_code, verbs::completion) {
+        r.a.async_write(bulk, lbuf(0, 64), remote(), 0, [](std::error_code, verbs::completion) {});
+        for (int i = 0; i < 16; ++i)
+            (void)r.io.poll_one(); // the adapter's pumps run here and go to sleep
+        ran = true;
+        throw std::runtime_error("the handler throws");
+    });
+    bool thrown = false;
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (!ran && std::chrono::steady_clock::now() < end) {
+        r.s.port().drain(1 << 20); // not after the handler ran: its request stays out
+        try {
+            (void)r.io.poll_one();
+        } catch (const std::runtime_error&) {
+            thrown = true;
+        }
+    }
+    REQUIRE(ran);
+    CHECK(thrown);
+    r.io.restart();
+    const std::size_t turns = r.io.run_for(100ms);
+    CHECK(turns < 5000); // asleep on the timer, not two pumps cancelling each other
+}
+
 TEST_CASE("async_scheduler: no allocation per awaited request once warm") {
     rig r;
     r.rate = 1 << 20;

@@ -114,7 +114,8 @@ public:
         : state_(std::make_shared<state>(io, s, o)) {}
     async_scheduler(const async_scheduler&) = delete;
     async_scheduler& operator=(const async_scheduler&) = delete;
-    /// Requests still out complete with operation_aborted (posted). Those
+    /// Requests whose completion it already polled complete with it; those
+    /// still out complete with operation_aborted (both posted). Those
     /// none of which was posted are withdrawn from the scheduler (cancel());
     /// one posted in part or whole runs its course there, its buffers in use
     /// until then (poll the scheduler, or destroy it, to know it is over).
@@ -289,6 +290,23 @@ private:
                 (void)timer.cancel();
             } catch (const std::system_error&) {
                 // The wait ends at its expiry and finds the adapter closed.
+            }
+            // Completions already polled (a handler of this poll closed the
+            // adapter, or threw): those requests finished, and say how.
+            for (; got_at < got_n; ++got_at) {
+                const verbs::completion& c = got[got_at];
+                const auto index = static_cast<std::uint32_t>(c.wr_id);
+                if (index >= table.size())
+                    continue;
+                entry& e = *table[index];
+                if (!e.busy || c.wr_id != wr_id_of(index, e.generation))
+                    continue;
+                e.busy = false;
+                try {
+                    e.handler.complete(c, io_, true);
+                } catch (...) {
+                    // No memory to post it: dropped, as a closed context drops it.
+                }
             }
             for (std::size_t i = 0; i < table.size(); ++i) {
                 entry& e = *table[i];

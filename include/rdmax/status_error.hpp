@@ -6,6 +6,9 @@
 // not_connected and qp_failed std::errc::not_connected, not_permitted
 // std::errc::permission_denied; the rest std::errc::invalid_argument (the
 // request itself is wrong) but post_failed (the device's refusal: its own).
+// Test success with !ec, never ec == status::ok: a success from elsewhere
+// (std::error_code{}, what a completed operation carries) is of another
+// category, and codes of two categories are never equal.
 
 #include <string>
 #include <system_error>
@@ -17,10 +20,15 @@ namespace rdmax {
 [[nodiscard]] inline const std::error_category& status_category() noexcept {
     struct category final : std::error_category {
         [[nodiscard]] const char* name() const noexcept override { return "rdmax.status"; }
+        // A value outside status's 8 bits is no status: converted, it would
+        // wrap (256 to ok, whose condition is success).
+        static bool is_status(int v) noexcept { return v >= 0 && v <= 0xff; }
         [[nodiscard]] std::string message(int v) const override {
-            return std::string(to_string(static_cast<status>(v)));
+            return is_status(v) ? std::string(to_string(static_cast<status>(v))) : "unknown status";
         }
         [[nodiscard]] std::error_condition default_error_condition(int v) const noexcept override {
+            if (!is_status(v))
+                return {v, *this};
             switch (static_cast<status>(v)) {
             case status::ok: return {};
             case status::queue_full:

@@ -1,7 +1,9 @@
 #include <cerrno>
 #include <string>
+#include <system_error>
 
 #include <rdmax/error.hpp>
+#include <rdmax/status_error.hpp>
 
 #include "../support/catch.hpp"
 
@@ -30,4 +32,18 @@ TEST_CASE("a verb that failed without errno is never reported as success") {
         CHECK(e.code().value() != 0);
         CHECK(std::string(e.what()).find("Success") == std::string::npos);
     }
+}
+
+TEST_CASE("status_category: an error_code that is no status is never success") {
+    // 256 is no status (a status is 8 bits): it must not wrap to ok, whose
+    // condition is success, nor take the name of the status it wraps to.
+    const std::error_code ec(256, rdmax::status_category());
+    CHECK(ec.default_error_condition() != std::error_condition{});
+    CHECK(ec.message() == "unknown status");
+    const std::error_code neg(-1, rdmax::status_category());
+    CHECK(neg.default_error_condition() != std::error_condition{});
+    // And the statuses themselves.
+    CHECK_FALSE(make_error_code(rdmax::status::ok));
+    CHECK(make_error_code(rdmax::status::queue_full) == std::errc::resource_unavailable_try_again);
+    CHECK(make_error_code(rdmax::status::zero_length) == std::errc::invalid_argument);
 }

@@ -76,21 +76,13 @@ void run_handler(Handler h, const Result& r, const ::asio::io_context::executor_
                      }));
 }
 
-/// As run_handler, but never at once (a call that did not start: its
-/// handler runs after the initiating function returned).
+/// As run_handler, but never at once, and with an error of the caller's
+/// choosing: error_of(r) for an operation that did not start (its handler
+/// runs after the initiating function returned), or a refusal that is not
+/// the result's own status.
 template <class Handler, class Result>
-void post_handler(Handler h, const Result& r, const ::asio::io_context::executor_type& io) {
-    const auto ex = ::asio::get_associated_executor(h, io);
-    const auto alloc = ::asio::get_associated_allocator(h);
-    ::asio::post(ex, ::asio::bind_allocator(
-                         alloc, [h = std::move(h), r]() mutable { std::move(h)(error_of(r), r); }));
-}
-
-/// As post_handler, with an error of the caller's choosing (a refusal that
-/// is not the result's own status).
-template <class Handler, class Result>
-void post_handler_with(Handler h, std::error_code ec, const Result& r,
-                       const ::asio::io_context::executor_type& io) {
+void post_handler(Handler h, std::error_code ec, const Result& r,
+                  const ::asio::io_context::executor_type& io) {
     const auto ex = ::asio::get_associated_executor(h, io);
     const auto alloc = ::asio::get_associated_allocator(h);
     ::asio::post(ex, ::asio::bind_allocator(
@@ -134,8 +126,12 @@ public:
     /// Takes the handler out (this is empty after) and runs it with `r`
     /// (`posted`: never at once, as post_handler).
     void complete(const Result& r, const io_executor& io, bool posted = false) {
+        if (posted) {
+            complete_with(error_of(r), r, io);
+            return;
+        }
         const ops* o = std::exchange(ops_, nullptr);
-        o->complete(std::exchange(obj_, nullptr), r, io, buf_, posted);
+        o->complete(std::exchange(obj_, nullptr), r, io, buf_);
     }
     /// Takes the handler out and runs it with (ec, r), posted: an operation
     /// refused before it started, whose error is not r's own.
@@ -151,8 +147,7 @@ public:
 
 private:
     struct ops {
-        void (*complete)(void* obj, const Result& r, const io_executor& io, std::byte* buf,
-                         bool posted);
+        void (*complete)(void* obj, const Result& r, const io_executor& io, std::byte* buf);
         void (*complete_with)(void* obj, std::error_code ec, const Result& r, const io_executor& io,
                               std::byte* buf);
         void (*destroy)(void* obj, std::byte* buf) noexcept;
@@ -176,20 +171,17 @@ private:
     }
     template <class T>
     static constexpr ops ops_of{
-        [](void* obj, const Result& r, const io_executor& io, std::byte* buf, bool posted) {
+        [](void* obj, const Result& r, const io_executor& io, std::byte* buf) {
             T* p = static_cast<T*>(obj);
             T h(std::move(*p));
             free(p, buf); // its storage is free before it runs: it may start another call
-            if (posted)
-                post_handler(std::move(h), r, io);
-            else
-                run_handler(std::move(h), r, io);
+            run_handler(std::move(h), r, io);
         },
         [](void* obj, std::error_code ec, const Result& r, const io_executor& io, std::byte* buf) {
             T* p = static_cast<T*>(obj);
             T h(std::move(*p));
             free(p, buf);
-            post_handler_with(std::move(h), ec, r, io);
+            post_handler(std::move(h), ec, r, io);
         },
         [](void* obj, std::byte* buf) noexcept { free(static_cast<T*>(obj), buf); },
     };

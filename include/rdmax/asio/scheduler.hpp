@@ -271,18 +271,25 @@ private:
             timing = true; // once the wait is on (as posted)
             wait = std::min(2 * wait, opts.max_idle_wait);
         }
-        void deliver(const verbs::completion& c) {
+        /// The entry whose request `c` completes, if that request is out;
+        /// null for a completion of a request not submitted through this
+        /// adapter (or of an earlier generation of the entry).
+        entry* live(const verbs::completion& c) noexcept {
             const auto index = static_cast<std::uint32_t>(c.wr_id);
             if (index >= table.size())
-                return; // not submitted through this adapter
+                return nullptr;
             entry& e = *table[index];
-            if (!e.busy || c.wr_id != wr_id_of(index, e.generation))
+            return e.busy && c.wr_id == wr_id_of(index, e.generation) ? &e : nullptr;
+        }
+        void deliver(const verbs::completion& c) {
+            entry* const e = live(c);
+            if (e == nullptr)
                 return;
-            e.busy = false;
-            ++e.generation;
-            free.push_back(index);
+            e->busy = false;
+            ++e->generation;
+            free.push_back(static_cast<std::uint32_t>(c.wr_id)); // its index
             --outstanding;
-            e.handler.complete(c, io_);
+            e->handler.complete(c, io_);
         }
         void close() noexcept {
             closed = true;
@@ -295,15 +302,12 @@ private:
             // adapter, or threw): those requests finished, and say how.
             for (; got_at < got_n; ++got_at) {
                 const verbs::completion& c = got[got_at];
-                const auto index = static_cast<std::uint32_t>(c.wr_id);
-                if (index >= table.size())
+                entry* const e = live(c);
+                if (e == nullptr)
                     continue;
-                entry& e = *table[index];
-                if (!e.busy || c.wr_id != wr_id_of(index, e.generation))
-                    continue;
-                e.busy = false;
+                e->busy = false;
                 try {
-                    e.handler.complete(c, io_, true);
+                    e->handler.complete(c, io_, true);
                 } catch (...) {
                     // No memory to post it: dropped, as a closed context drops it.
                 }

@@ -145,10 +145,11 @@ for spec in steps:
             notes.append(fault)
     failed += result == "FAIL"
     # The notes go into the record too: tests/run's summary shows them under a failure.
+    note = "; ".join(notes)
     out.append({"name": f"rdmax:multihost / {step}", "result": result, "duration": duration,
-                "note": "; ".join(notes)})
+                "note": note})
     shown = "SKIPPED" if result == "SKIP" else result
-    print(f"  {step:<15} {shown:<8} {'; '.join(notes)}")
+    print(f"  {step:<15} {shown:<8} {note}")
 if vm_status != 0 and failed == 0:
     # Every step passed, yet a guest failed: never let that pass.
     out.append({"name": "rdmax:multihost / guests", "result": "FAIL", "duration": 0.0})

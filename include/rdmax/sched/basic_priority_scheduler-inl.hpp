@@ -137,7 +137,8 @@ inline status basic_priority_scheduler<Policy, Port, Clock, FineClock>::submit(
     ++live_[p.level];
     ++live_total_;
     ++counters_.requests;
-    pump();
+    if (!f.deferred)
+        pump(); // a deferred request waits for the next doorbell rung (flush, poll)
     return status::ok;
 }
 

@@ -52,7 +52,10 @@
 // call.
 //
 // Progress: the caller's poll() or wait() drives everything (completions in,
-// slices out); submission also posts at once when the budget allows. There is
+// slices out); submission also posts at once when the budget allows, unless
+// the request is `deferred` (request_flags): then it waits, queued, for the
+// next flush(), poll() or submission that is not, and a run of deferred
+// requests goes out with one doorbell. There is
 // no thread of its own. Like the queue pair, a scheduler is used by one thread
 // at a time, and it owns the queue pair's send side: do not post on the queue
 // pair directly while the scheduler uses it (receives are yours).
@@ -192,6 +195,11 @@ public:
     /// body whose call the caller gave up: the key it names is dead, and the
     /// READ would fail the queue pair).
     bool cancel(std::uint64_t wr_id) noexcept;
+
+    /// Posts what is queued, as far as the budget allows (one doorbell, or
+    /// more when the port's batch fills): the deferred requests
+    /// (request_flags::deferred) go now. Completions are not taken in.
+    void flush() noexcept { pump(); }
 
     /// Like poll(), spinning until a request finished or `timeout` passed; 0
     /// on timeout, at once when nothing is queued or in flight.

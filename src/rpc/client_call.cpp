@@ -59,6 +59,8 @@ call_status client::send_on(std::uint32_t index, std::uint16_t method, outgoing&
     const std::uint32_t call_seq = l.next_seq++;
     const bool epoch = !l.slots[slot].epoch; // a new epoch for every call in the slot
     const std::uint32_t bytes = encode_request(l, slot, method, o, call, call_seq, epoch);
+    if (holding_ && !l.doorbell_held)
+        hold_link(l, index);
     if (const status s = l.wire->send_slot(message_kind::request, slot, bytes, o.priority, epoch);
         s != status::ok)
         return send_refused(l, slot, s);
@@ -247,6 +249,29 @@ void client::release(std::uint64_t cookie) noexcept {
         r.release = false; // the next poll() finds it given back already
         return;
     }
+}
+
+void client::hold_link(peer& l, std::uint32_t index) noexcept {
+    if (held_count_ == held_.size() || !l.wire->hold_doorbell(true))
+        return; // the list is full, or the link posts at once anyway
+    l.doorbell_held = true;
+    held_[held_count_++] = index;
+}
+
+void client::ring_held() noexcept {
+    holding_ = false;
+    for (std::size_t i = 0; i < held_count_; ++i) {
+        // A connection torn down meanwhile (its entry empty, or another's
+        // since) holds nothing: its calls went with it.
+        if (held_[i] >= ep_.peers.size())
+            continue;
+        peer& l = ep_.peers[held_[i]];
+        if (!l.wire || !l.doorbell_held)
+            continue;
+        l.doorbell_held = false;
+        (void)l.wire->hold_doorbell(false);
+    }
+    held_count_ = 0;
 }
 
 int client::poll(std::span<call_result> out) noexcept {

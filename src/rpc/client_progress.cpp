@@ -10,6 +10,8 @@
 namespace rdmax::rpc {
 
 void client::progress() noexcept {
+    if (holding_)
+        ring_held(); // what waits for its doorbell goes before the poll
     ep_.take_inbox([this](const ibv_wc& wc) { on_receive(wc); });
     const bool due = ep_.housekeeping_due();
     for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {

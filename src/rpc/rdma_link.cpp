@@ -47,6 +47,7 @@ void rdma_link::attach(verbs::connection conn, const ring_offer& peer,
     set_fds(conn_->id()->channel->fd, -1);
     set_counters_of(
         [](const link* l) { return static_cast<const rdma_link*>(l)->sched_->counters(); });
+    set_hold_of([](link* l, bool on) noexcept { return static_cast<rdma_link*>(l)->hold(on); });
 }
 
 bool rdma_link::serve_calls(const call_memory& memory, bool windows) {
@@ -88,7 +89,16 @@ status rdma_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes
     const std::uint64_t at = bytes == 0 ? 0 : std::uint64_t{s} * slot_bytes();
     return sched_->write_imm(p, staging_.local(at, bytes), peer_ring_, at,
                              encode_imm(k, s, bytes, epoch), s,
-                             sched::request_flags{.signaled = false});
+                             sched::request_flags{.signaled = false, .deferred = held_});
+}
+
+bool rdma_link::hold(bool on) noexcept {
+    if (!sched_)
+        return false;
+    held_ = on;
+    if (!on)
+        sched_->flush();
+    return true;
 }
 
 transfer rdma_link::move_body(body_way way, sched::priority p,

@@ -106,6 +106,7 @@ bool rdma_link::bind_call(std::uint32_t slot, call_access& a, std::span<const st
 bool rdma_link::end_access(std::uint32_t slot, access_end how) noexcept {
     if (slot >= calls_.size())
         return how != access_end::fence; // not a client's link: nothing was shown
+    ring_before_direct();
     call_access& a = calls_[slot];
     switch (how) {
     case access_end::fence:

@@ -114,9 +114,25 @@ struct fake_end {
     bool hold_completions = false; ///< transfers' completions wait (a slow READ)
     bool gone = false;             ///< peer_gone() says so (set with leave())
     bool corrupt = false;          ///< ended() says so; node-local: poll says corrupt
+    /// hold_doorbell() holds, as rdma_link does (the device path), or not,
+    /// as shm_link (node-local).
+    bool holds = path == fake_path::device;
 
     // What happened.
     std::uint32_t sends = 0, reads_started = 0, writes_started = 0, closes = 0;
+    /// Doorbells: a send not held rings one; a hold's end with messages
+    /// held rings one for all of them.
+    std::uint32_t doorbells = 0;
+    bool held = false;               ///< hold_doorbell(true) said so
+    std::deque<fake_message> unrung; ///< sent while held: not in the outbox yet
+    /// The held messages go to the outbox, with one doorbell.
+    void ring_unrung() {
+        if (unrung.empty())
+            return;
+        ++doorbells;
+        for (; !unrung.empty(); unrung.pop_front())
+            outbox.push_back(std::move(unrung.front()));
+    }
     bool destroyed = false; ///< the endpoint let its link go
 
     struct pending {
@@ -189,6 +205,7 @@ public:
         set_fds(e_->event_fd, e_->wake_fd);
         if (e_->path == fake_path::device)
             set_qp_num(e_->qp_num);
+        set_hold_of([](link* l, bool on) noexcept { return static_cast<fake_link*>(l)->hold(on); });
     }
     ~fake_link() override { e_->destroyed = true; }
     fake_link(const fake_link&) = delete;
@@ -205,8 +222,23 @@ public:
         if (bytes != 0) // a control message names a code, not a slot
             m.bytes.assign(staging(s), staging(s) + bytes);
         m.priority = p;
-        e_->outbox.push_back(std::move(m));
+        if (e_->held) {
+            e_->unrung.push_back(std::move(m));
+        } else {
+            ++e_->doorbells;
+            e_->outbox.push_back(std::move(m));
+        }
         return status::ok;
+    }
+    bool hold(bool on) noexcept {
+        if (!e_->holds)
+            return false;
+        e_->held = on;
+        if (!on) {
+            const not_counted scaffolding;
+            e_->ring_unrung();
+        }
+        return true;
     }
     [[nodiscard]] rpc::detail::transfer move_body(rpc::detail::body_way way, sched::priority p,
                                                   local_buffer<rights::local_write> local,
@@ -264,6 +296,11 @@ public:
         return rpc::detail::access::ok;
     }
     bool end_access(std::uint32_t slot, rpc::detail::access_end how) noexcept override {
+        // As rdma_link: nothing held is overtaken by what ends the access.
+        {
+            const not_counted scaffolding;
+            e_->ring_unrung();
+        }
         if (how == rpc::detail::access_end::fence)
             return false;
         // Node-local: a call given up flips its request's epoch in the

@@ -583,3 +583,59 @@ TEST_CASE("asio: calls in a row for a profiler (awaitable, callback)", "[.overhe
     }
     CHECK(ok == 2 * calls);
 }
+
+TEST_CASE("asio: the calls a round's handlers start share one doorbell", "[asio][doorbell]") {
+    const auto chains = [](bool batch) {
+        rpc::async_options ao;
+        ao.batch_doorbells = batch;
+        world w(options(16), ao);
+        int done = 0, good = 0;
+        std::function<void(int, int)> next = [&](int k, int i) {
+            if (i == 20) {
+                ++done;
+                return;
+            }
+            w.acli->async_call(w.p, echo, bytes_of("x"), {},
+                               [&, k, i](std::error_code ec, const call_result& r) {
+                                   good += !ec && text(r.reply) == "x" ? 1 : 0;
+                                   next(k, i + 1);
+                               });
+        };
+        for (int k = 0; k < 16; ++k)
+            next(k, 0);
+        w.run_until([&] { return done == 16; });
+        CHECK(good == 16 * 20);
+        CHECK(w.c->unrung.empty());
+        CHECK_FALSE(w.c->held);
+        return w.c->doorbells;
+    };
+    const std::uint32_t batched = chains(true);
+    const std::uint32_t unbatched = chains(false);
+    INFO("doorbells for 320 calls: batched " << batched << ", unbatched " << unbatched);
+    CHECK(unbatched == 320);
+    // The first 16 calls start outside any round (one each); the others in
+    // rounds of up to 16 results.
+    CHECK(batched < 16 + 304 / 4);
+}
+
+TEST_CASE("asio: a handler that throws leaves no call held", "[asio][doorbell]") {
+    world w;
+    w.flowing = false;
+    bool second = false;
+    w.acli->async_call(w.p, echo, bytes_of("a"), {}, [&](std::error_code, call_result) {
+        w.acli->async_call(w.p, echo, bytes_of("b"), {}, [&](std::error_code ec, call_result r) {
+            second = !ec && text(r.reply) == "b";
+        });
+        throw std::runtime_error("handler");
+    });
+    REQUIRE(w.move());
+    w.ring();
+    const std::size_t sent = w.c->outbox.size();
+    CHECK_THROWS_AS(w.ctx.run_for(2s), std::runtime_error);
+    CHECK(w.c->unrung.empty()); // the call it started went
+    CHECK_FALSE(w.c->held);
+    CHECK(w.c->outbox.size() == sent + 1);
+    w.ctx.restart();
+    w.flowing = true;
+    w.run_until([&] { return second; });
+}

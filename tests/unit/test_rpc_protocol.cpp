@@ -1411,3 +1411,76 @@ TEST_CASE("message_reader: a message exactly its room is whole, one byte more fa
         CHECK(r.error() == ECONNRESET);
     }
 }
+
+// ---- held doorbells (client::hold_doorbells) -------------------------------------------------
+
+TEST_CASE("calls started while doorbells are held go with one doorbell per connection",
+          "[rpc-protocol][doorbell]") {
+    client_alone x;
+    x.cli->hold_doorbells();
+    for (int i = 0; i < 3; ++i) {
+        REQUIRE(x.cli->start(x.pa, echo, bytes_of("to a")) == call_status::ok);
+        REQUIRE(x.cli->start(x.pb, echo, bytes_of("to b")) == call_status::ok);
+    }
+    // Sent, and held: nothing on the wire, no doorbell.
+    CHECK(x.a->sends == 3);
+    CHECK(x.a->outbox.empty());
+    CHECK(x.b->outbox.empty());
+    CHECK(x.a->doorbells + x.b->doorbells == 0);
+    x.cli->ring_held();
+    CHECK(x.a->doorbells == 1);
+    CHECK(x.b->doorbells == 1);
+    REQUIRE(x.a->outbox.size() == 3);
+    REQUIRE(x.b->outbox.size() == 3);
+    CHECK_FALSE(x.a->held);
+    // Not held: one each again.
+    REQUIRE(x.cli->start(x.pa, echo, bytes_of("alone")) == call_status::ok);
+    CHECK(x.a->doorbells == 2);
+    CHECK(x.a->outbox.size() == 4);
+}
+
+TEST_CASE("a poll rings what is held, and the calls complete", "[rpc-protocol][doorbell]") {
+    rig r;
+    r.cli->hold_doorbells();
+    REQUIRE(r.start(echo, "one", {.cookie = 1}) == call_status::ok);
+    REQUIRE(r.start(echo, "two", {.cookie = 2}) == call_status::ok);
+    CHECK(r.c->outbox.empty());
+    CHECK(r.results().empty()); // the poll rang them
+    CHECK(r.c->doorbells == 1);
+    CHECK(r.c->outbox.size() == 2);
+    r.pump();
+    const auto got = r.results();
+    REQUIRE(got.size() == 2);
+    CHECK(text(got[0].reply) == "one");
+    CHECK(text(got[1].reply) == "two");
+    // The hold ended with the poll: the next call rings at once.
+    REQUIRE(r.start(echo, "three") == call_status::ok);
+    CHECK(r.c->doorbells == 2);
+}
+
+TEST_CASE("a held call cancelled: its request goes before its access ends",
+          "[rpc-protocol][doorbell]") {
+    rig r;
+    r.cli->hold_doorbells();
+    REQUIRE(r.start(echo, "gone", {.cookie = 9}) == call_status::ok);
+    CHECK(r.c->outbox.empty());
+    REQUIRE(r.cli->cancel(r.at_cli, 9));
+    CHECK(r.c->outbox.size() == 1); // rung by the revocation, not left behind it
+    r.cli->ring_held();
+    const auto got = r.results();
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == call_status::cancelled);
+}
+
+TEST_CASE("a node-local connection does not hold its doorbell", "[rpc-protocol][doorbell]") {
+    rig r(fake_path::node_local);
+    r.cli->hold_doorbells();
+    REQUIRE(r.start(echo, "at once") == call_status::ok);
+    CHECK(r.c->doorbells == 1);
+    CHECK_FALSE(r.c->held);
+    r.cli->ring_held();
+    r.pump();
+    const auto got = r.results();
+    REQUIRE(got.size() == 1);
+    CHECK(text(got[0].reply) == "at once");
+}

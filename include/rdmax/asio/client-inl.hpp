@@ -124,7 +124,14 @@ inline int async_state::poll_and_deliver() {
         round_size_ = 0;
     }
     const auto n = static_cast<int>(got_n_ - got_at_);
+    if (n == 0)
+        return 0;
     delivering_ = true;
+    // The calls the round's handlers start go with one doorbell per
+    // connection, after the last handler (as a poll loop that takes every
+    // result first posts them), not one each before the next handler runs.
+    if (opts_.batch_doorbells)
+        core_.hold_doorbells();
     try {
         while (got_at_ < got_n_) {
             const call_result& r = got_[got_at_++];
@@ -133,13 +140,19 @@ inline int async_state::poll_and_deliver() {
         }
     } catch (...) {
         // A handler threw: it leaves the context's run() (Asio's rule); the
-        // rest of the round goes at the next turn.
+        // rest of the round goes at the next turn. What the round's handlers
+        // started goes now (closed: the client may be gone; the adapter's
+        // close polled it, which rang them).
         delivering_ = false;
         release_asked_ = false;
+        if (!closed_)
+            core_.ring_held();
         post_pump();
         throw;
     }
     delivering_ = false;
+    if (!closed_)
+        core_.ring_held();
     if (release_asked_ && !closed_) { // closed: the client may be gone
         release_asked_ = false;
         core_.release();

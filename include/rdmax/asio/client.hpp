@@ -82,6 +82,13 @@ struct async_options {
     std::uint32_t spin_polls = 0;
     /// ... or polls for this long (the larger budget of the two wins).
     std::chrono::microseconds spin_for{0};
+    /// The calls that the handlers of one delivery round start are posted
+    /// together once the round's last handler returned: one doorbell per
+    /// connection through the device (on soft-RoCE one system call each),
+    /// not one per call (rpc::client::hold_doorbells). A round's first call
+    /// then waits for the round's other handlers; false: each call posts at
+    /// once.
+    bool batch_doorbells = true;
 };
 
 namespace detail {

@@ -27,6 +27,7 @@
 // call but the device's doorbell, for messages that fit a slot; a larger
 // one costs a registration the first time its buffer is seen.
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -138,13 +139,28 @@ public:
     /// ended already (its reply came: the result tells) or never started.
     bool cancel(peer_id p, std::uint64_t cookie) noexcept;
 
+    /// Holds the doorbells of the calls started from here to ring_held():
+    /// their requests wait, then go together, one doorbell per connection (on
+    /// soft-RoCE a system call each), not one per call: for a loop that starts
+    /// calls in a row. Only connections through the device hold, at most
+    /// held_links (others post at once). poll(), wait(), call(), arm() and a
+    /// call's revocation (cancel, timeout) ring what is held first.
+    void hold_doorbells() noexcept { holding_ = true; }
+    /// Ends the hold: what the held connections queued is posted now.
+    void ring_held() noexcept;
+    static constexpr std::size_t held_links = 8;
+
     /// Your own loop (epoll, an io_context): sleep on fd() only after arm()
     /// said true, and call awake() when it was readable (or the sleep ended).
     [[nodiscard]] int fd() const noexcept { return ep_.in.fd(); }
     /// Arms the completion channel and asks every peer to wake this side;
     /// false when something came meanwhile (or the device refused): poll()
     /// again instead of sleeping.
-    bool arm() noexcept { return ep_.prepare_sleep(); }
+    bool arm() noexcept {
+        if (holding_)
+            ring_held(); // nothing sleeps on a request not yet posted
+        return ep_.prepare_sleep();
+    }
     /// Takes fd()'s events, tells the peers this side is awake, and has the
     /// next poll() look at connection events and deadlines.
     void awake() noexcept { ep_.woke(); }
@@ -356,6 +372,13 @@ private:
     std::vector<slot_ref> queued_slots_; ///< parallel to results_: its slot, or link UINT32_MAX
     std::vector<slot_ref> handed_out_;
     std::size_t in_flight_ = 0;
+    // Doorbells held (hold_doorbells): the connections whose requests wait.
+    bool holding_ = false;
+    std::array<std::uint32_t, held_links> held_{};
+    std::size_t held_count_ = 0;
+    /// Connection `index` holds its doorbell for the call about to go, if it
+    /// can and the list has room.
+    void hold_link(peer& l, std::uint32_t index) noexcept;
     // Sessions: what peer_ids name.
     std::vector<session> sessions_;
     std::vector<std::uint32_t> free_sessions_;

@@ -59,8 +59,9 @@ struct client_link : peer_base {
     std::vector<std::uint16_t> free_slots;
     std::uint32_t next_seq = 1;
     std::uint32_t in_flight = 0;
-    std::uint32_t held = 0;    ///< slots done: results queued or handed out
-    std::uint32_t fencing = 0; ///< of in_flight, slots fencing
+    std::uint32_t held = 0;     ///< slots done: results queued or handed out
+    std::uint32_t fencing = 0;  ///< of in_flight, slots fencing
+    bool doorbell_held = false; ///< in the client's held list (hold_doorbells)
 };
 
 /// A call as rpc::client::start() encodes it.

@@ -167,6 +167,13 @@ public:
     /// not posted: then end it `now`.
     virtual bool end_access(std::uint32_t slot, access_end how) noexcept = 0;
 
+    /// Beside the ten (a plain function, as for the counters): holds this
+    /// side's doorbell (`on`), so that what send_slot sends waits, queued,
+    /// for the next doorbell, at the latest the hold's end (false), which
+    /// rings it. False where the link does not hold (the node-local path:
+    /// no doorbell to save).
+    bool hold_doorbell(bool on) noexcept { return hold_of_ != nullptr && hold_of_(this, on); }
+
     /// The connection failed, the peer left, or it broke the protocol: no
     /// more posts; the endpoint tears it down.
     bool broken = false;
@@ -192,6 +199,8 @@ protected:
     void set_counters_of(sched::scheduler_counters (*of)(const link*)) noexcept {
         counters_of_ = of;
     }
+    /// How hold_doorbell() holds, where the link does.
+    void set_hold_of(bool (*of)(link*, bool) noexcept) noexcept { hold_of_ = of; }
 
 private:
     std::uint16_t slots_;
@@ -203,6 +212,7 @@ private:
     int wake_fd_ = -1;
     std::uint32_t qp_num_ = 0;
     sched::scheduler_counters (*counters_of_)(const link*) = nullptr;
+    bool (*hold_of_)(link*, bool) noexcept = nullptr;
 };
 
 } // namespace rdmax::rpc::detail

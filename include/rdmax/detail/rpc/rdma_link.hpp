@@ -100,6 +100,9 @@ public:
     bool end_access(std::uint32_t slot, access_end how) noexcept override;
 
 private:
+    /// hold_doorbell: the requests send_slot sends while held are deferred
+    /// in the scheduler (request_flags::deferred); the hold's end flushes them.
+    bool hold(bool on) noexcept;
     struct window {
         ibv_mw* mw = nullptr;
         bool bound = false;
@@ -135,6 +138,13 @@ private:
         return !windows_.empty() && qp_->send_slots_free() * 2 < qp_->send_depth();
     }
     [[nodiscard]] link_end why_ended() const noexcept;
+    /// Posts the deferred requests before a request posted beside the
+    /// scheduler (an invalidation, a window deallocated): what fences a
+    /// call's buffers never overtakes the header that names them.
+    void ring_before_direct() noexcept {
+        if (held_ && sched_->queued())
+            sched_->flush();
+    }
 
     // Windows (rdma_link.cpp).
     bool enable_windows() noexcept;
@@ -195,6 +205,7 @@ private:
     std::uint32_t owed_ = 0;                           ///< windows whose invalidation is owed
     const verbs::queue_pair<verbs::rc>* qp_ = nullptr; ///< conn_'s, once attached
     std::uint64_t window_ops_ = 0;
+    bool held_ = false; ///< hold_doorbell: send_slot defers its requests
 };
 
 /// The queue pair configuration of an RPC connection on `in`'s queues, its

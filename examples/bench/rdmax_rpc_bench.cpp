@@ -3,7 +3,7 @@
 //
 //   rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep size|outstanding|clients|api|all]
 //                   [--transports rdmax,local,sendrecv,tcp] [--json FILE]
-//                   [--api poll,awaitable,callback] [--spin-us N]
+//                   [--api poll,awaitable,callback] [--spin-us N] [--no-batch]
 //
 // "rdmax" is rdmax::rpc through the device, "local" the same calls through
 // the node's memory (both ends are on this node: shared rings, CMA). The
@@ -24,7 +24,10 @@
 // --api names how the rdmax and local clients call: poll (start/poll, spinning;
 // the default), awaitable (K coroutines on an io_context, one call each at a
 // time) or callback (K chains of callbacks); --spin-us lets the adapter spin
-// that long before it sleeps on the client's descriptor (0: it sleeps at once).
+// that long before it sleeps on the client's descriptor (0: it sleeps at once);
+// --no-batch: each call the adapter's handlers start rings its own doorbell
+// (async_options::batch_doorbells off). bells/call: the rdmax client's
+// doorbells per call (its scheduler's ibv_post_send calls).
 // TCP runs over 127.0.0.1 (plain sockets, TCP_NODELAY). writeimm (not in
 // the default list) is the bare verbs rdmax's RPC uses, with nothing of its
 // own: what rdmax adds is the difference. The wire floor
@@ -82,7 +85,14 @@ struct point {
 struct figures {
     double p50_us = 0, p99_us = 0, calls_per_s = 0;
     long calls = 0, bad = 0;
+    double doorbells_per_call = 0; ///< rdmax through the device: the client's, per call (0: none)
 };
+
+/// The client's doorbells over its connection to `peer` (its scheduler's), per call.
+double doorbells_per_call(const rpc::client& cli, rpc::peer_id peer, long calls) {
+    const auto c = cli.scheduler_counters(peer);
+    return c && calls > 0 ? static_cast<double>(c->doorbells) / static_cast<double>(calls) : 0.0;
+}
 
 /// Per-call latencies and the run's length, in cycles; figures at the end.
 class recorder {
@@ -201,6 +211,8 @@ figures run_rpc(const verbs::protection_domain& pd, const std::string& addr, con
             }
         }
         f = rec.finish(per_us, cycles() - t0, bad);
+        for (const auto& c : cs)
+            f.doorbells_per_call += doorbells_per_call(*c.cli, c.peer, started);
     } catch (...) {
         stop = true;
         serve.join();
@@ -280,7 +292,7 @@ private:
 };
 
 figures run_rpc_async(const verbs::protection_domain& pd, const std::string& addr, const point& p,
-                      long calls, double per_us, bool local, long spin_us) {
+                      long calls, double per_us, bool local, long spin_us, bool batch) {
     rpc::rpc_options o = rpc::rpc_options{}.with_env();
     o.local = local;
     o.slots = static_cast<std::uint16_t>(std::max(p.outstanding, 1));
@@ -298,9 +310,11 @@ figures run_rpc_async(const verbs::protection_domain& pd, const std::string& add
         const rpc::peer_id peer = cli.connect(addr, srv.port());
         rpc::async_options ao;
         ao.spin_for = std::chrono::microseconds(spin_us);
+        ao.batch_doorbells = batch;
         rpc::async_client a(io, cli, ao);
         async_run r(a, peer, p, calls);
         f = r.run(io, p.api == "awaitable", per_us);
+        f.doorbells_per_call = doorbells_per_call(cli, peer, calls);
     } catch (...) {
         stop = true;
         serve.join();
@@ -822,13 +836,13 @@ figures run_tcp(const point& p, long calls, double per_us) {
 
 /// An rdmax or local point through the Asio adapter (--api awaitable or callback).
 figures run_async(const verbs::protection_domain& pd, const std::string& addr, const point& p,
-                  long calls, double per_us, bool local, long spin_us) {
+                  long calls, double per_us, bool local, long spin_us, bool batch) {
 #ifdef RDMAX_BENCH_ASIO
     if (p.api != "awaitable" && p.api != "callback")
         throw bench_failure(fmt::format("--api {}: poll, awaitable or callback", p.api));
-    return run_rpc_async(pd, addr, p, calls, per_us, local, spin_us);
+    return run_rpc_async(pd, addr, p, calls, per_us, local, spin_us, batch);
 #else
-    (void)pd, (void)addr, (void)calls, (void)per_us, (void)local, (void)spin_us;
+    (void)pd, (void)addr, (void)calls, (void)per_us, (void)local, (void)spin_us, (void)batch;
     throw bench_failure(fmt::format("--api {}: built without Asio (libasio-dev)", p.api));
 #endif
 }
@@ -852,11 +866,13 @@ int main(int argc, char** argv) {
     std::string addr = "192.0.2.1", sweep = "all", transports = "rdmax,local,sendrecv,tcp", json;
     std::string apis = "poll";
     long calls = 2000, spin_us = 0;
+    bool batch = true; ///< --no-batch: async_options::batch_doorbells off
     static const option longs[] = {{"sweep", required_argument, nullptr, 'w'},
                                    {"transports", required_argument, nullptr, 'T'},
                                    {"json", required_argument, nullptr, 'j'},
                                    {"api", required_argument, nullptr, 'A'},
                                    {"spin-us", required_argument, nullptr, 'S'},
+                                   {"no-batch", no_argument, nullptr, 'B'},
                                    {"help", no_argument, nullptr, 'h'},
                                    {nullptr, 0, nullptr, 0}};
     for (int c; (c = getopt_long(argc, argv, "a:n:h", longs, nullptr)) != -1;) {
@@ -868,11 +884,13 @@ int main(int argc, char** argv) {
         case 'j': json = optarg; break;
         case 'A': apis = optarg; break;
         case 'S': spin_us = std::max(0L, std::atol(optarg)); break;
+        case 'B': batch = false; break;
         default:
             std::fputs(
                 "usage: rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep "
                 "size|outstanding|clients|latency|syscalls|api|all] [--transports "
-                "rdmax,sendrecv,tcp] [--json FILE] [--api poll,awaitable,callback] [--spin-us N]\n",
+                "rdmax,sendrecv,tcp] [--json FILE] [--api poll,awaitable,callback] [--spin-us N] "
+                "[--no-batch]\n",
                 stderr);
             return c == 'h' ? 0 : 2;
         }
@@ -910,9 +928,9 @@ int main(int argc, char** argv) {
         std::FILE* out = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
         if (!json.empty() && out == nullptr)
             throw bench_failure(fmt::format("--json {}: {}", json, std::strerror(errno)));
-        fmt::print("{:<9} {:>8} {:>5} {:>7} {:>10} {:>10} {:>12} {:>5} {:<9} {:>9} {:>9}\n",
+        fmt::print("{:<9} {:>8} {:>5} {:>7} {:>10} {:>10} {:>12} {:>5} {:<9} {:>9} {:>9} {:>10}\n",
                    "transport", "bytes", "out", "clients", "p50[us]", "p99[us]", "calls/s", "bad",
-                   "api", "p50/poll", "rate/poll");
+                   "api", "p50/poll", "rate/poll", "bells/call");
         std::vector<std::pair<point, figures>> polled; // poll's figures, for the ratios
         long bad = 0;
         for (const point& p : points) {
@@ -923,7 +941,7 @@ int main(int argc, char** argv) {
             figures f;
             const bool rpc_path = p.transport == "rdmax" || p.transport == "local";
             if (rpc_path && p.api != "poll")
-                f = run_async(pd, addr, p, n, per_us, p.transport == "local", spin_us);
+                f = run_async(pd, addr, p, n, per_us, p.transport == "local", spin_us, batch);
             else if (p.transport == "rdmax")
                 f = run_rpc(pd, addr, p, n, per_us, false);
             else if (p.transport == "local")
@@ -947,19 +965,21 @@ int main(int argc, char** argv) {
             });
             const bool ratio = base != polled.end() && p.api != "poll";
             fmt::print(
-                "{:<9} {:>8} {:>5} {:>7} {:>10.1f} {:>10.1f} {:>12.0f} {:>5} {:<9} {:>9} {:>9}\n",
+                "{:<9} {:>8} {:>5} {:>7} {:>10.1f} {:>10.1f} {:>12.0f} {:>5} {:<9} {:>9} {:>9} "
+                "{:>10}\n",
                 p.transport, p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us, f.calls_per_s,
                 f.bad, p.api, ratio ? fmt::format("{:.2f}", f.p50_us / base->second.p50_us) : "",
-                ratio ? fmt::format("{:.2f}", f.calls_per_s / base->second.calls_per_s) : "");
+                ratio ? fmt::format("{:.2f}", f.calls_per_s / base->second.calls_per_s) : "",
+                f.doorbells_per_call > 0 ? fmt::format("{:.3f}", f.doorbells_per_call) : "");
             std::fflush(stdout);
             if (out != nullptr)
                 fmt::print(
                     out,
                     "{{\"kind\":\"rpc\",\"transport\":\"{}\",\"bytes\":{},\"outstanding\":{},"
                     "\"clients\":{},\"p50_us\":{:.2f},\"p99_us\":{:.2f},\"calls_per_s\":{:.0f},"
-                    "\"calls\":{},\"bad\":{},\"api\":\"{}\"}}\n",
+                    "\"calls\":{},\"bad\":{},\"api\":\"{}\",\"doorbells_per_call\":{:.3f}}}\n",
                     p.transport, p.bytes, p.outstanding, p.clients, f.p50_us, f.p99_us,
-                    f.calls_per_s, f.calls, f.bad, p.api);
+                    f.calls_per_s, f.calls, f.bad, p.api, f.doorbells_per_call);
         }
         if (out != nullptr)
             std::fclose(out);

@@ -261,3 +261,28 @@ TEST_CASE("asio: no allocation per call through the awaitable path", "[rpc-asio]
     CHECK(good == 10'000);
     CHECK(during == 0);
 }
+
+TEST_CASE("asio: the calls a round's handlers start share a doorbell", "[rpc-asio]") {
+    verbs::context ctx = test::open_test_device();
+    verbs::protection_domain pd(ctx);
+    serving s(pd);
+    // Spinning: a poll often finds several replies, one round of handlers.
+    rpc::async_options ao;
+    ao.spin_for = 100us;
+    const auto doorbells = [&](bool batch) -> std::uint64_t {
+        ao.batch_doorbells = batch;
+        async_side a(pd, s, ao);
+        REQUIRE(echo_lanes(a, 16, 100) == 1600);
+        const auto c = a.cli.scheduler_counters(a.peer);
+        return c ? c->doorbells : 0; // node-local: no scheduler, no doorbell
+    };
+    const std::uint64_t batched = doorbells(true);
+    const std::uint64_t one_each = doorbells(false);
+    INFO("doorbells for 1600 calls: batched " << batched << ", one each " << one_each);
+    if (local_path()) {
+        CHECK(batched == 0);
+        return;
+    }
+    CHECK(one_each >= 1600);
+    CHECK(batched < 1600);
+}

@@ -2532,3 +2532,36 @@ TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not
     CHECK(s.counters().disconnected == 0);
     CHECK(c.cli.counters().disconnected == 0);
 }
+
+// Review (doorbell): ring_held() says "what the held connections queued is
+// posted now"; the scheduler's pump stops at a less urgent level once a more
+// urgent slice is staged, so a normal call held behind an urgent one stays
+// queued until the client's next poll.
+TEST_CASE("review: ring_held posts every held call, whatever its priority", "[rpccall][review]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::server s(pd, test_addr(), 0, device_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s, device_options());
+    const std::vector<std::byte> req(16, std::byte{1});
+    c.cli.hold_doorbells();
+    REQUIRE(c.cli.start(c.peer, m_defer, req, {.priority = sched::normal}) == rpc::call_status::ok);
+    REQUIRE(c.cli.start(c.peer, m_defer, req, {.priority = sched::urgent}) == rpc::call_status::ok);
+    c.cli.ring_held();
+    // Only the server polls now (the client waits for something else).
+    const auto deadline = clock_type::now() + std::chrono::milliseconds(500);
+    while (h.deferred.size() < 2 && clock_type::now() < deadline)
+        (void)s.poll();
+    INFO("calls at the server after ring_held: " << h.deferred.size());
+    CHECK(h.deferred.size() == 2);
+    // The client's next poll posts the rest.
+    rpc::call_result out[4];
+    (void)c.cli.poll(out);
+    const auto again = clock_type::now() + std::chrono::seconds(5);
+    while (h.deferred.size() < 2 && clock_type::now() < again)
+        (void)s.poll();
+    CHECK(h.deferred.size() == 2);
+    for (auto& d : h.deferred)
+        (void)s.reply(d, req);
+}

@@ -738,3 +738,18 @@ TEST_CASE("a deferred request is not lost when the flush comes late") {
     s.flush();
     CHECK(s.counters().doorbells == rung);
 }
+
+// Review (doorbell): flush() is documented to post "the deferred requests"
+// now, but pump() stops at a less urgent level once a more urgent slice is
+// staged, so a deferred request behind a more urgent deferred one stays
+// queued until the next poll() or non-deferred submission.
+TEST_CASE("review: flush() posts deferred requests of every level") {
+    sim_scheduler<> s(options(4096, 16384, 64 * 1024, 32), {});
+    constexpr request_flags deferred{.signaled = false, .deferred = true};
+    REQUIRE(s.write_imm(normal, local(0, 64), remote(), 0, 1, 1, deferred) == status::ok);
+    REQUIRE(s.write_imm(urgent, local(64, 64), remote(), 64, 2, 2, deferred) == status::ok);
+    s.flush();
+    CHECK(s.port().log.size() == 2);
+    CHECK_FALSE(s.queued());
+    CHECK(s.counters().doorbells == 1);
+}

@@ -1484,3 +1484,70 @@ TEST_CASE("a node-local connection does not hold its doorbell", "[rpc-protocol][
     REQUIRE(got.size() == 1);
     CHECK(text(got[0].reply) == "at once");
 }
+
+// ---- review (doorbell) -----------------------------------------------------------------------
+
+TEST_CASE("review: a client destroyed while holding doorbells still says goodbye",
+          "[rpc-protocol][doorbell][review]") {
+    client_alone x;
+    x.cli->hold_doorbells();
+    REQUIRE(x.cli->start(x.pa, echo, bytes_of("held")) == call_status::ok);
+    x.cli.reset(); // ~client sends bye on every connection
+    bool bye = false;
+    for (const auto& m : x.a->outbox) {
+        const rpc::imm_fields f = rpc::decode_imm(m.imm);
+        bye =
+            bye || (rpc::is_control(f) && f.slot == static_cast<std::uint32_t>(rpc::control::bye));
+    }
+    INFO("unrung after the client went: " << x.a->unrung.size());
+    CHECK(bye);
+    CHECK(x.a->unrung.empty());
+}
+
+TEST_CASE("review: a ninth connection posts at once; the eight held ring at ring_held",
+          "[rpc-protocol][doorbell][review]") {
+    auto cli = inside::make_client(options());
+    std::vector<std::shared_ptr<fake_end>> ends;
+    std::vector<peer_id> ids;
+    for (int i = 0; i < 10; ++i) {
+        ends.push_back(std::make_shared<fake_end>(fake_path::device, 4, 256));
+        ids.push_back(inside::adopt(*cli, ends.back()));
+    }
+    cli->hold_doorbells();
+    for (int round = 0; round < 2; ++round)
+        for (int i = 0; i < 10; ++i)
+            REQUIRE(cli->start(ids[i], echo, bytes_of("x")) == call_status::ok);
+    for (int i = 0; i < 8; ++i) {
+        CHECK(ends[i]->outbox.empty());
+        CHECK(ends[i]->held);
+    }
+    for (int i = 8; i < 10; ++i) {
+        CHECK(ends[i]->outbox.size() == 2);
+        CHECK_FALSE(ends[i]->held);
+        CHECK(ends[i]->doorbells == 2);
+    }
+    cli->ring_held();
+    for (int i = 0; i < 10; ++i) {
+        CHECK(ends[i]->outbox.size() == 2);
+        CHECK(ends[i]->unrung.empty());
+        CHECK_FALSE(ends[i]->held);
+    }
+    for (int i = 0; i < 8; ++i)
+        CHECK(ends[i]->doorbells == 1);
+}
+
+TEST_CASE("review: arm() and wait() ring what is held", "[rpc-protocol][doorbell][review]") {
+    client_alone x;
+    x.cli->hold_doorbells();
+    REQUIRE(x.cli->start(x.pa, echo, bytes_of("armed")) == call_status::ok);
+    CHECK(x.a->outbox.empty());
+    (void)x.cli->arm();
+    CHECK(x.a->outbox.size() == 1);
+    x.cli->awake();
+    x.cli->hold_doorbells();
+    REQUIRE(x.cli->start(x.pb, echo, bytes_of("waited")) == call_status::ok);
+    CHECK(x.b->outbox.empty());
+    std::array<call_result, 4> out;
+    (void)x.cli->wait(out, std::chrono::microseconds(0));
+    CHECK(x.b->outbox.size() == 1);
+}

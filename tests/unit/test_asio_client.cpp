@@ -639,3 +639,24 @@ TEST_CASE("asio: a handler that throws leaves no call held", "[asio][doorbell]")
     w.flowing = true;
     w.run_until([&] { return second; });
 }
+
+TEST_CASE("review: a handler that closes the adapter after starting a call leaves nothing held",
+          "[asio][doorbell][review]") {
+    world w;
+    bool first = false;
+    std::optional<rpc::call_result> orphaned;
+    w.acli->async_call(w.p, echo, bytes_of("a"), {}, [&](std::error_code, call_result) {
+        first = true;
+        w.acli->async_call(w.p, deferring, bytes_of("b"), {},
+                           [&](std::error_code, call_result r) { orphaned = r; });
+        w.acli.reset(); // closes: the call just started is cancelled
+    });
+    w.run_until([&] { return first && orphaned.has_value(); });
+    CHECK(orphaned->status == call_status::cancelled);
+    CHECK(w.c->unrung.empty());
+    CHECK_FALSE(w.c->held);
+    // The client is no longer holding: a call started on it directly rings at once.
+    const std::uint32_t rung = w.c->doorbells;
+    REQUIRE(w.cli->start(w.p, echo, bytes_of("c")) == call_status::ok);
+    CHECK(w.c->doorbells == rung + 1);
+}

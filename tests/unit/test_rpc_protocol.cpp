@@ -1551,3 +1551,20 @@ TEST_CASE("review: arm() and wait() ring what is held", "[rpc-protocol][doorbell
     (void)x.cli->wait(out, std::chrono::microseconds(0));
     CHECK(x.b->outbox.size() == 1);
 }
+
+TEST_CASE("review: disconnect() while held says goodbye before it closes",
+          "[rpc-protocol][doorbell][review]") {
+    client_alone x;
+    x.cli->hold_doorbells();
+    rpc::call_options o;
+    o.cookie = 5;
+    REQUIRE(x.cli->start(x.pa, echo, bytes_of("given up"), o) == call_status::ok);
+    REQUIRE(x.cli->cancel(x.pa, 5)); // rings its request; the link stays held
+    const std::size_t sent = x.a->outbox.size();
+    x.cli->disconnect(x.pa); // bye, then close
+    CHECK(x.a->closes == 1);
+    INFO("unrung when the link was closed: " << x.a->unrung.size());
+    CHECK(x.a->outbox.size() == sent + 1); // the bye went before the close
+    CHECK(x.a->unrung.empty());
+    x.cli->ring_held();
+}

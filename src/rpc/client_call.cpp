@@ -269,7 +269,10 @@ void client::ring_held() noexcept {
         if (!l.wire || !l.doorbell_held)
             continue;
         l.doorbell_held = false;
-        (void)l.wire->hold_doorbell(false);
+        // A broken link posts nothing more (its queue pair is in error):
+        // its held requests end with it.
+        if (!l.wire->broken)
+            (void)l.wire->hold_doorbell(false);
     }
     held_count_ = 0;
 }
@@ -313,6 +316,10 @@ bool client::take_result(const slot_ref& taken, call_result& mine) noexcept {
 
 call_result client::call(peer_id p, std::uint16_t method, std::span<const std::byte> request,
                          const call_options& o) noexcept {
+    // What is held goes first (and this call with it), even if this one
+    // cannot start.
+    if (holding_)
+        ring_held();
     release_handed_out();
     slot_ref taken;
     if (const call_status s = start_on(p, method, request, o, taken); s != call_status::ok)

@@ -45,6 +45,7 @@ client::client(detail::no_device_t none, rpc_options opts)
     , ep_(none, opts_) {}
 
 client::~client() {
+    ring_held(); // what a hold kept back goes before the goodbye
     // Goodbye on every connection: the servers may drop this client's
     // replies at once (a client that crashes leaves them to the linger).
     for (peer& l : ep_.peers)
@@ -344,6 +345,8 @@ void client::disconnect(peer_id p) noexcept {
     if (ss == nullptr)
         return;
     const std::uint32_t s = p.index;
+    if (holding_)
+        ring_held(); // held calls go before the goodbye, not after the close
     if (ss->link != no_link) {
         peer& l = ep_.peers[ss->link];
         // Goodbye first: the server may drop this client's replies at once.

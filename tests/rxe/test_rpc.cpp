@@ -2537,7 +2537,7 @@ TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not
 // posted now"; the scheduler's pump stops at a less urgent level once a more
 // urgent slice is staged, so a normal call held behind an urgent one stays
 // queued until the client's next poll.
-TEST_CASE("review: ring_held posts every held call, whatever its priority", "[rpccall][review]") {
+TEST_CASE("ring_held posts every held call, whatever its priority", "[rpccall]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     rpc::server s(pd, test_addr(), 0, device_options());

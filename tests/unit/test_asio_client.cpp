@@ -640,8 +640,8 @@ TEST_CASE("asio: a handler that throws leaves no call held", "[asio][doorbell]")
     w.run_until([&] { return second; });
 }
 
-TEST_CASE("review: a handler that closes the adapter after starting a call leaves nothing held",
-          "[asio][doorbell][review]") {
+TEST_CASE("a handler that closes the adapter after starting a call leaves nothing held",
+          "[asio][doorbell]") {
     world w;
     bool first = false;
     std::optional<rpc::call_result> orphaned;

@@ -743,7 +743,7 @@ TEST_CASE("a deferred request is not lost when the flush comes late") {
 // now, but pump() stops at a less urgent level once a more urgent slice is
 // staged, so a deferred request behind a more urgent deferred one stays
 // queued until the next poll() or non-deferred submission.
-TEST_CASE("review: flush() posts deferred requests of every level") {
+TEST_CASE("flush() posts deferred requests of every level") {
     sim_scheduler<> s(options(4096, 16384, 64 * 1024, 32), {});
     constexpr request_flags deferred{.signaled = false, .deferred = true};
     REQUIRE(s.write_imm(normal, local(0, 64), remote(), 0, 1, 1, deferred) == status::ok);

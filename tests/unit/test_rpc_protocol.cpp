@@ -1485,10 +1485,10 @@ TEST_CASE("a node-local connection does not hold its doorbell", "[rpc-protocol][
     CHECK(text(got[0].reply) == "at once");
 }
 
-// ---- review (doorbell) -----------------------------------------------------------------------
+// ---- doorbells held: every exit rings them ---------------------------------------------------
 
-TEST_CASE("review: a client destroyed while holding doorbells still says goodbye",
-          "[rpc-protocol][doorbell][review]") {
+TEST_CASE("a client destroyed while holding doorbells still says goodbye",
+          "[rpc-protocol][doorbell]") {
     client_alone x;
     x.cli->hold_doorbells();
     REQUIRE(x.cli->start(x.pa, echo, bytes_of("held")) == call_status::ok);
@@ -1504,8 +1504,8 @@ TEST_CASE("review: a client destroyed while holding doorbells still says goodbye
     CHECK(x.a->unrung.empty());
 }
 
-TEST_CASE("review: a ninth connection posts at once; the eight held ring at ring_held",
-          "[rpc-protocol][doorbell][review]") {
+TEST_CASE("a ninth connection posts at once; the eight held ring at ring_held",
+          "[rpc-protocol][doorbell]") {
     auto cli = inside::make_client(options());
     std::vector<std::shared_ptr<fake_end>> ends;
     std::vector<peer_id> ids;
@@ -1536,7 +1536,7 @@ TEST_CASE("review: a ninth connection posts at once; the eight held ring at ring
         CHECK(ends[i]->doorbells == 1);
 }
 
-TEST_CASE("review: arm() and wait() ring what is held", "[rpc-protocol][doorbell][review]") {
+TEST_CASE("arm() and wait() ring what is held", "[rpc-protocol][doorbell]") {
     client_alone x;
     x.cli->hold_doorbells();
     REQUIRE(x.cli->start(x.pa, echo, bytes_of("armed")) == call_status::ok);
@@ -1552,8 +1552,7 @@ TEST_CASE("review: arm() and wait() ring what is held", "[rpc-protocol][doorbell
     CHECK(x.b->outbox.size() == 1);
 }
 
-TEST_CASE("review: disconnect() while held says goodbye before it closes",
-          "[rpc-protocol][doorbell][review]") {
+TEST_CASE("disconnect() while held says goodbye before it closes", "[rpc-protocol][doorbell]") {
     client_alone x;
     x.cli->hold_doorbells();
     rpc::call_options o;

@@ -164,7 +164,8 @@ inline bool basic_priority_scheduler<Policy, Port, Clock, FineClock>::startable(
 }
 
 template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
-inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::pump() noexcept {
+inline void
+basic_priority_scheduler<Policy, Port, Clock, FineClock>::pump(bool every_level) noexcept {
     if (!broken_ && port_.failed()) [[unlikely]]
         port_failed();
     if (broken_ || live_total_ == 0)
@@ -192,7 +193,7 @@ inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::pump() noe
         // polling, and learns that its urgent request finished, without
         // first paying for posting the bulk (on soft-RoCE, posting is the
         // packets' transmission, in this thread).
-        if (level > most_urgent_staged)
+        if (level > most_urgent_staged && !every_level)
             break;
         const status st = post_slice(queues_[level].front(), level, contended(level, now));
         if (st == status::ok) {

@@ -198,8 +198,10 @@ public:
 
     /// Posts what is queued, as far as the budget allows (one doorbell, or
     /// more when the port's batch fills): the deferred requests
-    /// (request_flags::deferred) go now. Completions are not taken in.
-    void flush() noexcept { pump(); }
+    /// (request_flags::deferred) of every level go now, less urgent ones
+    /// too (a poll would post them after the urgent ones' completion).
+    /// Completions are not taken in.
+    void flush() noexcept { pump(true); }
 
     /// Like poll(), spinning until a request finished or `timeout` passed; 0
     /// on timeout, at once when nothing is queued or in flight.
@@ -270,8 +272,10 @@ private:
     /// The oldest request of `level` may start now (fences; read limits).
     [[nodiscard]] bool startable(const request& r) const noexcept;
 
-    /// Posts slices while the budget allows, one doorbell for all of them.
-    void pump() noexcept;
+    /// Posts slices while the budget allows, one doorbell for all of them;
+    /// once an urgent slice is staged, less urgent levels wait for the next
+    /// pass unless `every_level`.
+    void pump(bool every_level = false) noexcept;
 
     /// Counts a pass held back by the budget (wqes, slots or bytes) while work waits.
     void note_budget_stall() noexcept;

@@ -86,8 +86,9 @@ struct async_options {
     /// together once the round's last handler returned: one doorbell per
     /// connection through the device (on soft-RoCE one system call each),
     /// not one per call (rpc::client::hold_doorbells). A round's first call
-    /// then waits for the round's other handlers; false: each call posts at
-    /// once.
+    /// then waits for the round's other handlers (one that waits in this
+    /// thread for the effect of an earlier call of its round would wait for
+    /// good); false: each call posts at once.
     bool batch_doorbells = true;
 };
 

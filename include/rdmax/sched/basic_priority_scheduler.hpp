@@ -307,10 +307,11 @@ private:
     [[nodiscard]] bool any_queued() const noexcept;
 
     /// The measured budget (budget_bytes 0): the bandwidth-delay product and
-    /// one small slice. A sample is a signaled slice, one at a time: the time
-    /// from its posting to its completion being reaped. The bytes completed
-    /// between the previous sample's completion and this one's, over the time
-    /// between them, are the rate the link delivered; the largest of the last
+    /// one small slice. A sample is a signaled slice of probe_bytes or more,
+    /// one at a time: the time from its posting to its completion being
+    /// reaped. The bytes completed between the previous sample's completion
+    /// and this one's, over the time between them, are the rate the link
+    /// delivered; the largest of the last
     /// eight estimates the link's rate (as BBR's bottleneck bandwidth,
     /// Cardwell et al., 2016). A slice posted with nothing in flight (a 1 KiB
     /// probe) gives the base latency; the smallest is kept (as BBR's

@@ -13,6 +13,7 @@
 #include <rdmax/config/knobs.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/local/mapping_options.hpp>
+#include <rdmax/local/team_options.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/handle_options.hpp>
 #include <rdmax/mem/rcache_options.hpp>
@@ -98,6 +99,7 @@ std::vector<knob_row> knobs_from_env() {
     describe_env(sched::scheduler_knobs, rows);
     describe_env(rpc::rpc_knobs, rows);
     describe_env(local::mapping_knobs, rows);
+    describe_env(local::team_knobs, rows);
     return rows;
 }
 

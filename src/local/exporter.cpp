@@ -13,20 +13,6 @@
 
 namespace rdmax::local {
 
-namespace {
-
-/// A descriptor of the same file opened read-only: a peer given it cannot
-/// map the file writable (mmap checks the descriptor's mode).
-int reopen_read_only(int fd) {
-    const std::string path = fmt::format("/proc/self/fd/{}", fd);
-    const int ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (ro < 0)
-        throw_error("open", errno, fmt::format("{} read-only, for a read-only export", path));
-    return ro;
-}
-
-} // namespace
-
 exporter::exporter(std::uint32_t slots)
     : table_(slots)
     , by_id_(slots) {}
@@ -187,7 +173,8 @@ int exporter::reply_to(const export_wire::request& q, export_wire::reply& r, boo
         // A duplicate made under the lock, either way: once it is released a
         // revoke may close p->fd, and its number may name another file by
         // the time the reply goes.
-        const int fd = p->writable ? fcntl(p->fd, F_DUPFD_CLOEXEC, 0) : reopen_read_only(p->fd);
+        const int fd = p->writable ? fcntl(p->fd, F_DUPFD_CLOEXEC, 0)
+                                   : shared_segment::reopen_read_only(p->fd);
         if (fd < 0) {
             r = export_wire::reply{};
             r.error = errno;

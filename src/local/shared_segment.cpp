@@ -49,6 +49,15 @@ shared_segment shared_segment::create(std::string_view name, std::size_t bytes) 
     return {fd, static_cast<std::byte*>(p), n, true};
 }
 
+int shared_segment::reopen_read_only(int fd) {
+    const std::string path = fmt::format("/proc/self/fd/{}", fd);
+    const int ro = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (ro < 0)
+        throw_error("open", errno,
+                    fmt::format("{} read-only, for a peer that may only read", path));
+    return ro;
+}
+
 shared_segment shared_segment::attach(int fd, std::size_t bytes, bool writable,
                                       bool require_sealed) {
     // Before the size: once sealed against shrinking, the size seen below holds.

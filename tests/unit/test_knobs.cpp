@@ -16,6 +16,7 @@
 
 #include <rdmax/config/knobs.hpp>
 #include <rdmax/local/mapping_options.hpp>
+#include <rdmax/local/team_options.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/handle_options.hpp>
 #include <rdmax/mem/rcache_options.hpp>
@@ -68,10 +69,11 @@ TEST_CASE("knobs: every default reads back as itself; names are unique") {
     check_round_trip(sched::scheduler_knobs);
     check_round_trip(rpc::rpc_knobs);
     check_round_trip(local::mapping_knobs);
+    check_round_trip(local::team_knobs);
     std::map<std::string, int> seen;
     for (const config::knob_row& r : config::knobs_from_env())
         CHECK(++seen[std::string(r.name)] == 1);
-    CHECK(seen.size() == 37);
+    CHECK(seen.size() == 40);
 }
 
 TEST_CASE("knobs: sizes take suffixes, print with the largest that divides") {

@@ -36,6 +36,10 @@ public:
     ~shared_segment();
 
     [[nodiscard]] int fd() const noexcept { return fd_; }
+    /// A new descriptor of the same file, opened read-only (the caller owns
+    /// it): a peer given it cannot map the file writable (mmap checks the
+    /// descriptor's mode). Throws rdmax::error.
+    [[nodiscard]] static int reopen_read_only(int fd);
     [[nodiscard]] std::byte* data() const noexcept { return base_; }
     [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
     [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {base_, bytes_}; }

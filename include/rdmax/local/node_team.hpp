@@ -1,0 +1,157 @@
+#pragma once
+// node_team: the ranks of one job that share a node, as a team whose
+// collectives go through memory (seed 003's one-copy path, for collectives:
+// local/team_allreduce.hpp). Each rank owns a window, a sealed memfd segment
+// that the other ranks map read-only: a rank writes only its own memory and
+// reads its peers'. Its progress is a counter in its window's first cache
+// line, which the others poll: no lock, no shared writable memory, and no
+// system call while the ranks keep pace.
+//
+//     local::node_team team("job-42", local_rank, local_size);
+//     std::span<float> v = team.window_as<float>(n); // or any memory (staged)
+//     local::allreduce(team, v);                     // sum, on every rank
+//
+// Joining: rank 0 listens on an abstract Unix name made from the team's name
+// (one per job: mpirun's or Slurm's job id, or the caller's); the others
+// connect and send a read-only descriptor of their window, rank 0 hands every
+// window to every rank. A peer of another user is refused (SO_PEERCRED), on
+// either side, as is a window whose size is not sealed or not the team's.
+//
+// Steps: every collective is a sequence of steps that every rank makes in the
+// same order; a step is a number, published by a rank in its counter once its
+// part is done, and waited for in its peers'. A wait spins `spin` polls, then
+// sleeps on a futex on the peer's counter, having said so in its own window
+// (the peer's next step wakes it: a system call then, and only then); past
+// `timeout` it throws rdmax::error naming the peer and the step, and the
+// team is broken: every later step throws at once. A peer that lies in its window can make this
+// rank's results wrong or its waits time out, never read or write outside the windows.
+//
+// One thread per rank uses its team. Not copyable; movable.
+
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <rdmax/local/shared_segment.hpp>
+#include <rdmax/local/team_options.hpp>
+
+namespace rdmax::local {
+
+/// What a rank says of the call it is in, in its window, before its step
+/// `ready`: its peers check that it is the call they are in.
+struct team_call {
+    std::uint64_t count = 0;  ///< elements
+    std::uint64_t offset = 0; ///< bytes into the window where the rank's data is
+    std::uint32_t element = 0;
+    std::uint32_t kind = 0; ///< the collective (and operation)
+    friend bool operator==(const team_call&, const team_call&) = default;
+};
+
+class node_team {
+public:
+    /// Joins the team `name` as `rank` of `size` ranks on this node, waiting
+    /// up to o.timeout for the others. Throws rdmax::error (a peer that did
+    /// not come, or that was refused: another user, another team size or
+    /// window, a rank twice).
+    node_team(std::string_view name, int rank, int size,
+              team_options o = team_options{}.with_env());
+    node_team(node_team&&) noexcept = default;
+    node_team& operator=(node_team&&) noexcept = default;
+    node_team(const node_team&) = delete;
+    node_team& operator=(const node_team&) = delete;
+    ~node_team() = default;
+
+    [[nodiscard]] int rank() const noexcept { return rank_; }
+    [[nodiscard]] int size() const noexcept { return static_cast<int>(windows_.size()); }
+    [[nodiscard]] const team_options& options() const noexcept { return opts_; }
+    /// This rank's window: data placed here is not copied by a collective.
+    [[nodiscard]] std::span<std::byte> window() const noexcept {
+        return {own_data(), opts_.window_bytes};
+    }
+    /// The first `n` objects of type T of the window. Throws rdmax::error
+    /// when they do not fit.
+    template <class T>
+        requires std::is_trivially_copyable_v<T>
+    [[nodiscard]] std::span<T> window_as(std::size_t n) const {
+        if (n > opts_.window_bytes / sizeof(T))
+            refuse_window(n * sizeof(T));
+        return {reinterpret_cast<T*>(own_data()), n};
+    }
+    /// Every rank has come here.
+    void barrier();
+    /// A wait timed out or a peer disagreed: every later step throws.
+    [[nodiscard]] bool broken() const noexcept { return broken_; }
+
+    // The steps collectives are made of (local/team_allreduce.hpp).
+
+    /// Starts a call: notes `c` for the peers to check (published by the
+    /// next step). Every peer must be done with the previous call's note and
+    /// data: a collective's last step waits for it.
+    void begin_call(const team_call& c);
+    /// Publishes this rank's next step (waking the peers that sleep on
+    /// this rank); its number.
+    std::uint64_t step() noexcept;
+    /// Waits until `peer` has made step `s`.
+    void wait(int peer, std::uint64_t s, std::string_view what) {
+        if (progress(peer).load(std::memory_order_acquire) < s)
+            wait_slowly(peer, s, what);
+    }
+    /// Waits until every peer has made step `s`.
+    void wait_all(std::uint64_t s, std::string_view what);
+    /// Peer `peer`'s data of the call both are in (after its `ready` step):
+    /// `bytes` long, checked against this rank's own call. Throws
+    /// rdmax::error (and breaks the team) when the peer is in another call.
+    [[nodiscard]] const std::byte* peer_data(int peer, const team_call& mine);
+    /// Throws rdmax::error: data of `bytes` that a collective cannot take, and why.
+    [[noreturn]] void refuse_data(std::size_t bytes, std::string_view why) const;
+
+private:
+    /// A window's first page: the counter, then the call's note.
+    struct alignas(64) header {
+        std::atomic<std::uint64_t> progress{0};
+        /// 1 + the rank this one sleeps on (its futex), 0: none.
+        alignas(64) std::atomic<std::uint32_t> sleeping_on{0};
+        alignas(64) std::atomic<std::uint64_t> count{0};
+        std::atomic<std::uint64_t> offset{0};
+        std::atomic<std::uint32_t> element{0};
+        std::atomic<std::uint32_t> kind{0};
+    };
+    static constexpr std::size_t header_bytes = 4096;
+    static_assert(sizeof(header) <= header_bytes);
+    static_assert(std::endian::native == std::endian::little, "a futex on a counter's low half");
+
+    [[nodiscard]] header& head(int r) const noexcept {
+        return *reinterpret_cast<header*>(windows_[static_cast<std::size_t>(r)].data());
+    }
+    [[nodiscard]] std::atomic<std::uint64_t>& progress(int r) const noexcept {
+        return head(r).progress;
+    }
+    [[nodiscard]] std::byte* own_data() const noexcept {
+        return windows_[static_cast<std::size_t>(rank_)].data() + header_bytes;
+    }
+    void wait_slowly(int peer, std::uint64_t s, std::string_view what);
+    /// Sleeps until `peer`'s counter moves from `seen` (or up to `most`).
+    void sleep_on(int peer, std::uint64_t seen, std::chrono::milliseconds most) noexcept;
+    void check_usable(std::string_view what) const;
+    [[noreturn]] void refuse_window(std::size_t bytes) const;
+    [[noreturn]] void fail(int peer, std::string_view what, int err, std::string_view why);
+    void join(std::string_view name, int size);
+
+    team_options opts_;
+    int rank_ = 0;
+    std::string name_;
+    /// By rank: this rank's read-write, the others' read-only.
+    std::vector<shared_segment> windows_;
+    std::uint64_t steps_ = 0; ///< the last step this rank published
+    std::uint32_t spin_ = 0;  ///< opts_.spin, or what 0 (auto) came to
+    bool broken_ = false;
+};
+
+} // namespace rdmax::local

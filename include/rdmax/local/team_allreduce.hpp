@@ -1,0 +1,140 @@
+#pragma once
+// allreduce on a node_team (local/node_team.hpp): every rank ends with the
+// element-wise reduction (a sum by default) of every rank's vector, all
+// ranks bit for bit the same.
+//
+// How: the vector is cut into one share per rank. Reduce-scatter: each rank
+// reads its share of every peer's window where it lies (mapped, no copy) and
+// folds it into its own; allgather: each rank copies every peer's reduced
+// share out of that peer's window. A vector in the rank's window
+// (node_team::window_as) moves once: the allgather's copy. One elsewhere is
+// staged into the window first (one more copy), in pieces of the window's
+// size when longer. Three steps per piece. (Folding every rank's whole
+// vector on every rank, two steps, was slower even at 4 KiB between two
+// ranks: a peer's lines cost more than a step.) When a call returns, no peer
+// reads the rank's window any more (the caller may write it).
+//
+// Every rank passes the same number of elements of the same type; a rank
+// that does not breaks the team (rdmax::error) rather than mix calls.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <type_traits>
+
+#include <rdmax/local/node_team.hpp>
+
+namespace rdmax::local {
+
+namespace detail {
+
+/// Share `r` of `n` elements cut `size` ways, whole cache lines where it can.
+struct team_share {
+    std::size_t begin, end;
+};
+[[nodiscard]] inline team_share share_of(std::size_t n, std::size_t element, int r, int size) {
+    const std::size_t per_line = std::max<std::size_t>(1, 64 / element);
+    const std::size_t lines = (n + per_line - 1) / per_line;
+    const auto s = static_cast<std::size_t>(size);
+    const auto i = static_cast<std::size_t>(r);
+    const auto line_at = [&](std::size_t k) { return std::min(n, (lines * k / s) * per_line); };
+    return {line_at(i), line_at(i + 1)};
+}
+
+template <class T, class Op>
+void fold(T* into, const T* a, const T* __restrict b, std::size_t n, Op& op) {
+    for (std::size_t i = 0; i < n; ++i)
+        into[i] = op(a[i], b[i]); // `into` may be `a`
+}
+
+/// The collective's kind, noted for the peers' check: the element's size and
+/// whether the operation is the sum.
+template <class T, class Op>
+constexpr std::uint32_t allreduce_kind = std::is_same_v<Op, std::plus<T>> ? 1 : 2;
+
+/// This rank's share of every rank folded into its own (in its window), then
+/// every peer's reduced share copied into `data`.
+template <class T, class Op>
+void by_shares(node_team& t, const team_call& call, T* mine, std::span<T> data, bool in_window,
+               Op& op) {
+    const int me = t.rank();
+    const int size = t.size();
+    const team_share own = share_of(data.size(), sizeof(T), me, size);
+    // Staged: only what the peers read goes into the window; this rank's own
+    // share is read from the caller's vector by the first fold.
+    if (!in_window && own.begin != 0)
+        std::memcpy(mine, data.data(), own.begin * sizeof(T));
+    if (!in_window && own.end != data.size())
+        std::memcpy(mine + own.end, data.data() + own.end, (data.size() - own.end) * sizeof(T));
+    const std::uint64_t ready = t.step();
+    const std::size_t n = own.end - own.begin;
+    T* const into = mine + own.begin;
+    for (int k = 1; k < size; ++k) {
+        const int p = (me + k) % size; // peers in a different order on each rank
+        t.wait(p, ready, "its input");
+        const T* theirs = reinterpret_cast<const T*>(t.peer_data(p, call)) + own.begin;
+        fold(into, k == 1 ? data.data() + own.begin : into, theirs, n, op);
+    }
+    if (!in_window && n != 0 && size > 1) // alone, the vector is its own sum
+        std::memcpy(data.data() + own.begin, into, n * sizeof(T));
+    const std::uint64_t reduced = t.step();
+    for (int k = 1; k < size; ++k) {
+        const int p = (me + k) % size;
+        t.wait(p, reduced, "its share");
+        const auto* theirs = reinterpret_cast<const T*>(t.peer_data(p, call));
+        const team_share s = share_of(data.size(), sizeof(T), p, size);
+        if (s.end > s.begin)
+            std::memcpy(data.data() + s.begin, theirs + s.begin, (s.end - s.begin) * sizeof(T));
+    }
+}
+
+template <class T, class Op>
+void allreduce_piece(node_team& t, std::span<T> data, bool in_window, Op& op) {
+    std::byte* const win = t.window().data();
+    const team_call call{
+        .count = data.size(),
+        .offset = in_window ? static_cast<std::uint64_t>(
+                                  reinterpret_cast<const std::byte*>(data.data()) - win)
+                            : 0,
+        .element = sizeof(T),
+        .kind = allreduce_kind<T, Op>,
+    };
+    t.begin_call(call);
+    T* const mine = reinterpret_cast<T*>(win + call.offset);
+    by_shares(t, call, mine, data, in_window, op);
+    // The caller may write its window once this returns (for this call or
+    // the next): every peer must be done reading it.
+    t.wait_all(t.step(), "reading this rank's window");
+}
+
+} // namespace detail
+
+/// Reduces `data` element-wise with `op` across the team, in place, on every
+/// rank. Throws rdmax::error (the team is broken then).
+template <class T, class Op = std::plus<T>>
+    requires std::is_trivially_copyable_v<T> && std::is_invocable_r_v<T, Op&, T, T>
+void allreduce(node_team& t, std::span<T> data, Op op = {}) {
+    const std::span<std::byte> win = t.window();
+    const auto* p = reinterpret_cast<const std::byte*>(data.data());
+    const bool overlaps =
+        !data.empty() && p < win.data() + win.size() && win.data() < p + data.size_bytes();
+    // In the window: its offset a whole number of elements (a peer checks it).
+    const bool in_window = overlaps && p >= win.data() &&
+                           p + data.size_bytes() <= win.data() + win.size() &&
+                           static_cast<std::size_t>(p - win.data()) % sizeof(T) == 0;
+    if (overlaps && !in_window)
+        t.refuse_data(data.size_bytes(), "it overlaps the window without lying whole in it, "
+                                         "at a whole number of elements from its start");
+    if (in_window || data.empty()) {
+        detail::allreduce_piece(t, data, in_window, op);
+        return;
+    }
+    const std::size_t per = win.size() / sizeof(T);
+    for (std::size_t at = 0; at < data.size(); at += per)
+        detail::allreduce_piece(t, data.subspan(at, std::min(per, data.size() - at)), false, op);
+}
+
+} // namespace rdmax::local

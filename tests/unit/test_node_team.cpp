@@ -1,0 +1,270 @@
+// rdmax::local::node_team and its allreduce between real processes on this
+// node (forked ranks): every element of every result checked, a vector staged
+// and one in the window, in pieces past the window, many calls in a row; and
+// the failures: a peer that never comes, one that leaves, one in another call,
+// one that lies about where its data is, one of another team shape.
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <span>
+#include <string>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <rdmax/error.hpp>
+#include <rdmax/local/node_team.hpp>
+#include <rdmax/local/team_allreduce.hpp>
+
+#include "../support/catch.hpp"
+#include "../support/child_process.hpp"
+
+using namespace rdmax;
+using namespace rdmax::local;
+using rdmax::test::reap;
+
+namespace {
+
+/// A team name no other test run uses.
+std::string fresh_name() {
+    static int n = 0;
+    return fmt::format("unit-{}-{}", ::getpid(), ++n);
+}
+
+team_options small(std::size_t window = 4096, int timeout_ms = 10'000) {
+    team_options o;
+    o.window_bytes = window;
+    o.timeout = std::chrono::milliseconds(timeout_ms);
+    o.spin = 64;
+    return o;
+}
+
+/// Runs `body(rank)` in `size` forked ranks; each rank's exit status (0: it
+/// returned true). A rank that throws prints why and exits 1.
+std::vector<int> run_ranks(int size, const std::function<bool(int)>& body) {
+    std::vector<pid_t> pids;
+    for (int r = 0; r < size; ++r) {
+        const pid_t pid = ::fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            int code = 1;
+            try {
+                code = body(r) ? 0 : 2;
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+            }
+            std::fflush(stderr);
+            ::_exit(code);
+        }
+        pids.push_back(pid);
+    }
+    std::vector<int> codes;
+    for (const pid_t p : pids)
+        codes.push_back(reap(p, std::chrono::seconds(60)));
+    return codes;
+}
+
+/// Rank r's element i: integers, so every order of summing gives the same float.
+float value(int r, std::size_t i) {
+    return static_cast<float>((r + 1) * 1000 + i % 997);
+}
+
+bool sums_right(std::span<const float> v, int size) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        float want = 0;
+        for (int r = 0; r < size; ++r)
+            want += value(r, i);
+        if (v[i] != want) {
+            std::fprintf(stderr, "element %zu: %g, expected %g\n", i, double(v[i]), double(want));
+            return false;
+        }
+    }
+    return true;
+}
+
+/// Expects `f` to throw rdmax::error with errno `err`; true if it did.
+bool throws_errno(const std::function<void()>& f, int err) {
+    try {
+        f();
+    } catch (const rdmax::error& e) {
+        if (e.code().value() == err)
+            return true;
+        std::fprintf(stderr, "errno %d, expected %d: %s\n", e.code().value(), err, e.what());
+        return false;
+    }
+    std::fprintf(stderr, "no error, expected errno %d\n", err);
+    return false;
+}
+
+} // namespace
+
+TEST_CASE("node_team allreduce: 1 to 4 ranks, staged sizes up to pieces past the window") {
+    for (const int size : {1, 2, 3, 4}) {
+        const std::string name = fresh_name();
+        const auto codes = run_ranks(size, [&](int r) {
+            node_team t(name, r, size, small(4096));
+            // 4096-byte windows: 1024 floats; 2500 goes in three pieces.
+            for (const std::size_t n : {0UL, 1UL, 7UL, 16UL, 17UL, 1000UL, 1024UL, 2500UL}) {
+                std::vector<float> v(n);
+                for (std::size_t i = 0; i < n; ++i)
+                    v[i] = value(r, i);
+                allreduce(t, std::span(v));
+                if (!sums_right(v, size))
+                    return false;
+            }
+            return true;
+        });
+        INFO("ranks " << size);
+        CHECK(codes == std::vector<int>(static_cast<std::size_t>(size), 0));
+    }
+}
+
+TEST_CASE("node_team allreduce: in the window, staged, and another operation, 300 calls") {
+    const std::string name = fresh_name();
+    constexpr int size = 3;
+    const auto codes = run_ranks(size, [&](int r) {
+        node_team t(name, r, size, small(64 * 1024));
+        for (int call = 0; call < 300; ++call) {
+            const std::size_t n = 1 + static_cast<std::size_t>(call * 37) % 5000;
+            if (call % 3 == 0) { // the largest element of every rank's
+                std::vector<std::int64_t> v(n);
+                for (std::size_t i = 0; i < n; ++i)
+                    v[i] = (i + static_cast<std::size_t>(r)) % size == 0 ? call : -r;
+                allreduce(t, std::span(v),
+                          [](std::int64_t a, std::int64_t b) { return a > b ? a : b; });
+                for (std::size_t i = 0; i < n; ++i)
+                    if (v[i] != call) {
+                        std::fprintf(stderr, "call %d element %zu of %zu: %lld\n", call, i, n,
+                                     static_cast<long long>(v[i]));
+                        return false;
+                    }
+                continue;
+            }
+            // In the window at an offset, or staged: the same answer.
+            std::span<float> v =
+                call % 3 == 1 ? t.window_as<float>(n + 16).subspan(16) : std::span<float>();
+            std::vector<float> own;
+            if (v.empty()) {
+                own.resize(n);
+                v = own;
+            }
+            for (std::size_t i = 0; i < n; ++i)
+                v[i] = value(r, i + static_cast<std::size_t>(call));
+            allreduce(t, v);
+            for (std::size_t i = 0; i < n; ++i) {
+                float want = 0;
+                for (int q = 0; q < size; ++q)
+                    want += value(q, i + static_cast<std::size_t>(call));
+                if (v[i] != want)
+                    return false;
+            }
+        }
+        t.barrier();
+        return true;
+    });
+    CHECK(codes == std::vector<int>(3, 0));
+}
+
+TEST_CASE("node_team: a rank that never joins times out, naming the ranks that came") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(1, [&](int) {
+        return throws_errno([&] { node_team t(name, 0, 3, small(4096, 300)); }, ETIMEDOUT);
+    });
+    CHECK(codes == std::vector<int>{0});
+}
+
+TEST_CASE("node_team: a rank that leaves breaks the team; later steps fail at once") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(2, [&](int r) {
+        node_team t(name, r, 2, small(4096, 300));
+        t.barrier();
+        if (r == 1)
+            return true; // gone before the allreduce
+        std::vector<float> v(100, 1.0F);
+        if (!throws_errno([&] { allreduce(t, std::span(v)); }, ETIMEDOUT))
+            return false;
+        return t.broken() && throws_errno([&] { t.barrier(); }, ECANCELED);
+    });
+    CHECK(codes == std::vector<int>{0, 0});
+}
+
+TEST_CASE("node_team: ranks in different calls break the team, nothing mixed") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(2, [&](int r) {
+        node_team t(name, r, 2, small(4096, 2000));
+        std::vector<float> v(r == 0 ? 100 : 101, 1.0F);
+        const std::vector<float> before = v;
+        if (!throws_errno([&] { allreduce(t, std::span(v)); }, EPROTO))
+            return false;
+        return v == before; // the mismatch is seen before anything is folded in
+    });
+    CHECK(codes == std::vector<int>{0, 0});
+}
+
+TEST_CASE("node_team: a peer that says its data lies past its window is refused") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(2, [&](int r) {
+        node_team t(name, r, 2, small(4096, 2000));
+        const team_call honest{.count = 100, .offset = 0, .element = 4, .kind = 1};
+        if (r == 1) {
+            team_call lie = honest;
+            lie.offset = 4096 - 4 * 50; // 100 floats from here run past the window
+            t.begin_call(lie);
+            (void)t.step();
+            t.wait(0, 2, "the end");
+            return true;
+        }
+        std::vector<float> v(100, 1.0F);
+        const bool refused = throws_errno([&] { allreduce(t, std::span(v)); }, EPROTO);
+        (void)t.step(); // let rank 1 go
+        (void)t.step();
+        return refused;
+    });
+    CHECK(codes == std::vector<int>{0, 0});
+}
+
+TEST_CASE("node_team: a rank of another window size is refused when it joins") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(2, [&](int r) {
+        if (r == 0)
+            return throws_errno([&] { node_team t(name, 0, 2, small(4096, 1500)); }, ETIMEDOUT);
+        return throws_errno([&] { node_team t(name, 1, 2, small(8192, 1500)); }, EPROTO);
+    });
+    CHECK(codes == std::vector<int>{0, 0});
+}
+
+TEST_CASE("node_team: bad arguments and data that straddles the window") {
+    CHECK_THROWS_AS(node_team("x", 2, 2, small()), rdmax::error);
+    CHECK_THROWS_AS(node_team("", 0, 1, small()), rdmax::error);
+    CHECK_THROWS_AS(node_team("x", 0, 1, small(100)), rdmax::error);
+    node_team t(fresh_name(), 0, 1, small(4096));
+    CHECK_THROWS_AS(t.window_as<float>(1025), rdmax::error);
+    std::span<float> w = t.window_as<float>(1024);
+    std::vector<float> v(10, 2.0F);
+    allreduce(t, std::span(v)); // one rank: itself
+    CHECK(v == std::vector<float>(10, 2.0F));
+    // Misaligned inside the window, and crossing its end: refused, not staged over itself.
+    auto* bytes = reinterpret_cast<std::byte*>(w.data()) + 2;
+    CHECK_THROWS_AS(allreduce(t, std::span(reinterpret_cast<float*>(bytes), 4)), rdmax::error);
+    CHECK_FALSE(t.broken());
+}
+
+TEST_CASE("shared_segment::reopen_read_only: a peer given it cannot map the segment writable") {
+    shared_segment seg = shared_segment::create("ro", 4096);
+    const int ro = shared_segment::reopen_read_only(seg.fd());
+    REQUIRE(ro >= 0);
+    void* w = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0);
+    CHECK(w == MAP_FAILED);
+    CHECK(errno == EACCES);
+    void* r = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, ro, 0);
+    REQUIRE(r != MAP_FAILED);
+    CHECK(::mprotect(r, 4096, PROT_READ | PROT_WRITE) != 0);
+    ::munmap(r, 4096);
+    ::close(ro);
+}

@@ -369,6 +369,20 @@ void node_team::refuse_window(std::size_t bytes) const {
                             name_, bytes, opts_.window_bytes));
 }
 
+bool node_team::in_window(std::span<const std::byte> data, std::size_t element) const {
+    const std::span<std::byte> win = window();
+    const std::byte* p = data.data();
+    const bool overlaps =
+        !data.empty() && p < win.data() + win.size() && win.data() < p + data.size();
+    if (!overlaps)
+        return false;
+    if (p >= win.data() && p + data.size() <= win.data() + win.size() &&
+        static_cast<std::size_t>(p - win.data()) % element == 0)
+        return true;
+    refuse_data(data.size(), "it overlaps the window without lying whole in it, at a whole "
+                             "number of elements from its start");
+}
+
 void node_team::refuse_data(std::size_t bytes, std::string_view why) const {
     throw_error("node_team", EINVAL,
                 fmt::format("team {}: data of {} bytes: {}", name_, bytes, why));

@@ -21,6 +21,7 @@
 #include <rdmax/error.hpp>
 #include <rdmax/local/node_team.hpp>
 #include <rdmax/local/team_allreduce.hpp>
+#include <rdmax/local/team_broadcast.hpp>
 
 #include "../support/catch.hpp"
 #include "../support/child_process.hpp"
@@ -167,6 +168,44 @@ TEST_CASE("node_team allreduce: in the window, staged, and another operation, 30
         }
         t.barrier();
         return true;
+    });
+    CHECK(codes == std::vector<int>(3, 0));
+}
+
+TEST_CASE("node_team broadcast: from every root, staged and in the window, in pieces") {
+    const std::string name = fresh_name();
+    constexpr int size = 3;
+    const auto codes = run_ranks(size, [&](int r) {
+        node_team t(name, r, size, small(4096, 1000));
+        int call = 0;
+        for (const std::size_t n : {0UL, 1UL, 100UL, 1024UL, 3000UL})
+            for (int root = 0; root < size; ++root, ++call) {
+                const bool in_window = n <= 1024 && call % 2 == 0;
+                std::vector<std::int32_t> own(in_window ? 0 : n);
+                std::span<std::int32_t> v =
+                    in_window ? t.window_as<std::int32_t>(n) : std::span<std::int32_t>(own);
+                for (std::size_t i = 0; i < n; ++i)
+                    v[i] = r == root ? static_cast<std::int32_t>(i) * 7 + call : -1;
+                broadcast(t, v, root);
+                for (std::size_t i = 0; i < n; ++i)
+                    if (v[i] != static_cast<std::int32_t>(i) * 7 + call) {
+                        std::fprintf(stderr, "n %zu root %d element %zu: %d\n", n, root, i, v[i]);
+                        return false;
+                    }
+            }
+        // Rank 0 names itself the root, the others rank 1: both roots see a
+        // rank that names another and refuse; rank 2 copies rank 1's and
+        // then waits in vain for rank 0.
+        std::vector<std::int32_t> v(10, r);
+        if (r == 2) {
+            try {
+                broadcast(t, std::span(v), 1);
+            } catch (const rdmax::error&) {
+            }
+            return true;
+        }
+        return throws_errno([&] { broadcast(t, std::span(v), r == 0 ? 0 : 1); }, EPROTO) &&
+               v == std::vector<std::int32_t>(10, r);
     });
     CHECK(codes == std::vector<int>(3, 0));
 }

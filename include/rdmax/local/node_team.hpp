@@ -109,6 +109,10 @@ public:
     /// `bytes` long, checked against this rank's own call. Throws
     /// rdmax::error (and breaks the team) when the peer is in another call.
     [[nodiscard]] const std::byte* peer_data(int peer, const team_call& mine);
+    /// Whether `data` lies in this rank's window (whole, a whole number of
+    /// `element`s from its start: no copy in) or apart from it (staged).
+    /// Throws rdmax::error for data that straddles it.
+    [[nodiscard]] bool in_window(std::span<const std::byte> data, std::size_t element) const;
     /// Throws rdmax::error: data of `bytes` that a collective cannot take, and why.
     [[noreturn]] void refuse_data(std::size_t bytes, std::string_view why) const;
 

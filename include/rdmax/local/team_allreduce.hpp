@@ -142,16 +142,7 @@ template <class T, class Op = std::plus<T>>
     requires std::is_trivially_copyable_v<T> && std::is_invocable_r_v<T, Op&, T, T>
 void allreduce(node_team& t, std::span<T> data, Op op = {}) {
     const std::span<std::byte> win = t.window();
-    const auto* p = reinterpret_cast<const std::byte*>(data.data());
-    const bool overlaps =
-        !data.empty() && p < win.data() + win.size() && win.data() < p + data.size_bytes();
-    // In the window: its offset a whole number of elements (a peer checks it).
-    const bool in_window = overlaps && p >= win.data() &&
-                           p + data.size_bytes() <= win.data() + win.size() &&
-                           static_cast<std::size_t>(p - win.data()) % sizeof(T) == 0;
-    if (overlaps && !in_window)
-        t.refuse_data(data.size_bytes(), "it overlaps the window without lying whole in it, "
-                                         "at a whole number of elements from its start");
+    const bool in_window = t.in_window(std::as_bytes(data), sizeof(T));
     if (in_window || data.empty()) {
         detail::allreduce_piece(t, data, in_window, op);
         return;

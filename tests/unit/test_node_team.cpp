@@ -4,21 +4,25 @@
 // the failures: a peer that never comes, one that leaves, one in another call,
 // one that lies about where its data is, one of another team shape.
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fcntl.h>
 #include <functional>
 #include <span>
 #include <string>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
+#include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/local/node_team.hpp>
 #include <rdmax/local/team_allreduce.hpp>
 #include <rdmax/local/team_broadcast.hpp>
@@ -306,4 +310,185 @@ TEST_CASE("shared_segment::reopen_read_only: a peer given it cannot map the segm
     CHECK(::mprotect(r, 4096, PROT_READ | PROT_WRITE) != 0);
     ::munmap(r, 4096);
     ::close(ro);
+}
+
+// ---- review (adversarial) --------------------------------------------------
+
+namespace {
+int open_fds() {
+    int n = 0;
+    for (int fd = 0; fd < 4096; ++fd)
+        if (::fcntl(fd, F_GETFD) >= 0)
+            ++n;
+    return n;
+}
+} // namespace
+
+TEST_CASE("review: a member leaks no descriptor (nor its window) per team", "[review]") {
+    const std::string base = fresh_name();
+    const auto codes = run_ranks(2, [&](int r) {
+        // One team first: whatever the library opens once is open by then.
+        {
+            node_team t(base + "-0", r, 2, small(4096, 5000));
+            t.barrier();
+        }
+        const int before = open_fds();
+        for (int i = 1; i <= 5; ++i) {
+            node_team t(fmt::format("{}-{}", base, i), r, 2, small(4096, 5000));
+            t.barrier();
+        }
+        const int after = open_fds();
+        if (after != before)
+            std::fprintf(stderr, "rank %d: %d descriptors before 5 teams, %d after\n", r, before,
+                         after);
+        return after == before;
+    });
+    CHECK(codes == std::vector<int>{0, 0});
+}
+
+TEST_CASE("review: an element larger than the window is refused, not looped on", "[review]") {
+    struct big {
+        std::array<char, 8192> b;
+    };
+    const auto codes = run_ranks(1, [&](int) {
+        node_team t(fresh_name(), 0, 1, small(4096));
+        std::vector<big> v(2);
+        return throws_errno([&] { allreduce(t, std::span(v), [](big a, big) { return a; }); },
+                            EINVAL);
+    });
+    CHECK(codes == std::vector<int>{0}); // -1: killed after 60 s in the loop
+}
+
+TEST_CASE("review: a silent connection to rank 0 does not stop the team joining", "[review]") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(3, [&](int r) {
+        if (r == 2) { // connects as soon as rank 0 listens, then says nothing
+            for (int i = 0; i < 400; ++i) {
+                try {
+                    unix_channel ch = unix_channel::connect("rdmax-team/" + name);
+                    ::sleep(5);
+                    return true;
+                } catch (const rdmax::error&) {
+                    ::usleep(5000);
+                }
+            }
+            return false;
+        }
+        if (r == 1)
+            ::usleep(200'000); // comes after the silent one
+        node_team t(name, r, 2, small(4096, 3000));
+        t.barrier();
+        return true;
+    });
+    CHECK(codes == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE("review: a rank in a barrier while its peer is in an allreduce is caught", "[review]") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(2, [&](int r) {
+        node_team t(name, r, 2, small(4096, 2000));
+        std::vector<float> v(100);
+        const auto fill = [&](int call) {
+            for (std::size_t i = 0; i < v.size(); ++i)
+                v[i] = value(r, i + static_cast<std::size_t>(call));
+        };
+        fill(0);
+        allreduce(t, std::span(v));
+        bool ok = true;
+        try {
+            // Rank 0: barrier then allreduce; rank 1: allreduce then barrier.
+            if (r == 0)
+                t.barrier();
+            fill(1);
+            allreduce(t, std::span(v));
+            if (r == 1)
+                t.barrier();
+        } catch (const rdmax::error& e) {
+            std::fprintf(stderr, "rank %d caught it: %s\n", r, e.what());
+            return true; // the mix was seen
+        }
+        for (std::size_t i = 0; i < v.size(); ++i)
+            if (v[i] != value(0, i + 1) + value(1, i + 1)) {
+                std::fprintf(stderr, "rank %d: element %zu is %g, want %g: mixed silently\n", r, i,
+                             double(v[i]), double(value(0, i + 1) + value(1, i + 1)));
+                ok = false;
+                break;
+            }
+        if (ok)
+            std::fprintf(stderr, "rank %d: no error and the right sum\n", r);
+        return false; // neither rank threw: calls were mixed
+    });
+    CHECK(codes != std::vector<int>{2, 2});
+}
+
+TEST_CASE("review: a rank asleep on a peer's futex is woken by its step, not its timeout",
+          "[review]") {
+    // Shared between the forked ranks: when rank 1 stepped, and how late rank 0 saw it.
+    auto* shared = static_cast<std::atomic<std::int64_t>*>(
+        ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(shared != MAP_FAILED);
+    const std::string name = fresh_name();
+    constexpr int rounds = 10;
+    const auto now_us = [] {
+        return std::chrono::duration_cast<std::chrono::microseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+    };
+    const auto codes = run_ranks(2, [&](int r) {
+        node_team t(name, r, 2, small(4096, 5000));
+        for (int i = 0; i < rounds; ++i) {
+            t.barrier();
+            if (r == 1) {
+                ::usleep(30'000); // rank 0 is asleep on the futex by now (spin + 1 ms yield)
+                shared[0].store(now_us());
+                (void)t.step();
+            } else {
+                const std::uint64_t s = t.step();
+                t.wait(1, s, "the late step");
+                shared[1 + i].store(now_us() - shared[0].load());
+            }
+        }
+        return true;
+    });
+    CHECK(codes == std::vector<int>{0, 0});
+    std::int64_t worst = 0;
+    for (int i = 0; i < rounds; ++i)
+        worst = std::max<std::int64_t>(worst, shared[1 + i].load());
+    INFO("worst wake-up latency " << worst << " us");
+    CHECK(worst < 20'000); // a lost wake-up waits out the 100 ms futex timeout
+    ::munmap(shared, 4096);
+}
+
+TEST_CASE("review: rank 0 keeps no descriptor a malformed hello brought", "[review]") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(3, [&](int r) {
+        if (r == 2) { // three short messages, each with a descriptor beside it
+            for (int sent = 0, i = 0; sent < 3 && i < 400; ++i) {
+                try {
+                    unix_channel ch = unix_channel::connect("rdmax-team/" + name);
+                    const std::uint32_t junk = 0;
+                    const std::array<int, 1> fd{::memfd_create("junk", MFD_CLOEXEC)};
+                    ch.send(std::as_bytes(std::span(&junk, 1)), fd);
+                    ::close(fd[0]);
+                    ++sent;
+                } catch (const rdmax::error&) {
+                    ::usleep(5000);
+                }
+            }
+            return true;
+        }
+        if (r == 1)
+            ::usleep(300'000); // after the junk
+        const int before = open_fds();
+        {
+            node_team t(name, r, 2, small(4096, 5000));
+            t.barrier();
+        }
+        const int after = open_fds();
+        if (r == 0 && after != before)
+            std::fprintf(stderr, "rank 0: %d descriptors before the team, %d after\n", before,
+                         after);
+        return r != 0 || after == before;
+    });
+    CHECK(codes == std::vector<int>{0, 0, 0});
 }

@@ -8,14 +8,18 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fcntl.h>
 #include <functional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <vector>
 
@@ -491,4 +495,52 @@ TEST_CASE("review: rank 0 keeps no descriptor a malformed hello brought", "[revi
         return r != 0 || after == before;
     });
     CHECK(codes == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE("review: members give up at their deadline on a name whose holder never accepts",
+          "[review]") {
+    const std::string name = fresh_name();
+    // The name's holder (a squatter, or a rank 0 that stopped): a backlog of
+    // one connection, never accepted.
+    const int l = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(l >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::string path = "rdmax-team/" + name;
+    std::memcpy(a.sun_path + 1, path.data(), path.size());
+    REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&a),
+                   static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + path.size())) == 0);
+    REQUIRE(::listen(l, 0) == 0);
+    std::vector<pid_t> pids;
+    for (int r = 1; r <= 3; ++r)
+        pids.push_back(rdmax::test::spawn([&] {
+            return throws_errno([&] { node_team t(name, r, 4, small(4096, 1000)); }, ETIMEDOUT) ? 0
+                                                                                                : 2;
+        }));
+    std::vector<int> codes;
+    for (const pid_t p : pids)
+        codes.push_back(reap(p, std::chrono::seconds(8))); // -1: still in connect() at 8 s
+    ::close(l);
+    CHECK(codes == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE("review: an operation that throws leaves the team broken", "[review]") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(2, [&](int r) {
+        node_team t(name, r, 2, small(4096, 500));
+        std::vector<float> v(100, 1.0F);
+        try {
+            allreduce(t, std::span(v), [](float x, float y) -> float {
+                if (x > -1)
+                    throw std::runtime_error("op");
+                return x + y;
+            });
+        } catch (const std::exception&) {
+        }
+        if (!t.broken())
+            std::fprintf(stderr, "rank %d: not broken, %s\n", r,
+                         "its steps now differ from its peer's");
+        return t.broken();
+    });
+    CHECK(codes == std::vector<int>{0, 0});
 }

@@ -544,3 +544,19 @@ TEST_CASE("review: an operation that throws leaves the team broken", "[review]")
     });
     CHECK(codes == std::vector<int>{0, 0});
 }
+
+TEST_CASE("review: ranks summing floats and ints of one size are told apart", "[review]") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(2, [&](int r) {
+        node_team t(name, r, 2, small(4096, 1000));
+        std::vector<float> f(64, 1.0F);
+        std::vector<std::int32_t> i(64, 1);
+        const bool caught = r == 0 ? throws_errno([&] { allreduce(t, std::span(f)); }, EPROTO)
+                                   : throws_errno([&] { allreduce(t, std::span(i)); }, EPROTO);
+        if (!caught)
+            std::fprintf(stderr, "rank %d: float %g, int %d: mixed silently\n", r, double(f[0]),
+                         i[0]);
+        return caught;
+    });
+    CHECK(codes == std::vector<int>{0, 0});
+}

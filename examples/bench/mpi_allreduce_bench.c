@@ -29,10 +29,14 @@ int main(int argc, char** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     for (int a = 1; a + 1 < argc; a += 2) {
-        if (strcmp(argv[a], "-s") == 0) min = strtoull(argv[a + 1], NULL, 0);
-        else if (strcmp(argv[a], "-S") == 0) max = strtoull(argv[a + 1], NULL, 0);
-        else if (strcmp(argv[a], "-i") == 0) iters = atoi(argv[a + 1]);
-        else if (strcmp(argv[a], "--json") == 0) json = argv[a + 1];
+        if (strcmp(argv[a], "-s") == 0)
+            min = strtoull(argv[a + 1], NULL, 0);
+        else if (strcmp(argv[a], "-S") == 0)
+            max = strtoull(argv[a + 1], NULL, 0);
+        else if (strcmp(argv[a], "-i") == 0)
+            iters = atoi(argv[a + 1]);
+        else if (strcmp(argv[a], "--json") == 0)
+            json = argv[a + 1];
         else {
             fprintf(stderr, "mpi_allreduce_bench: unknown option %s\n", argv[a]);
             MPI_Abort(MPI_COMM_WORLD, 2);
@@ -47,24 +51,28 @@ int main(int argc, char** argv) {
         const size_t n = b / sizeof(float);
         float* v = malloc(n * sizeof(float));
         for (int it = -5; it < iters; ++it) {
-            for (size_t i = 0; i < n; ++i) v[i] = value(rank, i, it);
+            for (size_t i = 0; i < n; ++i)
+                v[i] = value(rank, i, it);
             MPI_Barrier(MPI_COMM_WORLD);
             const double t0 = MPI_Wtime();
             MPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             const double t1 = MPI_Wtime();
             for (size_t i = 0; i < n; ++i) {
                 float want = 0;
-                for (int r = 0; r < ranks; ++r) want += value(r, i, it);
+                for (int r = 0; r < ranks; ++r)
+                    want += value(r, i, it);
                 if (v[i] != want) {
-                    fprintf(stderr, "rank %d: %zu B, call %d: element %zu is %g, expected %g\n", rank,
-                            b, it, i, (double)v[i], (double)want);
+                    fprintf(stderr, "rank %d: %zu B, call %d: element %zu is %g, expected %g\n",
+                            rank, b, it, i, (double)v[i], (double)want);
                     MPI_Abort(MPI_COMM_WORLD, 1);
                 }
             }
-            if (it >= 0) us[it] = (t1 - t0) * 1e6;
+            if (it >= 0)
+                us[it] = (t1 - t0) * 1e6;
         }
         free(v);
-        if (rank != 0) continue;
+        if (rank != 0)
+            continue;
         qsort(us, (size_t)iters, sizeof(double), by_value);
         const double med = us[(iters - 1) / 2], p10 = us[(iters - 1) / 10],
                      p90 = us[(size_t)(0.9 * (iters - 1))];
@@ -74,7 +82,8 @@ int main(int argc, char** argv) {
             fprintf(out, "{\"bytes\":%zu,\"ranks\":%d,\"impl\":\"mpi\",\"median_us\":%.3f}\n", b,
                     ranks, med);
     }
-    if (out) fclose(out);
+    if (out)
+        fclose(out);
     free(us);
     MPI_Finalize();
     return 0;

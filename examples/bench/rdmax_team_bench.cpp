@@ -152,8 +152,9 @@ int main(int argc, char** argv) {
         local::team_options o = local::team_options{}.with_env();
         o.window_bytes = std::max(o.window_bytes, (s.max + 63) / 64 * 64);
         local::node_team t(s.name, s.rank, s.ranks, o);
-        std::FILE* json = nullptr;
-        if (s.rank == 0 && !s.json.empty() && (json = std::fopen(s.json.c_str(), "w")) == nullptr)
+        std::FILE* json =
+            s.rank == 0 && !s.json.empty() ? std::fopen(s.json.c_str(), "w") : nullptr;
+        if (s.rank == 0 && !s.json.empty() && json == nullptr)
             throw std::runtime_error(fmt::format("--json {}: {}", s.json, std::strerror(errno)));
         if (s.rank == 0)
             fmt::print("{:>9} {:>5} {:>12} {:>10} {:>10}  rdmax node_team ({})\n", "bytes", "ranks",

@@ -2,6 +2,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <poll.h>
 #include <string>
 #include <sys/socket.h>
@@ -31,13 +32,17 @@ socklen_t abstract_address(std::string_view name, sockaddr_un& a) {
 }
 } // namespace
 
-unix_channel unix_channel::connect(std::string_view name) {
+unix_channel unix_channel::connect(std::string_view name, bool wait_for_room) {
     sockaddr_un a{};
     const socklen_t len = abstract_address(name, a);
-    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int fd =
+        socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | (wait_for_room ? 0 : SOCK_NONBLOCK), 0);
     if (fd < 0)
         throw_error("socket(AF_UNIX)", errno, std::string(name));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    // Without waiting, a listener's full backlog is EAGAIN at once, not a
+    // wait with no end (a Unix connect has no timeout of its own).
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+        (!wait_for_room && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)) {
         const int err = errno;
         close(fd);
         throw_error("connect(AF_UNIX)", err, fmt::format("@{}", name));

@@ -60,10 +60,16 @@ struct owned_fds {
         : fds(n, -1) {}
     owned_fds(const owned_fds&) = delete;
     owned_fds& operator=(const owned_fds&) = delete;
-    ~owned_fds() {
-        for (const int fd : fds)
+    ~owned_fds() { close_all(); }
+    /// Owns `v` from now on (what it owned before is closed).
+    void adopt(std::vector<int> v) noexcept {
+        close_all();
+        fds = std::move(v);
+    }
+    void close_all() noexcept {
+        for (int& fd : fds)
             if (fd >= 0)
-                ::close(fd);
+                ::close(std::exchange(fd, -1));
     }
 };
 
@@ -72,16 +78,17 @@ std::span<const std::byte> bytes_of(const T& v) {
     return std::as_bytes(std::span(&v, 1));
 }
 
-/// Receives exactly one T (and at most `most_fds` descriptors, owned by
-/// `fds` after). Throws rdmax::error.
+/// Receives exactly one T; the descriptors that came with it are `fds`'
+/// (closed with it, whatever happens). Throws rdmax::error.
 template <class T>
-T receive_one(unix_channel& ch, std::vector<int>& fds, clock::time_point deadline,
-              std::string_view what) {
+T receive_one(unix_channel& ch, owned_fds& fds, clock::time_point deadline, std::string_view what) {
     T v{};
     std::array<std::byte, sizeof(T)> buf{};
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-    const std::size_t n = ch.receive(buf, fds, std::max(left, std::chrono::milliseconds(1)));
+    std::vector<int> got;
+    const std::size_t n = ch.receive(buf, got, std::max(left, std::chrono::milliseconds(1)));
+    fds.adopt(std::move(got));
     if (n != sizeof(T))
         throw_error("node_team", EPROTO,
                     fmt::format("{}: {} bytes, expected {}", what, n, sizeof(T)));
@@ -108,7 +115,8 @@ std::string listen_name(std::string_view team) {
 /// Rank 0's side of joining: every other rank's window descriptor into
 /// `fds` (by rank), then every window to every rank.
 void gather_as_root(std::string_view name, std::size_t n, std::uint64_t window_bytes,
-                    clock::time_point deadline, owned_fds& fds) {
+                    std::size_t total, clock::time_point deadline, owned_fds& fds,
+                    std::vector<shared_segment>& windows) {
     unix_listener l(listen_name(name));
     std::vector<unix_channel> members(n);
     for (std::size_t joined = 1; joined < n;) {
@@ -122,10 +130,12 @@ void gather_as_root(std::string_view name, std::size_t n, std::uint64_t window_b
         try {
             if (ch.peer().uid != ::geteuid())
                 continue; // another user's process: not one of ours
-            std::vector<int> got;
-            const hello h = receive_one<hello>(ch, got, deadline, "a rank's hello");
+            // A second for a hello: one that says nothing holds up the others
+            // that long at most, not the whole join.
             owned_fds keep(0);
-            keep.fds = std::move(got);
+            const auto h = receive_one<hello>(
+                ch, keep, std::min(deadline, clock::now() + std::chrono::seconds(1)),
+                "a rank's hello");
             welcome refuse{};
             if (static_cast<std::size_t>(h.size) != n || h.window_bytes != window_bytes ||
                 keep.fds.size() != 1)
@@ -133,11 +143,20 @@ void gather_as_root(std::string_view name, std::size_t n, std::uint64_t window_b
             else if (h.rank <= 0 || static_cast<std::size_t>(h.rank) >= n ||
                      members[static_cast<std::size_t>(h.rank)].fd() >= 0)
                 refuse.error = EEXIST;
+            const auto r = static_cast<std::size_t>(h.rank);
+            if (refuse.error == 0) {
+                // Its window checked here (sealed, the team's size), so that
+                // a bad one is refused, not handed to every rank.
+                try {
+                    windows[r] = shared_segment::attach(keep.fds[0], total, false, true);
+                } catch (const rdmax::error&) {
+                    refuse.error = EPROTO;
+                }
+            }
             if (refuse.error != 0) {
                 ch.send(bytes_of(refuse));
                 continue;
             }
-            const auto r = static_cast<std::size_t>(h.rank);
             fds.fds[r] = std::exchange(keep.fds[0], -1);
             members[r] = std::move(ch);
             ++joined;
@@ -161,9 +180,10 @@ void gather_as_root(std::string_view name, std::size_t n, std::uint64_t window_b
 unix_channel connect_to_root(std::string_view name, int rank, clock::time_point deadline) {
     for (;;) {
         try {
-            return unix_channel::connect(listen_name(name));
+            return unix_channel::connect(listen_name(name), false);
         } catch (const rdmax::error& e) {
-            if (e.code().value() != ECONNREFUSED && e.code().value() != ENOENT)
+            const int err = e.code().value();
+            if (err != ECONNREFUSED && err != ENOENT && err != EAGAIN)
                 throw;
         }
         if (clock::now() > deadline)
@@ -183,24 +203,24 @@ void join_as_member(std::string_view name, int rank, std::size_t n, std::uint64_
     const hello h{.rank = rank, .size = static_cast<std::int32_t>(n), .window_bytes = window_bytes};
     const std::array<int, 1> mine{own_read_only};
     ch.send(bytes_of(h), mine);
-    std::vector<int> got;
-    const welcome w = receive_one<welcome>(ch, got, deadline, "rank 0's welcome");
-    if (w.error != 0 || w.windows != n || !got.empty())
+    owned_fds keep(0);
+    const auto w = receive_one<welcome>(ch, keep, deadline, "rank 0's welcome");
+    if (w.error != 0 || w.windows != n || !keep.fds.empty())
         throw_error("node_team", w.error != 0 ? w.error : EPROTO,
                     fmt::format("team {}: rank 0 refused rank {} of {} with a window of {} bytes "
                                 "(another team size or window, or the rank taken)",
                                 name, rank, n, window_bytes));
     for (std::size_t first = 0; first < n;) {
-        const part p = receive_one<part>(ch, got, deadline, "rank 0's windows");
-        owned_fds keep(0);
-        keep.fds = std::move(got);
+        const auto p = receive_one<part>(ch, keep, deadline, "rank 0's windows");
         if (p.first != first || p.count == 0 || p.count > n - first || keep.fds.size() != p.count)
             throw_error("node_team", EPROTO,
                         fmt::format("team {}: rank 0 sent ranks {}+{}, "
                                     "expected {}",
                                     name, p.first, p.count, first));
+        // Its own window's copy is closed with `keep`: this rank has its own.
         for (std::size_t i = 0; i < p.count; ++i)
-            fds.fds[first + i] = std::exchange(keep.fds[i], -1);
+            if (first + i != static_cast<std::size_t>(rank))
+                fds.fds[first + i] = std::exchange(keep.fds[i], -1);
         first += p.count;
     }
 }
@@ -238,13 +258,14 @@ void node_team::join(std::string_view name, int size) {
     owned_fds fds(n);
     fds.fds[me] = shared_segment::reopen_read_only(windows_[me].fd());
     if (rank_ == 0)
-        gather_as_root(name, n, opts_.window_bytes, deadline, fds);
+        gather_as_root(name, n, opts_.window_bytes, header_bytes + opts_.window_bytes, deadline,
+                       fds, windows_);
     else
         join_as_member(name, rank_, n, opts_.window_bytes, fds.fds[me], deadline, fds);
     // Read-only, and only a window sealed at the team's size: a peer can
     // neither be written through it nor cut its pages from under this rank.
     for (std::size_t r = 0; r < n; ++r)
-        if (r != me)
+        if (r != me && !windows_[r]) // rank 0 attached the others' as they came
             windows_[r] =
                 shared_segment::attach(fds.fds[r], header_bytes + opts_.window_bytes, false, true);
 }
@@ -254,14 +275,16 @@ void node_team::barrier() {
     wait_all(step(), "a barrier");
 }
 
-void node_team::begin_call(const team_call& c) {
+void node_team::begin_call(team_call& c) {
     check_usable("a collective");
+    c.ready = steps_ + 1;
     header& h = head(rank_);
     // Published by the step that follows (its release store).
     h.count.store(c.count, std::memory_order_relaxed);
     h.offset.store(c.offset, std::memory_order_relaxed);
     h.element.store(c.element, std::memory_order_relaxed);
     h.kind.store(c.kind, std::memory_order_relaxed);
+    h.ready.store(c.ready, std::memory_order_relaxed);
 }
 
 std::uint64_t node_team::step() noexcept {
@@ -290,13 +313,15 @@ const std::byte* node_team::peer_data(int peer, const team_call& mine) {
     const team_call theirs{.count = h.count.load(std::memory_order_relaxed),
                            .offset = h.offset.load(std::memory_order_relaxed),
                            .element = h.element.load(std::memory_order_relaxed),
-                           .kind = h.kind.load(std::memory_order_relaxed)};
-    if (theirs.count != mine.count || theirs.element != mine.element || theirs.kind != mine.kind)
+                           .kind = h.kind.load(std::memory_order_relaxed),
+                           .ready = h.ready.load(std::memory_order_relaxed)};
+    if (theirs.count != mine.count || theirs.element != mine.element || theirs.kind != mine.kind ||
+        theirs.ready != mine.ready)
         fail(peer, "its call", EPROTO,
-             fmt::format("it is in a call of {} elements of {} bytes (kind {}), this rank in one "
-                         "of {} of {} (kind {})",
-                         theirs.count, theirs.element, theirs.kind, mine.count, mine.element,
-                         mine.kind));
+             fmt::format("it is in a call of {} elements of {} bytes (kind {:#x}) from step {}, "
+                         "this rank in one of {} of {} (kind {:#x}) from step {}",
+                         theirs.count, theirs.element, theirs.kind, theirs.ready, mine.count,
+                         mine.element, mine.kind, mine.ready));
     const std::uint64_t room = opts_.window_bytes;
     if (theirs.offset > room || theirs.offset % mine.element != 0 ||
         mine.count > (room - theirs.offset) / mine.element)
@@ -357,6 +382,8 @@ void node_team::sleep_on(int peer, std::uint64_t seen, std::chrono::milliseconds
 }
 
 void node_team::check_usable(std::string_view what) const {
+    if (windows_.empty())
+        throw_error("node_team", EINVAL, fmt::format("{} on a moved-from team", what));
     if (broken_)
         throw_error("node_team", ECANCELED,
                     fmt::format("team {} rank {}: {} on a team broken by an earlier failure", name_,

@@ -74,6 +74,7 @@ std::vector<int> run_ranks(int size, const std::function<bool(int)>& body) {
         pids.push_back(pid);
     }
     std::vector<int> codes;
+    codes.reserve(pids.size());
     for (const pid_t p : pids)
         codes.push_back(reap(p, std::chrono::seconds(60)));
     return codes;
@@ -316,7 +317,7 @@ TEST_CASE("shared_segment::reopen_read_only: a peer given it cannot map the segm
     ::close(ro);
 }
 
-// ---- review (adversarial) --------------------------------------------------
+// ---- what a hostile or confused rank cannot do ------------------------------
 
 namespace {
 int open_fds() {
@@ -328,7 +329,7 @@ int open_fds() {
 }
 } // namespace
 
-TEST_CASE("review: a member leaks no descriptor (nor its window) per team", "[review]") {
+TEST_CASE("node_team: a member leaks no descriptor (nor its window) per team") {
     const std::string base = fresh_name();
     const auto codes = run_ranks(2, [&](int r) {
         // One team first: whatever the library opens once is open by then.
@@ -350,7 +351,7 @@ TEST_CASE("review: a member leaks no descriptor (nor its window) per team", "[re
     CHECK(codes == std::vector<int>{0, 0});
 }
 
-TEST_CASE("review: an element larger than the window is refused, not looped on", "[review]") {
+TEST_CASE("node_team: an element larger than the window is refused, not looped on") {
     struct big {
         std::array<char, 8192> b;
     };
@@ -363,7 +364,7 @@ TEST_CASE("review: an element larger than the window is refused, not looped on",
     CHECK(codes == std::vector<int>{0}); // -1: killed after 60 s in the loop
 }
 
-TEST_CASE("review: a silent connection to rank 0 does not stop the team joining", "[review]") {
+TEST_CASE("node_team: a silent connection to rank 0 does not stop the team joining") {
     const std::string name = fresh_name();
     const auto codes = run_ranks(3, [&](int r) {
         if (r == 2) { // connects as soon as rank 0 listens, then says nothing
@@ -387,7 +388,7 @@ TEST_CASE("review: a silent connection to rank 0 does not stop the team joining"
     CHECK(codes == std::vector<int>{0, 0, 0});
 }
 
-TEST_CASE("review: a rank in a barrier while its peer is in an allreduce is caught", "[review]") {
+TEST_CASE("node_team: a rank in a barrier while its peer is in an allreduce is caught") {
     const std::string name = fresh_name();
     const auto codes = run_ranks(2, [&](int r) {
         node_team t(name, r, 2, small(4096, 2000));
@@ -425,8 +426,7 @@ TEST_CASE("review: a rank in a barrier while its peer is in an allreduce is caug
     CHECK(codes != std::vector<int>{2, 2});
 }
 
-TEST_CASE("review: a rank asleep on a peer's futex is woken by its step, not its timeout",
-          "[review]") {
+TEST_CASE("node_team: a rank asleep on a peer's futex is woken by its step, not its timeout") {
     // Shared between the forked ranks: when rank 1 stepped, and how late rank 0 saw it.
     auto* shared = static_cast<std::atomic<std::int64_t>*>(
         ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
@@ -463,7 +463,7 @@ TEST_CASE("review: a rank asleep on a peer's futex is woken by its step, not its
     ::munmap(shared, 4096);
 }
 
-TEST_CASE("review: rank 0 keeps no descriptor a malformed hello brought", "[review]") {
+TEST_CASE("node_team: rank 0 keeps no descriptor a malformed hello brought") {
     const std::string name = fresh_name();
     const auto codes = run_ranks(3, [&](int r) {
         if (r == 2) { // three short messages, each with a descriptor beside it
@@ -497,8 +497,7 @@ TEST_CASE("review: rank 0 keeps no descriptor a malformed hello brought", "[revi
     CHECK(codes == std::vector<int>{0, 0, 0});
 }
 
-TEST_CASE("review: members give up at their deadline on a name whose holder never accepts",
-          "[review]") {
+TEST_CASE("node_team: members give up at their deadline on a name whose holder never accepts") {
     const std::string name = fresh_name();
     // The name's holder (a squatter, or a rank 0 that stopped): a backlog of
     // one connection, never accepted.
@@ -518,13 +517,14 @@ TEST_CASE("review: members give up at their deadline on a name whose holder neve
                                                                                                 : 2;
         }));
     std::vector<int> codes;
+    codes.reserve(pids.size());
     for (const pid_t p : pids)
         codes.push_back(reap(p, std::chrono::seconds(8))); // -1: still in connect() at 8 s
     ::close(l);
     CHECK(codes == std::vector<int>{0, 0, 0});
 }
 
-TEST_CASE("review: an operation that throws leaves the team broken", "[review]") {
+TEST_CASE("node_team: an operation that throws leaves the team broken") {
     const std::string name = fresh_name();
     const auto codes = run_ranks(2, [&](int r) {
         node_team t(name, r, 2, small(4096, 500));
@@ -545,7 +545,7 @@ TEST_CASE("review: an operation that throws leaves the team broken", "[review]")
     CHECK(codes == std::vector<int>{0, 0});
 }
 
-TEST_CASE("review: ranks summing floats and ints of one size are told apart", "[review]") {
+TEST_CASE("node_team: ranks summing floats and ints of one size are told apart") {
     const std::string name = fresh_name();
     const auto codes = run_ranks(2, [&](int r) {
         node_team t(name, r, 2, small(4096, 1000));

@@ -86,8 +86,10 @@ private:
 class unix_channel {
 public:
     /// Connects to the abstract name `name` (no leading NUL). Throws
-    /// rdmax::error (ECONNREFUSED when nobody listens: not on this node).
-    [[nodiscard]] static unix_channel connect(std::string_view name);
+    /// rdmax::error (ECONNREFUSED when nobody listens: not on this node;
+    /// EAGAIN, without `wait_for_room`, when the listener's backlog is full,
+    /// where a connect would otherwise wait for as long as it stays full).
+    [[nodiscard]] static unix_channel connect(std::string_view name, bool wait_for_room = true);
     /// A connected pair, for tests and for a parent and its child (whose
     /// peer() is the pair's creator on both ends: SO_PEERCRED's rule).
     [[nodiscard]] static std::pair<unix_channel, unix_channel> pair();

@@ -26,7 +26,8 @@
 // team is broken: every later step throws at once. A peer that lies in its window can make this
 // rank's results wrong or its waits time out, never read or write outside the windows.
 //
-// One thread per rank uses its team. Not copyable; movable.
+// One thread per rank uses its team. Not copyable; movable (a moved-from
+// team may only be destroyed or assigned to).
 
 #include <atomic>
 #include <bit>
@@ -50,7 +51,8 @@ struct team_call {
     std::uint64_t count = 0;  ///< elements
     std::uint64_t offset = 0; ///< bytes into the window where the rank's data is
     std::uint32_t element = 0;
-    std::uint32_t kind = 0; ///< the collective (and operation)
+    std::uint32_t kind = 0;  ///< the collective, the operation, the type
+    std::uint64_t ready = 0; ///< the call's first step: set by begin_call
     friend bool operator==(const team_call&, const team_call&) = default;
 };
 
@@ -94,7 +96,9 @@ public:
     /// Starts a call: notes `c` for the peers to check (published by the
     /// next step). Every peer must be done with the previous call's note and
     /// data: a collective's last step waits for it.
-    void begin_call(const team_call& c);
+    /// Sets `c.ready`, the step the call's data will be ready at: a peer
+    /// whose note names another step is in another call (a barrier, say).
+    void begin_call(team_call& c);
     /// Publishes this rank's next step (waking the peers that sleep on
     /// this rank); its number.
     std::uint64_t step() noexcept;
@@ -115,21 +119,29 @@ public:
     [[nodiscard]] bool in_window(std::span<const std::byte> data, std::size_t element) const;
     /// Throws rdmax::error: data of `bytes` that a collective cannot take, and why.
     [[noreturn]] void refuse_data(std::size_t bytes, std::string_view why) const;
+    /// A collective failed in this rank (its operation threw, say): its
+    /// peers' steps and its own no longer match, so every later step throws.
+    void mark_broken() noexcept { broken_ = true; }
 
 private:
-    /// A window's first page: the counter, then the call's note.
-    struct alignas(64) header {
+    /// A window's first page: the counter, then the call's note, each on
+    /// lines of its own (128 bytes: the adjacent-line prefetcher pairs 64s).
+    struct alignas(128) header {
         std::atomic<std::uint64_t> progress{0};
         /// 1 + the rank this one sleeps on (its futex), 0: none.
-        alignas(64) std::atomic<std::uint32_t> sleeping_on{0};
-        alignas(64) std::atomic<std::uint64_t> count{0};
+        alignas(128) std::atomic<std::uint32_t> sleeping_on{0};
+        alignas(128) std::atomic<std::uint64_t> count{0};
         std::atomic<std::uint64_t> offset{0};
+        std::atomic<std::uint64_t> ready{0};
         std::atomic<std::uint32_t> element{0};
         std::atomic<std::uint32_t> kind{0};
     };
     static constexpr std::size_t header_bytes = 4096;
     static_assert(sizeof(header) <= header_bytes);
     static_assert(std::endian::native == std::endian::little, "a futex on a counter's low half");
+    // Between processes only lock-free atomics work (no lock to share).
+    static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+    static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
     [[nodiscard]] header& head(int r) const noexcept {
         return *reinterpret_cast<header*>(windows_[static_cast<std::size_t>(r)].data());

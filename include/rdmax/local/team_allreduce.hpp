@@ -24,6 +24,7 @@
 #include <functional>
 #include <span>
 #include <type_traits>
+#include <typeinfo>
 
 #include <rdmax/local/node_team.hpp>
 
@@ -74,10 +75,14 @@ void fold(T* into, const T* a, const T* b, std::size_t n, Op& op) {
         into[i] = op(a[i], b[i]);
 }
 
-/// The collective's kind, noted for the peers' check: the element's size and
-/// whether the operation is the sum.
+/// The collective's kind, noted for the peers' check: an allreduce, of this
+/// element type, with this operation (a float sum is not an int sum, a max
+/// not a min; the type's name hashed, as every rank runs the same program).
 template <class T, class Op>
-constexpr std::uint32_t allreduce_kind = std::is_same_v<Op, std::plus<T>> ? 1 : 2;
+std::uint32_t allreduce_kind() noexcept {
+    const std::size_t h = typeid(T).hash_code() * 31 + typeid(Op).hash_code();
+    return static_cast<std::uint32_t>(h ^ (h >> 32)) | 1U; // odd: never a broadcast's
+}
 
 /// This rank's share of every rank folded into its own (in its window), then
 /// every peer's reduced share copied into `data`.
@@ -118,17 +123,22 @@ void by_shares(node_team& t, const team_call& call, T* mine, std::span<T> data, 
 template <class T, class Op>
 void allreduce_piece(node_team& t, std::span<T> data, bool in_window, Op& op) {
     std::byte* const win = t.window().data();
-    const team_call call{
+    team_call call{
         .count = data.size(),
         .offset = in_window ? static_cast<std::uint64_t>(
                                   reinterpret_cast<const std::byte*>(data.data()) - win)
                             : 0,
         .element = sizeof(T),
-        .kind = allreduce_kind<T, Op>,
+        .kind = allreduce_kind<T, Op>(),
     };
     t.begin_call(call);
     T* const mine = reinterpret_cast<T*>(win + call.offset);
-    by_shares(t, call, mine, data, in_window, op);
+    try {
+        by_shares(t, call, mine, data, in_window, op);
+    } catch (...) {
+        t.mark_broken(); // thrown midway (the operation, a peer): out of step for good
+        throw;
+    }
     // The caller may write its window once this returns (for this call or
     // the next): every peer must be done reading it.
     t.wait_all(t.step(), "reading this rank's window");
@@ -142,6 +152,8 @@ template <class T, class Op = std::plus<T>>
     requires std::is_trivially_copyable_v<T> && std::is_invocable_r_v<T, Op&, T, T>
 void allreduce(node_team& t, std::span<T> data, Op op = {}) {
     const std::span<std::byte> win = t.window();
+    if (sizeof(T) > win.size())
+        t.refuse_data(sizeof(T), "one element is larger than the window (RDMAX_TEAM_WINDOW)");
     const bool in_window = t.in_window(std::as_bytes(data), sizeof(T));
     if (in_window || data.empty()) {
         detail::allreduce_piece(t, data, in_window, op);

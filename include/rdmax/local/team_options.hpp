@@ -33,7 +33,8 @@ inline constexpr std::tuple team_knobs{
         "RDMAX_TEAM_WINDOW", &team_options::window_bytes,
         config::number{.lo = 4096, .hi = std::uint64_t{1} << 40, .bytes = true, .multiple_of = 64},
         "each rank's shared window of a node_team"},
-    config::knob{"RDMAX_TEAM_TIMEOUT_MS", &team_options::timeout, config::number{.lo = 1},
+    config::knob{"RDMAX_TEAM_TIMEOUT_MS", &team_options::timeout,
+                 config::number{.lo = 1, .hi = 86'400'000}, // a day: no clock overflows
                  "a node_team rank's wait for a peer, at most"},
     config::knob{"RDMAX_TEAM_SPIN", &team_options::spin, config::number{.zero_word = "auto"},
                  "polls of a peer before a waiting node_team rank yields, then sleeps"},

@@ -15,6 +15,8 @@
 #                   OMPI_COMM_WORLD_* alone (no -r, -n)
 #   mpirun-2host    mpirun -np 2 -H 198.51.100.1,198.51.100.2 on host 0, one rank a host,
 #                   orted started on host 1 through tests/multihost/agent (no ssh)
+#   allreduce-hier  build/examples/allreduce under mpirun, 2 ranks a host: each host's
+#                   node team, the two leaders' RDMA ring, every element checked
 #   rpc_echo        build/examples/rpc_echo, server on host 0, client on host 1
 #   kv_service      build/examples/kv_service, likewise
 #   resilience-loss      the resilience suite's load (tests/rxe/resilience_server on
@@ -45,7 +47,7 @@ project=$(cd "$here/../.." && pwd)
 cd "$project" || exit 1
 
 # Which hosts run each step: the host side expects a record from each.
-steps="rdma-pingpong:0,1 rdmax-pingpong:0,1 allreduce:0,1 mpirun-1host:0 mpirun-2host:0,1 rpc_echo:0,1 kv_service:0,1 resilience-loss:0,1"
+steps="rdma-pingpong:0,1 rdmax-pingpong:0,1 allreduce:0,1 mpirun-1host:0 mpirun-2host:0,1 allreduce-hier:0 rpc_echo:0,1 kv_service:0,1 resilience-loss:0,1"
 # The link-down step (docs/resilience.md, "What the suite found": soft-RoCE's
 # QP1 and a teardown through a port that is down); RDMAX_MULTIHOST_LINKDOWN=0 skips it.
 linkdown=${RDMAX_MULTIHOST_LINKDOWN:-1}
@@ -311,8 +313,15 @@ if [ "$me" = 0 ]; then
         run_step mpirun-2host timeout 300 "${mpirun_common[@]}" -H "$RDMAX_HOSTS" \
             --mca plm_rsh_agent "$rsh" bash -c "$show_rank" rank \
             "$bench" -H "$RDMAX_HOSTS" -s 4K -S 4K -i 3 -w 1 -t 60 -p 18800
+        # The hierarchical allreduce: 2 ranks a host (slots filled host by
+        # host: ranks 0, 1 on host 0), a node team each, the leaders' ring.
+        hosts2=$(echo "$RDMAX_HOSTS" | sed 's/,/:2,/; s/$/:2/')
+        run_step allreduce-hier timeout 300 "${mpirun_common[@]:0:5}" -np 4 -H "$hosts2" \
+            --mca plm_rsh_agent "$rsh" "$examples/allreduce" -H "$RDMAX_HOSTS" -p 18900 \
+            -c 65536 -i 3
     else
         record mpirun-2host FAIL $((SECONDS - start)) "host 1's command server never answered"
+        record allreduce-hier FAIL $((SECONDS - start)) "host 1's command server never answered"
     fi
     timeout 30 "$rsh" --stop "$RDMAX_PEER_ADDR" || say "could not stop host 1's command server"
 else

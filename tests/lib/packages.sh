@@ -28,7 +28,7 @@ RDMAX_PKGS_VM_2HOST="openmpi-bin"
 # The bench scripts (examples/bench/): perftest's baselines, strace's counts,
 # the plots, jq and python3 for ab-compare. tests/vm/run installs them (as root)
 # before it runs one of those scripts in the guest, which cannot install.
-RDMAX_PKGS_BENCH="perftest strace gnuplot-nox jq python3"
+RDMAX_PKGS_BENCH="perftest strace gnuplot-nox jq python3 openmpi-bin libopenmpi-dev"
 
 rdmax_missing_packages() {
     local p missing=()
@@ -92,6 +92,7 @@ rdmax_tool_package() {
     flock | setpriv) echo util-linux ;;
     ss | ip) echo iproute2 ;;
     mpirun) echo openmpi-bin ;;
+    mpicc) echo libopenmpi-dev ;; # mpi.h and the wrapper; mpirun comes with it
     *) echo "$1" ;; # strace, jq, python3, ...
     esac
 }

@@ -2533,10 +2533,10 @@ TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not
     CHECK(c.cli.counters().disconnected == 0);
 }
 
-// Review (doorbell): ring_held() says "what the held connections queued is
-// posted now"; the scheduler's pump stops at a less urgent level once a more
-// urgent slice is staged, so a normal call held behind an urgent one stays
-// queued until the client's next poll.
+// ring_held() posts what the held connections queued, every level of it: a
+// pass of the pump stops at a less urgent level once an urgent slice is
+// staged, which left a normal call held behind an urgent one queued until
+// the client's next poll.
 TEST_CASE("ring_held posts every held call, whatever its priority", "[rpccall]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);

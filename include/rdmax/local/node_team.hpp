@@ -29,6 +29,7 @@
 // One thread per rank uses its team. Not copyable; movable (a moved-from
 // team may only be destroyed or assigned to).
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -113,6 +114,34 @@ public:
     /// `bytes` long, checked against this rank's own call. Throws
     /// rdmax::error (and breaks the team) when the peer is in another call.
     [[nodiscard]] const std::byte* peer_data(int peer, const team_call& mine);
+    /// The note of a collective of `kind` on `data` (at its offset in the
+    /// window when it lies there, else staged at the window's start).
+    template <class T>
+    [[nodiscard]] team_call call_for(std::span<T> data, bool in_window,
+                                     std::uint32_t kind) const noexcept {
+        const auto* p = reinterpret_cast<const std::byte*>(data.data());
+        return {.count = data.size(),
+                .offset = in_window ? static_cast<std::uint64_t>(p - own_data()) : 0,
+                .element = sizeof(T),
+                .kind = kind};
+    }
+    /// Runs `piece(part, in_window)` over `data`: whole when it lies in the
+    /// window (or is empty), else in parts of the window's size, staged.
+    /// Throws rdmax::error for data that straddles the window, or elements
+    /// larger than it. The frame of every collective.
+    template <class T, class Piece>
+    void in_pieces(std::span<T> data, Piece&& piece) {
+        if (sizeof(T) > opts_.window_bytes)
+            refuse_data(sizeof(T), "one element is larger than the window (RDMAX_TEAM_WINDOW)");
+        const bool whole = in_window(std::as_bytes(data), sizeof(T));
+        if (whole || data.empty()) {
+            piece(data, whole);
+            return;
+        }
+        const std::size_t per = opts_.window_bytes / sizeof(T);
+        for (std::size_t at = 0; at < data.size(); at += per)
+            piece(data.subspan(at, std::min(per, data.size() - at)), false);
+    }
     /// Whether `data` lies in this rank's window (whole, a whole number of
     /// `element`s from its start: no copy in) or apart from it (staged).
     /// Throws rdmax::error for data that straddles it.

@@ -123,14 +123,7 @@ void by_shares(node_team& t, const team_call& call, T* mine, std::span<T> data, 
 template <class T, class Op>
 void allreduce_piece(node_team& t, std::span<T> data, bool in_window, Op& op) {
     std::byte* const win = t.window().data();
-    team_call call{
-        .count = data.size(),
-        .offset = in_window ? static_cast<std::uint64_t>(
-                                  reinterpret_cast<const std::byte*>(data.data()) - win)
-                            : 0,
-        .element = sizeof(T),
-        .kind = allreduce_kind<T, Op>(),
-    };
+    team_call call = t.call_for(data, in_window, allreduce_kind<T, Op>());
     t.begin_call(call);
     T* const mine = reinterpret_cast<T*>(win + call.offset);
     try {
@@ -151,17 +144,9 @@ void allreduce_piece(node_team& t, std::span<T> data, bool in_window, Op& op) {
 template <class T, class Op = std::plus<T>>
     requires std::is_trivially_copyable_v<T> && std::is_invocable_r_v<T, Op&, T, T>
 void allreduce(node_team& t, std::span<T> data, Op op = {}) {
-    const std::span<std::byte> win = t.window();
-    if (sizeof(T) > win.size())
-        t.refuse_data(sizeof(T), "one element is larger than the window (RDMAX_TEAM_WINDOW)");
-    const bool in_window = t.in_window(std::as_bytes(data), sizeof(T));
-    if (in_window || data.empty()) {
-        detail::allreduce_piece(t, data, in_window, op);
-        return;
-    }
-    const std::size_t per = win.size() / sizeof(T);
-    for (std::size_t at = 0; at < data.size(); at += per)
-        detail::allreduce_piece(t, data.subspan(at, std::min(per, data.size() - at)), false, op);
+    t.in_pieces(data, [&](std::span<T> part, bool in_window) {
+        detail::allreduce_piece(t, part, in_window, op);
+    });
 }
 
 } // namespace rdmax::local

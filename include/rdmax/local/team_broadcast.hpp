@@ -27,15 +27,9 @@ template <class T>
 void broadcast_piece(node_team& t, std::span<T> data, int root, bool in_window) {
     std::byte* const win = t.window().data();
     const bool at_root = t.rank() == root;
-    team_call call{
-        .count = data.size(),
-        .offset = in_window ? static_cast<std::uint64_t>(
-                                  reinterpret_cast<const std::byte*>(data.data()) - win)
-                            : 0,
-        .element = sizeof(T),
-        // A broadcast (even: never an allreduce's), from whom.
-        .kind = 0x8000'0000U | static_cast<std::uint32_t>(root) << 1,
-    };
+    // A broadcast (even: never an allreduce's), from whom.
+    team_call call =
+        t.call_for(data, in_window, 0x8000'0000U | static_cast<std::uint32_t>(root) << 1);
     t.begin_call(call);
     if (at_root && !in_window && !data.empty())
         std::memcpy(win, data.data(), data.size_bytes());
@@ -66,17 +60,9 @@ template <class T>
 void broadcast(node_team& t, std::span<T> data, int root = 0) {
     if (root < 0 || root >= t.size())
         t.refuse_data(data.size_bytes(), "its root is not a rank of the team");
-    const std::span<std::byte> win = t.window();
-    if (sizeof(T) > win.size())
-        t.refuse_data(sizeof(T), "one element is larger than the window (RDMAX_TEAM_WINDOW)");
-    const bool in_window = t.in_window(std::as_bytes(data), sizeof(T));
-    if (in_window || data.empty()) {
-        detail::broadcast_piece(t, data, root, in_window);
-        return;
-    }
-    const std::size_t per = win.size() / sizeof(T);
-    for (std::size_t at = 0; at < data.size(); at += per)
-        detail::broadcast_piece(t, data.subspan(at, std::min(per, data.size() - at)), root, false);
+    t.in_pieces(data, [&](std::span<T> part, bool in_window) {
+        detail::broadcast_piece(t, part, root, in_window);
+    });
 }
 
 } // namespace rdmax::local

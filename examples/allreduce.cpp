@@ -9,8 +9,9 @@
 //             [-p BASE_PORT] [-c FLOATS] [-i ITERATIONS]
 //
 // Ranks are placed node by node: ranks [kK, (k+1)K) are node k (mpirun's
-// default placement, or srun's block). Rank and size come from -r/-n or from
-// mpirun (OMPI_COMM_WORLD_*, K from OMPI_COMM_WORLD_LOCAL_SIZE); node k's
+// default placement; checked against its local rank). Rank and size come
+// from -r/-n or from mpirun (OMPI_COMM_WORLD_*, K from
+// OMPI_COMM_WORLD_LOCAL_SIZE); node k's
 // leader listens on HOSTk (-H; or every node on -a ADDR) at BASE_PORT + k.
 // examples/allreduce-local starts the N ranks on this machine, e.g.
 //   ALLREDUCE=build/examples/allreduce examples/allreduce-local -n 4 --per-node 2
@@ -30,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <getopt.h>
 #include <memory_resource>
 #include <optional>
@@ -202,12 +204,14 @@ void leader_ring::connect(const options& o) {
     peer_ = *peer;
 }
 
-/// The node's team's name: one per job and node (the launcher's job id, else the port).
+/// The node's team's name: one per job and node (the launcher's job id, else
+/// the port), hashed where the job id is long (a team's name has 80 bytes).
 std::string team_name(const options& o) {
     const char* job = std::getenv("PMIX_NAMESPACE");
-    return job != nullptr
-               ? std::string("allreduce-") + job + "-node" + std::to_string(o.node())
-               : "allreduce-" + std::to_string(o.port) + "-node" + std::to_string(o.node());
+    std::string id = job != nullptr ? job : std::to_string(o.port);
+    if (id.size() > 48)
+        id = std::to_string(std::hash<std::string>{}(id));
+    return "allreduce-" + id + "-node" + std::to_string(o.node());
 }
 
 int run(const options& o) {
@@ -262,6 +266,13 @@ void from_launcher(options& o) {
         o.per_node = 1;
 }
 
+/// Under mpirun, the ranks must be placed node by node (the team of node k
+/// is ranks kK..): another placement would join ranks of different nodes.
+bool placed_by_node(const options& o) {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    return local == nullptr || std::atoi(local) == o.rank % o.per_node;
+}
+
 std::vector<std::string> split(const std::string& list) {
     std::vector<std::string> out;
     std::stringstream in(list);
@@ -295,10 +306,18 @@ int main(int argc, char** argv) {
     from_launcher(o);
     if (o.ranks < 2 || o.rank < 0 || o.rank >= o.ranks || o.ranks % o.per_node != 0 ||
         o.count == 0 || o.count % static_cast<std::size_t>(o.nodes()) != 0 || o.iterations < 1 ||
+        o.nodes() > 255 || o.iterations > 65535 ||
         (!o.hosts.empty() && o.hosts.size() != static_cast<std::size_t>(o.nodes()))) {
         std::fprintf(stderr, "allreduce: need 0 <= RANK < RANKS, RANKS >= 2 a multiple of K, "
-                             "FLOATS a multiple of the nodes (RANKS / K), ITERATIONS >= 1, one "
-                             "-H host per node\n");
+                             "FLOATS a multiple of the nodes (RANKS / K, at most 255), 1 to 65535 "
+                             "ITERATIONS, one -H host per node\n");
+        return 2;
+    }
+    if (!placed_by_node(o)) {
+        std::fprintf(stderr,
+                     "allreduce: rank %d is not local rank %d of its node: place the "
+                     "ranks node by node (mpirun --map-by slot, the default)\n",
+                     o.rank, o.rank % o.per_node);
         return 2;
     }
     try {

@@ -112,6 +112,29 @@ std::string listen_name(std::string_view team) {
     throw_error("node_team", ETIMEDOUT, fmt::format("team {} rank {}: {}", team, rank, why));
 }
 
+/// Every window to every member, 16 at a time, each part acknowledged before
+/// the next: descriptors in flight count against this user's limit of open
+/// files (ETOOMANYREFS past it, for a user without CAP_SYS_RESOURCE), so at
+/// most one part is ever in flight, whatever the team's size.
+void hand_out(std::vector<unix_channel>& members, const owned_fds& fds,
+              clock::time_point deadline) {
+    const std::size_t n = fds.fds.size();
+    for (std::size_t r = 1; r < n; ++r) {
+        const welcome w{.windows = static_cast<std::uint32_t>(n)};
+        members[r].send(bytes_of(w));
+        for (std::size_t first = 0; first < n; first += fds_per_message) {
+            const std::size_t count = std::min(fds_per_message, n - first);
+            const part p{.first = static_cast<std::uint32_t>(first),
+                         .count = static_cast<std::uint32_t>(count)};
+            members[r].send(bytes_of(p), std::span<const int>(fds.fds).subspan(first, count));
+            owned_fds none(0);
+            const auto ack = receive_one<part>(members[r], none, deadline, "a rank's receipt");
+            if (ack.first != p.first || ack.count != p.count || !none.fds.empty())
+                throw_error("node_team", EPROTO, "a rank acknowledged another part");
+        }
+    }
+}
+
 /// Rank 0's side of joining: every other rank's window descriptor into
 /// `fds` (by rank), then every window to every rank.
 void gather_as_root(std::string_view name, std::size_t n, std::uint64_t window_bytes,
@@ -164,16 +187,7 @@ void gather_as_root(std::string_view name, std::size_t n, std::uint64_t window_b
             // A connection that broke or spoke nonsense: not a rank.
         }
     }
-    for (std::size_t r = 1; r < n; ++r) {
-        const welcome w{.windows = static_cast<std::uint32_t>(n)};
-        members[r].send(bytes_of(w));
-        for (std::size_t first = 0; first < n; first += fds_per_message) {
-            const std::size_t count = std::min(fds_per_message, n - first);
-            const part p{.first = static_cast<std::uint32_t>(first),
-                         .count = static_cast<std::uint32_t>(count)};
-            members[r].send(bytes_of(p), std::span<const int>(fds.fds).subspan(first, count));
-        }
-    }
+    hand_out(members, fds, deadline);
 }
 
 /// Rank 0 of `name`, once it listens (it may start after this rank).
@@ -221,6 +235,8 @@ void join_as_member(std::string_view name, int rank, std::size_t n, std::uint64_
         for (std::size_t i = 0; i < p.count; ++i)
             if (first + i != static_cast<std::size_t>(rank))
                 fds.fds[first + i] = std::exchange(keep.fds[i], -1);
+        keep.close_all();
+        ch.send(bytes_of(p)); // received: rank 0 sends the next part
         first += p.count;
     }
 }
@@ -246,7 +262,8 @@ node_team::node_team(std::string_view name, int rank, int size, team_options o)
     }
     windows_.resize(static_cast<std::size_t>(size));
     windows_[static_cast<std::size_t>(rank)] = shared_segment::create(
-        fmt::format("rdmax-team {} rank {}", name, rank), header_bytes + opts_.window_bytes);
+        fmt::format("rdmax-team {} rank {}", name, rank), header_bytes + opts_.window_bytes,
+        true); // only this rank writes its window, whoever holds its descriptor
     if (size > 1)
         join(name, size);
 }
@@ -265,9 +282,11 @@ void node_team::join(std::string_view name, int size) {
     // Read-only, and only a window sealed at the team's size: a peer can
     // neither be written through it nor cut its pages from under this rank.
     for (std::size_t r = 0; r < n; ++r)
-        if (r != me && !windows_[r]) // rank 0 attached the others' as they came
+        if (r != me && !windows_[r]) { // rank 0 attached the others' as they came
             windows_[r] =
                 shared_segment::attach(fds.fds[r], header_bytes + opts_.window_bytes, false, true);
+            ::close(std::exchange(fds.fds[r], -1)); // the mapping keeps its own: n, not 2n, open
+        }
 }
 
 void node_team::barrier() {
@@ -285,6 +304,8 @@ void node_team::begin_call(team_call& c) {
     h.element.store(c.element, std::memory_order_relaxed);
     h.kind.store(c.kind, std::memory_order_relaxed);
     h.ready.store(c.ready, std::memory_order_relaxed);
+    h.whole.store(c.whole, std::memory_order_relaxed);
+    h.at.store(c.at, std::memory_order_relaxed);
 }
 
 std::uint64_t node_team::step() noexcept {
@@ -314,14 +335,18 @@ const std::byte* node_team::peer_data(int peer, const team_call& mine) {
                            .offset = h.offset.load(std::memory_order_relaxed),
                            .element = h.element.load(std::memory_order_relaxed),
                            .kind = h.kind.load(std::memory_order_relaxed),
+                           .whole = h.whole.load(std::memory_order_relaxed),
+                           .at = h.at.load(std::memory_order_relaxed),
                            .ready = h.ready.load(std::memory_order_relaxed)};
     if (theirs.count != mine.count || theirs.element != mine.element || theirs.kind != mine.kind ||
-        theirs.ready != mine.ready)
+        theirs.ready != mine.ready || theirs.whole != mine.whole || theirs.at != mine.at)
         fail(peer, "its call", EPROTO,
-             fmt::format("it is in a call of {} elements of {} bytes (kind {:#x}) from step {}, "
-                         "this rank in one of {} of {} (kind {:#x}) from step {}",
-                         theirs.count, theirs.element, theirs.kind, theirs.ready, mine.count,
-                         mine.element, mine.kind, mine.ready));
+             fmt::format("it is in a call of {} elements of {} bytes (kind {:#x}; from {} of "
+                         "{}) from step {}, this rank in one of {} of {} (kind {:#x}; from {} "
+                         "of {}) from step {}",
+                         theirs.count, theirs.element, theirs.kind, theirs.at, theirs.whole,
+                         theirs.ready, mine.count, mine.element, mine.kind, mine.at, mine.whole,
+                         mine.ready));
     const std::uint64_t room = opts_.window_bytes;
     if (theirs.offset > room || theirs.offset % mine.element != 0 ||
         mine.count > (room - theirs.offset) / mine.element)

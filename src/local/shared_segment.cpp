@@ -20,7 +20,8 @@ std::size_t page_round(std::size_t n) {
 }
 } // namespace
 
-shared_segment shared_segment::create(std::string_view name, std::size_t bytes) {
+shared_segment shared_segment::create(std::string_view name, std::size_t bytes,
+                                      bool only_here_writes) {
     if (bytes == 0)
         throw_error("memfd_create", EINVAL, "a shared segment of 0 bytes");
     const std::size_t n = page_round(bytes);
@@ -28,23 +29,30 @@ shared_segment shared_segment::create(std::string_view name, std::size_t bytes) 
     const int fd = memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         throw_error("memfd_create", errno, label);
-    if (ftruncate(fd, static_cast<off_t>(n)) != 0) {
+    const auto fail = [&](const char* verb, const std::string& what) {
         const int err = errno;
         close(fd);
-        throw_error("ftruncate", err, fmt::format("{}: {} bytes", label, n));
-    }
-    // Its size for good: a peer that holds the descriptor cannot cut the
-    // pages from under this side's mapping (SIGBUS at the next access).
-    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        const int err = errno;
-        close(fd);
-        throw_error("fcntl(F_ADD_SEALS)", err, fmt::format("{}: shrink, grow, seal", label));
-    }
+        throw_error(verb, err, fmt::format("{}: {}", label, what));
+    };
+    // A memfd's mode is 0777: another user who gets at it through
+    // /proc/PID/fd could open it for writing. Owner only.
+    if (fchmod(fd, 0600) != 0)
+        fail("fchmod", "0600");
+    if (ftruncate(fd, static_cast<off_t>(n)) != 0)
+        fail("ftruncate", fmt::format("{} bytes", n));
     void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        const int err = errno;
-        close(fd);
-        throw_error("mmap", err, fmt::format("{}: {} bytes", label, n));
+    if (p == MAP_FAILED)
+        fail("mmap", fmt::format("{} bytes", n));
+    // Its size for good: a peer that holds the descriptor cannot cut the
+    // pages from under this side's mapping (SIGBUS at the next access). And,
+    // asked, no write but through the mapping made above: a read-only
+    // descriptor reopened writable (/proc/PID/fd) still cannot map it so.
+    const int seals =
+        F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | (only_here_writes ? F_SEAL_FUTURE_WRITE : 0);
+    if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
+        munmap(p, n);
+        fail("fcntl(F_ADD_SEALS)",
+             only_here_writes ? "shrink, grow, future write, seal" : "shrink, grow, seal");
     }
     return {fd, static_cast<std::byte*>(p), n, true};
 }

@@ -18,7 +18,9 @@
 #include <stdexcept>
 #include <string>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <vector>
@@ -219,6 +221,49 @@ TEST_CASE("node_team broadcast: from every root, staged and in the window, in pi
     CHECK(codes == std::vector<int>(3, 0));
 }
 
+TEST_CASE("node_team: 20 ranks join as a user with few descriptors, and reduce") {
+    // Descriptors in flight count against the sender's RLIMIT_NOFILE for a
+    // user without CAP_SYS_RESOURCE (ETOOMANYREFS): 19 members x 20 windows
+    // sent at once were far over 64. As root the test drops to nobody.
+    const std::string name = fresh_name();
+    constexpr int size = 20;
+    const auto codes = run_ranks(size, [&](int r) {
+        const rlimit few{64, 64};
+        if (::setrlimit(RLIMIT_NOFILE, &few) != 0)
+            return false;
+        if (::geteuid() == 0 && ::setresgid(65534, 65534, 65534) != 0)
+            return false;
+        if (::geteuid() == 0 && ::setresuid(65534, 65534, 65534) != 0)
+            return false;
+        node_team t(name, r, size, small(4096, 20'000));
+        std::vector<float> v(1000);
+        for (std::size_t i = 0; i < v.size(); ++i)
+            v[i] = value(r, i);
+        allreduce(t, std::span(v));
+        return sums_right(v, size);
+    });
+    CHECK(codes == std::vector<int>(static_cast<std::size_t>(size), 0));
+}
+
+TEST_CASE("node_team: one call in two pieces is not two calls of a piece each") {
+    const std::string name = fresh_name();
+    const auto codes = run_ranks(2, [&](int r) {
+        node_team t(name, r, 2, small(4096, 2000)); // 1024 floats a piece
+        if (r == 0) {
+            std::vector<float> v(2048, 1.0F);
+            return throws_errno([&] { allreduce(t, std::span(v)); }, EPROTO);
+        }
+        std::vector<float> x(1024, 1.0F);
+        return throws_errno(
+            [&] {
+                allreduce(t, std::span(x));
+                allreduce(t, std::span(x));
+            },
+            EPROTO);
+    });
+    CHECK(codes == std::vector<int>{0, 0});
+}
+
 TEST_CASE("node_team: a rank that never joins times out, naming the ranks that came") {
     const std::string name = fresh_name();
     const auto codes = run_ranks(1, [&](int) {
@@ -301,6 +346,30 @@ TEST_CASE("node_team: bad arguments and data that straddles the window") {
     auto* bytes = reinterpret_cast<std::byte*>(w.data()) + 2;
     CHECK_THROWS_AS(allreduce(t, std::span(reinterpret_cast<float*>(bytes), 4)), rdmax::error);
     CHECK_FALSE(t.broken());
+}
+
+TEST_CASE("shared_segment: only the owner's mapping writes a segment created so") {
+    shared_segment seg = shared_segment::create("only-here", 4096, true);
+    seg.data()[0] = std::byte{1}; // the owner's own mapping still writes
+    // A peer that reopens its read-only descriptor writable through /proc
+    // (as any process of the owner's user could): no writable mapping, no write.
+    const int ro = shared_segment::reopen_read_only(seg.fd());
+    const int rw = ::open(fmt::format("/proc/self/fd/{}", ro).c_str(), O_RDWR | O_CLOEXEC);
+    REQUIRE(rw >= 0);
+    errno = 0;
+    CHECK(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0) == MAP_FAILED);
+    CHECK(errno == EPERM);
+    const char x = 'x';
+    CHECK(::write(rw, &x, 1) < 0);
+    void* r = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, rw, 0);
+    REQUIRE(r != MAP_FAILED);
+    CHECK(static_cast<const std::byte*>(r)[0] == std::byte{1});
+    ::munmap(r, 4096);
+    ::close(rw);
+    ::close(ro);
+    struct stat st {};
+    REQUIRE(::fstat(seg.fd(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600); // no other user opens it by its /proc path
 }
 
 TEST_CASE("shared_segment::reopen_read_only: a peer given it cannot map the segment writable") {

@@ -53,9 +53,19 @@ struct team_call {
     std::uint64_t offset = 0; ///< bytes into the window where the rank's data is
     std::uint32_t element = 0;
     std::uint32_t kind = 0;  ///< the collective, the operation, the type
+    std::uint64_t whole = 0; ///< elements of the whole call, of which this is a piece
+    std::uint64_t at = 0;    ///< where the piece starts in it
     std::uint64_t ready = 0; ///< the call's first step: set by begin_call
     friend bool operator==(const team_call&, const team_call&) = default;
 };
+
+/// FNV-1a of `text`, from `h` on: a collective's kind from type names.
+[[nodiscard]] constexpr std::uint32_t type_hash(const char* text,
+                                                std::uint32_t h = 2166136261U) noexcept {
+    for (; *text != '\0'; ++text)
+        h = (h ^ static_cast<unsigned char>(*text)) * 16777619U;
+    return h;
+}
 
 class node_team {
 public:
@@ -87,7 +97,9 @@ public:
             refuse_window(n * sizeof(T));
         return {reinterpret_cast<T*>(own_data()), n};
     }
-    /// Every rank has come here.
+    /// Every rank has come here, or at least to a step as far: a barrier
+    /// notes no call, so a peer in a collective passes it (that collective
+    /// then finds this rank's note is not its call).
     void barrier();
     /// A wait timed out or a peer disagreed: every later step throws.
     [[nodiscard]] bool broken() const noexcept { return broken_; }
@@ -116,14 +128,17 @@ public:
     [[nodiscard]] const std::byte* peer_data(int peer, const team_call& mine);
     /// The note of a collective of `kind` on `data` (at its offset in the
     /// window when it lies there, else staged at the window's start).
+    /// `data` is the piece of `whole` the collective moves now.
     template <class T>
-    [[nodiscard]] team_call call_for(std::span<T> data, bool in_window,
+    [[nodiscard]] team_call call_for(std::span<T> data, std::span<T> whole, bool in_window,
                                      std::uint32_t kind) const noexcept {
         const auto* p = reinterpret_cast<const std::byte*>(data.data());
         return {.count = data.size(),
                 .offset = in_window ? static_cast<std::uint64_t>(p - own_data()) : 0,
                 .element = sizeof(T),
-                .kind = kind};
+                .kind = kind,
+                .whole = whole.size(),
+                .at = whole.empty() ? 0 : static_cast<std::uint64_t>(data.data() - whole.data())};
     }
     /// Runs `piece(part, in_window)` over `data`: whole when it lies in the
     /// window (or is empty), else in parts of the window's size, staged.
@@ -162,6 +177,8 @@ private:
         alignas(128) std::atomic<std::uint64_t> count{0};
         std::atomic<std::uint64_t> offset{0};
         std::atomic<std::uint64_t> ready{0};
+        std::atomic<std::uint64_t> whole{0};
+        std::atomic<std::uint64_t> at{0};
         std::atomic<std::uint32_t> element{0};
         std::atomic<std::uint32_t> kind{0};
     };

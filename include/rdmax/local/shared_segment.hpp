@@ -19,9 +19,13 @@ namespace rdmax::local {
 class shared_segment {
 public:
     /// A new segment of `bytes` (rounded up to pages), zero-filled, mapped
-    /// read-write, its size sealed. `name` shows in /proc/PID/maps. Throws
-    /// rdmax::error.
-    [[nodiscard]] static shared_segment create(std::string_view name, std::size_t bytes);
+    /// read-write, its size sealed, its mode 0600. `name` shows in
+    /// /proc/PID/maps. With `only_here_writes`, sealed against any other
+    /// write too (F_SEAL_FUTURE_WRITE): only this mapping writes it, so a
+    /// peer given even a writable descriptor (or one it reopened writable
+    /// through /proc) can only read. Throws rdmax::error.
+    [[nodiscard]] static shared_segment create(std::string_view name, std::size_t bytes,
+                                               bool only_here_writes = false);
     /// Maps the segment behind `fd` (the descriptor is duplicated: the caller
     /// keeps its own). Refuses (throws) a file shorter than `bytes`, and,
     /// with `require_sealed`, one not sealed against shrinking (EPERM).

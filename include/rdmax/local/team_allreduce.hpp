@@ -77,11 +77,14 @@ void fold(T* into, const T* a, const T* b, std::size_t n, Op& op) {
 
 /// The collective's kind, noted for the peers' check: an allreduce, of this
 /// element type, with this operation (a float sum is not an int sum, a max
-/// not a min; the type's name hashed, as every rank runs the same program).
+/// not a min). Their mangled names hashed (FNV-1a), the same in every
+/// process of a program whatever the runtime's hash_code() does; what they
+/// cannot tell apart: two operations of one type (function pointers, two
+/// std::function), and two lambdas that are one on every rank but were
+/// written apart.
 template <class T, class Op>
 std::uint32_t allreduce_kind() noexcept {
-    const std::size_t h = typeid(T).hash_code() * 31 + typeid(Op).hash_code();
-    return static_cast<std::uint32_t>(h ^ (h >> 32)) | 1U; // odd: never a broadcast's
+    return (type_hash(typeid(T).name(), type_hash(typeid(Op).name())) << 1) | 1U; // odd
 }
 
 /// This rank's share of every rank folded into its own (in its window), then
@@ -121,9 +124,9 @@ void by_shares(node_team& t, const team_call& call, T* mine, std::span<T> data, 
 }
 
 template <class T, class Op>
-void allreduce_piece(node_team& t, std::span<T> data, bool in_window, Op& op) {
+void allreduce_piece(node_team& t, std::span<T> data, std::span<T> whole, bool in_window, Op& op) {
     std::byte* const win = t.window().data();
-    team_call call = t.call_for(data, in_window, allreduce_kind<T, Op>());
+    team_call call = t.call_for(data, whole, in_window, allreduce_kind<T, Op>());
     t.begin_call(call);
     T* const mine = reinterpret_cast<T*>(win + call.offset);
     try {
@@ -145,7 +148,7 @@ template <class T, class Op = std::plus<T>>
     requires std::is_trivially_copyable_v<T> && std::is_invocable_r_v<T, Op&, T, T>
 void allreduce(node_team& t, std::span<T> data, Op op = {}) {
     t.in_pieces(data, [&](std::span<T> part, bool in_window) {
-        detail::allreduce_piece(t, part, in_window, op);
+        detail::allreduce_piece(t, part, data, in_window, op);
     });
 }
 

@@ -5,7 +5,7 @@
 // other rank copies it out once. Two steps per piece: the root's data is
 // ready; every rank is done reading it (when a call returns, no rank reads
 // the root's window any more). The hierarchical allreduce's last leg: the
-// node's leader hands the nodes' sum to its node (examples/allreduce_hier.cpp).
+// node's leader hands the nodes' sum to its node (examples/allreduce.cpp).
 //
 // Every rank passes the same number of elements of the same type and the
 // same root; a rank that does not breaks the team (rdmax::error).
@@ -16,6 +16,7 @@
 #include <cstring>
 #include <span>
 #include <type_traits>
+#include <typeinfo>
 
 #include <rdmax/local/node_team.hpp>
 
@@ -24,12 +25,14 @@ namespace rdmax::local {
 namespace detail {
 
 template <class T>
-void broadcast_piece(node_team& t, std::span<T> data, int root, bool in_window) {
+void broadcast_piece(node_team& t, std::span<T> data, std::span<T> whole, int root,
+                     bool in_window) {
     std::byte* const win = t.window().data();
     const bool at_root = t.rank() == root;
-    // A broadcast (even: never an allreduce's), from whom.
+    // A broadcast (even: never an allreduce's) of this type, from whom.
     team_call call =
-        t.call_for(data, in_window, 0x8000'0000U | static_cast<std::uint32_t>(root) << 1);
+        t.call_for(data, whole, in_window,
+                   (type_hash(typeid(T).name()) ^ static_cast<std::uint32_t>(root)) << 1);
     t.begin_call(call);
     if (at_root && !in_window && !data.empty())
         std::memcpy(win, data.data(), data.size_bytes());
@@ -61,7 +64,7 @@ void broadcast(node_team& t, std::span<T> data, int root = 0) {
     if (root < 0 || root >= t.size())
         t.refuse_data(data.size_bytes(), "its root is not a rank of the team");
     t.in_pieces(data, [&](std::span<T> part, bool in_window) {
-        detail::broadcast_piece(t, part, root, in_window);
+        detail::broadcast_piece(t, part, data, root, in_window);
     });
 }
 

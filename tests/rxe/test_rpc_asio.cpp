@@ -283,6 +283,7 @@ TEST_CASE("asio: the calls a round's handlers start share a doorbell", "[rpc-asi
         CHECK(batched == 0);
         return;
     }
-    CHECK(one_each >= 1600);
-    CHECK(batched < 1600);
+    // Not one doorbell per call exactly without batching: a start the
+    // scheduler's budget holds back goes with the next (1598 of 1600 once).
+    CHECK(batched < one_each);
 }

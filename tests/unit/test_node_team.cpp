@@ -528,7 +528,9 @@ TEST_CASE("node_team: a rank asleep on a peer's futex is woken by its step, not 
     for (int i = 0; i < rounds; ++i)
         worst = std::max<std::int64_t>(worst, shared[1 + i].load());
     INFO("worst wake-up latency " << worst << " us");
-    CHECK(worst < 20'000); // a lost wake-up waits out the 100 ms futex timeout
+    // A lost wake-up waits out the 100 ms futex slice (about 70 ms here); a
+    // loaded host's scheduling delay stays well under 50.
+    CHECK(worst < 50'000);
     ::munmap(shared, 4096);
 }
 

@@ -78,16 +78,20 @@ std::span<const std::byte> bytes_of(const T& v) {
     return std::as_bytes(std::span(&v, 1));
 }
 
+/// What is left of the time to `deadline` (0 or less: none).
+std::chrono::milliseconds left_until(clock::time_point deadline) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+}
+
 /// Receives exactly one T; the descriptors that came with it are `fds`'
 /// (closed with it, whatever happens). Throws rdmax::error.
 template <class T>
 T receive_one(unix_channel& ch, owned_fds& fds, clock::time_point deadline, std::string_view what) {
     T v{};
     std::array<std::byte, sizeof(T)> buf{};
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
     std::vector<int> got;
-    const std::size_t n = ch.receive(buf, got, std::max(left, std::chrono::milliseconds(1)));
+    const std::size_t n =
+        ch.receive(buf, got, std::max(left_until(deadline), std::chrono::milliseconds(1)));
     fds.adopt(std::move(got));
     if (n != sizeof(T))
         throw_error("node_team", EPROTO,
@@ -143,8 +147,7 @@ void gather_as_root(std::string_view name, std::size_t n, std::uint64_t window_b
     unix_listener l(listen_name(name));
     std::vector<unix_channel> members(n);
     for (std::size_t joined = 1; joined < n;) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+        const auto left = left_until(deadline);
         if (left.count() <= 0)
             timed_out(name, 0, fmt::format("{} of {} ranks joined in time", joined, n));
         unix_channel ch = l.accept(left);
@@ -262,7 +265,7 @@ node_team::node_team(std::string_view name, int rank, int size, team_options o)
     }
     windows_.resize(static_cast<std::size_t>(size));
     windows_[static_cast<std::size_t>(rank)] = shared_segment::create(
-        fmt::format("rdmax-team {} rank {}", name, rank), header_bytes + opts_.window_bytes,
+        fmt::format("rdmax-team {} rank {}", name, rank), segment_bytes(),
         true); // only this rank writes its window, whoever holds its descriptor
     if (size > 1)
         join(name, size);
@@ -275,16 +278,14 @@ void node_team::join(std::string_view name, int size) {
     owned_fds fds(n);
     fds.fds[me] = shared_segment::reopen_read_only(windows_[me].fd());
     if (rank_ == 0)
-        gather_as_root(name, n, opts_.window_bytes, header_bytes + opts_.window_bytes, deadline,
-                       fds, windows_);
+        gather_as_root(name, n, opts_.window_bytes, segment_bytes(), deadline, fds, windows_);
     else
         join_as_member(name, rank_, n, opts_.window_bytes, fds.fds[me], deadline, fds);
     // Read-only, and only a window sealed at the team's size: a peer can
     // neither be written through it nor cut its pages from under this rank.
     for (std::size_t r = 0; r < n; ++r)
         if (r != me && !windows_[r]) { // rank 0 attached the others' as they came
-            windows_[r] =
-                shared_segment::attach(fds.fds[r], header_bytes + opts_.window_bytes, false, true);
+            windows_[r] = shared_segment::attach(fds.fds[r], segment_bytes(), false, true);
             ::close(std::exchange(fds.fds[r], -1)); // the mapping keeps its own: n, not 2n, open
         }
 }
@@ -374,17 +375,16 @@ void node_team::wait_slowly(int peer, std::uint64_t s, std::string_view what) {
         if (i % 16 == 0 && clock::now() > yield_until)
             break;
     }
-    // Then sleep: the peer may be a while. Said in this
-    // rank's window before the last look (the peer's step publishes, then
-    // looks: one of the two sees the other's store), so no wake-up is lost.
+    // Then sleep: the peer may be a while. Said in this rank's window before
+    // the last look (the peer's step publishes, then looks: one of the two
+    // sees the other's store), so no wake-up is lost.
     std::atomic<std::uint32_t>& sleeping = head(rank_).sleeping_on;
     for (;;) {
         sleeping.store(static_cast<std::uint32_t>(peer) + 1, std::memory_order_seq_cst);
         const std::uint64_t seen = c.load(std::memory_order_seq_cst);
         if (seen >= s)
             break;
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+        const auto left = left_until(deadline);
         if (left.count() <= 0) {
             sleeping.store(0, std::memory_order_relaxed);
             fail(peer, what, ETIMEDOUT,

@@ -61,9 +61,7 @@ team_options small(std::size_t window = 4096, int timeout_ms = 10'000) {
 std::vector<int> run_ranks(int size, const std::function<bool(int)>& body) {
     std::vector<pid_t> pids;
     for (int r = 0; r < size; ++r) {
-        const pid_t pid = ::fork();
-        REQUIRE(pid >= 0);
-        if (pid == 0) {
+        const pid_t pid = rdmax::test::spawn([&body, r] {
             int code = 1;
             try {
                 code = body(r) ? 0 : 2;
@@ -71,8 +69,9 @@ std::vector<int> run_ranks(int size, const std::function<bool(int)>& body) {
                 std::fprintf(stderr, "rank %d: %s\n", r, e.what());
             }
             std::fflush(stderr);
-            ::_exit(code);
-        }
+            return code;
+        });
+        REQUIRE(pid >= 0);
         pids.push_back(pid);
     }
     std::vector<int> codes;

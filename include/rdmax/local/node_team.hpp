@@ -106,11 +106,11 @@ public:
 
     // The steps collectives are made of (local/team_allreduce.hpp).
 
-    /// Starts a call: notes `c` for the peers to check (published by the
-    /// next step). Every peer must be done with the previous call's note and
-    /// data: a collective's last step waits for it.
-    /// Sets `c.ready`, the step the call's data will be ready at: a peer
-    /// whose note names another step is in another call (a barrier, say).
+    /// Starts a call: sets `c.ready`, the step its data will be ready at (a
+    /// peer whose note names another step is in another call: a barrier,
+    /// say), and notes `c` for the peers to check, published by that step.
+    /// Every peer must be done with the previous call's note and data: a
+    /// collective's last step waits for it.
     void begin_call(team_call& c);
     /// Publishes this rank's next step (waking the peers that sleep on
     /// this rank); its number.
@@ -194,6 +194,10 @@ private:
     }
     [[nodiscard]] std::atomic<std::uint64_t>& progress(int r) const noexcept {
         return head(r).progress;
+    }
+    /// A window's segment: its header page and its data.
+    [[nodiscard]] std::size_t segment_bytes() const noexcept {
+        return header_bytes + opts_.window_bytes;
     }
     [[nodiscard]] std::byte* own_data() const noexcept {
         return windows_[static_cast<std::size_t>(rank_)].data() + header_bytes;

@@ -23,6 +23,11 @@
 // go round once more, written straight into the neighbour's vector. Each write
 // carries an immediate, which raises a receive completion at the neighbour only
 // once all the chunk's bytes are there: the arrival costs no extra message.
+// Two leaders skip the ring's two steps: recursive doubling on two is one
+// exchange, each writing its whole vector into the other's staging vector
+// and adding what came (the same bytes, one latency instead of two). With
+// more leaders it needs links beyond the ring's (leader k and k XOR 2^j):
+// the ring serves them. Every leader knows the leader count, so all agree.
 // The vectors live in a registered arena, so nothing is registered per call.
 // On a node: local::allreduce reduces by shares in the ranks' windows, then
 // local::broadcast copies the leader's result out (docs/local.md).
@@ -107,7 +112,7 @@ public:
         , arena_(verbs_registrar(pd_), arena_options{}.with_env())
         , res_(arena_)
         , vec_(o.count, &res_)
-        , staging_(o.count, &res_) {
+        , staging_(size_ == 2 ? 2 * o.count : o.count, &res_) {
         connect(o);
     }
     /// The leader's vector: registered, so the neighbour writes straight into it.
@@ -115,6 +120,10 @@ public:
 
     /// Sums data() over the leaders (each holding its node's sum).
     void allreduce(int it) {
+        if (size_ == 2) {
+            exchange(it);
+            return;
+        }
         for (int s = 0; s < size_ - 1; ++s) { // reduce-scatter
             send(mod(me_ - s), peer_.staging, tag(it, 0, s));
             arrived(tag(it, 0, s));
@@ -133,6 +142,23 @@ public:
     }
 
 private:
+    /// Two leaders: each writes its whole vector into the half of the other's
+    /// staging vector that the call's parity picks (the other may still be
+    /// adding the last call's, but not the one before: it must have sent its
+    /// own write of the last call first), then adds what the other wrote.
+    void exchange(int it) {
+        const std::size_t half = static_cast<std::size_t>(it & 1) * vec_.size();
+        const std::uint32_t imm = tag(it, 2, 0);
+        expect(right_->qp().write_imm(
+                   arena_.local<vec_rights>(vec_.data(), vec_.size() * sizeof(float)),
+                   peer_.staging, half * sizeof(float), imm, imm),
+               "write_imm");
+        one([&](std::span<verbs::completion> out) { return right_->wait_send(out, 30s); },
+            "write_imm");
+        arrived(imm);
+        for (std::size_t i = 0; i < vec_.size(); ++i)
+            vec_[i] += staging_[half + i];
+    }
     void connect(const options& o);
     void send(std::size_t c, const token& dst, std::uint32_t imm) {
         expect(right_->qp().write_imm(arena_.local<vec_rights>(&vec_[c * chunk_], bytes()), dst,

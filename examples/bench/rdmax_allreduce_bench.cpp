@@ -6,7 +6,7 @@
 //   per-call|cache|arena|all]
 //             [-s MIN] [-S MAX] [-i ITERS] [-w ROUNDS] [-t SECONDS] [-p BASE_PORT]
 //             [--json FILE] [--order interleaved|blocked] [--wait block|spin|hybrid|yield]
-//             [--keys-baseline]   (-h says more)
+//             [--algo ring|doubling|auto] [--keys-baseline]   (-h says more)
 //
 // examples/allreduce-local starts N ranks on this machine. The rank and size
 // can also come from mpirun or srun (OMPI_COMM_WORLD_*, PMI_*, SLURM_*).
@@ -16,7 +16,13 @@
 // neighbour and adds the chunk it got from its left one, so that each rank
 // ends up owning one chunk summed over all ranks; in N-1 allgather steps the
 // summed chunks travel once more around the ring. Every rank sends and
-// receives 2 (N-1)/N of the vector, whatever N.
+// receives 2 (N-1)/N of the vector, whatever N. On two ranks the ring is
+// two steps, each a message's latency; recursive doubling (--algo doubling,
+// and auto's choice on two ranks) is one: each rank writes its whole vector
+// into the other's staging vector and adds the one it got, the same bytes in
+// one round trip instead of two, at the price of adding all of the vector
+// rather than half. With more ranks it would need links beyond the ring's
+// (rank r and r XOR 2^k): not built, the ring serves them.
 //
 // Data movement. Each chunk is RDMA-written into the right neighbour's memory,
 // the last piece of it with an immediate (write_imm): the immediate raises a
@@ -104,7 +110,7 @@ constexpr const char* usage_text = R"(usage:
             [--mode per-call|cache|arena|all] [-s MIN] [-S MAX] [-i ITERS]
             [-t SECONDS] [-p BASE_PORT] [--json FILE] [--order interleaved|blocked]
             [-w ROUNDS] [--wait block|spin|hybrid|yield] [--spin-us US]
-            [--keys-baseline]
+            [--algo ring|doubling|auto] [--keys-baseline]
 
 Ring allreduce (sum) of float vectors over RDMA writes. Rank r listens on
 BASE_PORT + r and connects to rank (r + 1) % SIZE. Every rank must be given
@@ -150,6 +156,9 @@ mode, then per-call's ratios to cache and arena, call by call.
   --spin-us US    how long hybrid and yield poll before they sleep (default:
                   hybrid 50, yield 5000)
   --spin          --wait spin
+  --algo ALGO     ring: the ring at every size; doubling: recursive doubling,
+                  one exchange of the whole vector (2 ranks only); auto (the
+                  default): doubling on 2 ranks, the ring on more
 )";
 
 struct usage_error : std::runtime_error {
@@ -173,6 +182,7 @@ std::string_view name_of(mode m) {
 }
 
 enum class wait_mode : std::uint8_t { block, spin, hybrid, yield };
+enum class algorithm : std::uint8_t { ring, doubling, automatic };
 
 struct options {
     int rank = -1;
@@ -189,6 +199,13 @@ struct options {
     std::uint32_t warmup = 1; ///< -w
     wait_mode wait = wait_mode::block;
     std::chrono::microseconds spin_budget{-1}; ///< --spin-us; -1: the wait mode's default
+    algorithm algo = algorithm::automatic;
+
+    /// Whether calls go by recursive doubling: decided from the options every
+    /// rank was given alike (checked at connection), so all ranks agree.
+    [[nodiscard]] bool doubling() const noexcept {
+        return algo == algorithm::doubling || (algo == algorithm::automatic && ranks == 2);
+    }
 };
 
 std::string describe(const options& o) {
@@ -216,6 +233,7 @@ struct hello {
     std::uint32_t iters = 0;
     std::uint16_t warmup = 0;
     std::uint16_t interleave = 0;
+    std::uint32_t doubling = 0;
 };
 static_assert(sizeof(hello) <= verbs::max_connect_payload);
 static_assert(sizeof(hello) <= verbs::max_accept_payload);
@@ -306,7 +324,8 @@ options parse(int argc, char** argv) {
         opt_order,
         opt_wait,
         opt_spin_us,
-        opt_keys
+        opt_keys,
+        opt_algo
     };
     static const option long_options[] = {{"mode", required_argument, nullptr, opt_mode},
                                           {"json", required_argument, nullptr, opt_json},
@@ -315,6 +334,7 @@ options parse(int argc, char** argv) {
                                           {"wait", required_argument, nullptr, opt_wait},
                                           {"spin-us", required_argument, nullptr, opt_spin_us},
                                           {"keys-baseline", no_argument, nullptr, opt_keys},
+                                          {"algo", required_argument, nullptr, opt_algo},
                                           {"hostfile", required_argument, nullptr, opt_hostfile},
                                           {"help", no_argument, nullptr, 'h'},
                                           {}};
@@ -373,6 +393,15 @@ options parse(int argc, char** argv) {
                 throw usage_error(fmt::format("--wait {}: block, spin, hybrid or yield", v));
             break;
         }
+        case opt_algo: {
+            const std::string_view v = optarg;
+            o.algo = v == "ring"       ? algorithm::ring
+                     : v == "doubling" ? algorithm::doubling
+                     : v == "auto"
+                         ? algorithm::automatic
+                         : throw usage_error(fmt::format("--algo {}: ring, doubling or auto", v));
+            break;
+        }
         case opt_spin_us:
             o.spin_budget = std::chrono::microseconds(number("--spin-us", optarg, 0, 1'000'000));
             break;
@@ -396,6 +425,10 @@ options parse(int argc, char** argv) {
         throw usage_error(fmt::format("{} ranks: a ring needs 2 to 64", o.ranks));
     if (o.rank >= o.ranks)
         throw usage_error(fmt::format("rank {} of {}: ranks count from 0", o.rank, o.ranks));
+    if (o.algo == algorithm::doubling && o.ranks != 2)
+        throw usage_error(fmt::format("--algo doubling on {} ranks: only 2 here (the ring's "
+                                      "links); --algo ring or auto",
+                                      o.ranks));
     if (!min_given && o.max_bytes < o.min_bytes)
         o.min_bytes = o.max_bytes;
     for (const auto b : {o.min_bytes, o.max_bytes})
@@ -457,7 +490,8 @@ public:
                        .max_bytes = o.max_bytes,
                        .iters = o.iters,
                        .warmup = static_cast<std::uint16_t>(o.warmup),
-                       .interleave = o.interleave ? std::uint16_t{1} : std::uint16_t{0}};
+                       .interleave = o.interleave ? std::uint16_t{1} : std::uint16_t{0},
+                       .doubling = o.doubling() ? 1U : 0U};
         // Connect and accept in an order that cannot deadlock: rank 0
         // connects first, the others accept first, so the connects ripple
         // round the ring 0 -> 1 -> ... -> N-1 -> 0.
@@ -486,6 +520,12 @@ public:
     [[nodiscard]] int ranks() const noexcept { return ranks_; }
     [[nodiscard]] const verbs::protection_domain& pd() const noexcept { return pd_; }
     [[nodiscard]] std::uint32_t max_message() { return to_right_->qp().max_message(); }
+    [[nodiscard]] bool doubling() const noexcept { return o_.doubling(); }
+    /// The staging vector's floats for a vector of `bytes`: recursive doubling
+    /// lands whole vectors in it, in two halves used call by call in turn.
+    [[nodiscard]] std::size_t staging_floats(std::uint64_t bytes) const noexcept {
+        return (doubling() ? 2 : 1) * (bytes / sizeof(float));
+    }
 
     /// Sends this rank's tokens to its left neighbour, which writes into it.
     void send_tokens(const tokens& t) {
@@ -574,13 +614,14 @@ private:
                                                  left ? "left" : "right", h->rank));
         if (h->ranks != me.ranks || h->modes != me.modes || h->min_bytes != me.min_bytes ||
             h->max_bytes != me.max_bytes || h->iters != me.iters || h->warmup != me.warmup ||
-            h->interleave != me.interleave)
+            h->interleave != me.interleave || h->doubling != me.doubling)
             throw std::runtime_error(fmt::format(
                 "rank {} runs other options (-n {} -s {} -S {} -i {} -w {} modes {:#x} "
-                "interleaved {}; mine: -n {} -s {} -S {} -i {} -w {} modes {:#x} interleaved {})",
+                "interleaved {} doubling {}; mine: -n {} -s {} -S {} -i {} -w {} modes {:#x} "
+                "interleaved {} doubling {})",
                 peer, h->ranks, h->min_bytes, h->max_bytes, h->iters, h->warmup, h->modes,
-                h->interleave, me.ranks, me.min_bytes, me.max_bytes, me.iters, me.warmup, me.modes,
-                me.interleave));
+                h->interleave, h->doubling, me.ranks, me.min_bytes, me.max_bytes, me.iters,
+                me.warmup, me.modes, me.interleave, me.doubling));
     }
 
     /// Connects to the right neighbour, retrying while its listener is not
@@ -747,10 +788,11 @@ std::uint32_t imm_of(std::uint64_t call, int phase, int step) {
 }
 
 /// Writes chunk k of `data` to the same offset of `dst` at the right
-/// neighbour, in pieces of at most the port's maximum message, the last
-/// with the immediate. Only the last is signaled: one completion per chunk.
+/// neighbour (`dst_base` bytes further on), in pieces of at most the port's
+/// maximum message, the last with the immediate. Only the last is signaled:
+/// one completion per chunk.
 void write_chunk(ring& R, std::span<const float> data, std::uint32_t lkey, const chunks& ch,
-                 std::size_t k, const token& dst, std::uint32_t imm) {
+                 std::size_t k, const token& dst, std::uint32_t imm, std::uint64_t dst_base = 0) {
     const std::uint64_t most = R.max_message();
     const std::uint64_t first = ch.begin(k) * sizeof(float);
     const std::uint64_t end = first + ch.size(k) * sizeof(float);
@@ -760,8 +802,8 @@ void write_chunk(ring& R, std::span<const float> data, std::uint32_t lkey, const
         const auto n = static_cast<std::uint32_t>(std::min(most, end - at));
         const local_buffer<rights::local_read> src{base + at, n, lkey};
         const bool last = at + n == end;
-        posted(last ? b.write_imm(src, dst, at, imm, k)
-                    : b.write(src, dst, at, k, {.signaled = false}),
+        posted(last ? b.write_imm(src, dst, dst_base + at, imm, k)
+                    : b.write(src, dst, dst_base + at, k, {.signaled = false}),
                "RDMA write");
     }
     posted(b.post(), "RDMA write");
@@ -790,6 +832,37 @@ void ring_allreduce(ring& R, std::span<float> data, std::span<const float> stagi
         R.expect_write(imm_of(call, 1, s), "an allgather chunk");
     }
     R.drain_sends();
+}
+
+/// Recursive doubling on two ranks: one exchange. Each rank writes its whole
+/// vector into the other's staging vector, in the half of it that this call's
+/// parity picks, and adds the vector the other wrote. Two halves, because
+/// the other rank may still be adding this call's copy when this rank, done,
+/// starts the next call; it cannot start the one after that before the
+/// other's next write has come, which the other sends once done adding.
+/// The add waits for this rank's own write to complete: the other's write
+/// arriving says nothing of how much of this one the device has read yet
+/// (a 256 KiB write is 256 packets, paced by acknowledgements), and adding
+/// into the vector under it would send partial sums.
+void doubling_allreduce(ring& R, std::span<float> data, std::span<const float> staging,
+                        std::uint32_t lkey, const tokens& right, std::uint64_t call) {
+    const chunks whole{data.size(), 1};
+    const std::size_t half = (call & 1) * data.size();
+    write_chunk(R, data, lkey, whole, 0, right.staging, imm_of(call, 2, 0), half * sizeof(float));
+    R.expect_write(imm_of(call, 2, 0), "the other rank's vector");
+    R.drain_sends();
+    const float* in = staging.data() + half;
+    for (std::size_t i = 0, m = data.size(); i < m; ++i)
+        data[i] += in[i];
+}
+
+/// One allreduce by the algorithm the options chose (ring.doubling()).
+void allreduce(ring& R, std::span<float> data, std::span<const float> staging, std::uint32_t lkey,
+               const tokens& right, std::uint64_t call) {
+    if (R.doubling())
+        doubling_allreduce(R, data, staging, lkey, right, call);
+    else
+        ring_allreduce(R, data, staging, lkey, right, call);
 }
 
 /// Rank r's element i is i % 1000 + r: an integer, so every partial sum is
@@ -852,19 +925,19 @@ public:
     per_call_vectors(ring& R, std::uint64_t bytes)
         : R_(R)
         , data_(bytes / sizeof(float))
-        , staging_(data_.size()) {}
+        , staging_(R.staging_floats(bytes)) {}
     std::span<float> data() override { return data_; }
     void call(std::uint64_t seq) override {
         const std::size_t bytes = data_.size() * sizeof(float);
         const auto t0 = steady::now();
         std::optional<memory_region<vec_rights>> dmr, smr;
         dmr.emplace(R_.pd(), data_.data(), bytes);
-        smr.emplace(R_.pd(), staging_.data(), bytes);
+        smr.emplace(R_.pd(), staging_.data(), staging_.size() * sizeof(float));
         const auto t1 = steady::now();
         R_.send_tokens({dmr->remote(), smr->remote(), seq});
         const tokens right = R_.receive_tokens(seq);
         const auto t2 = steady::now();
-        ring_allreduce(R_, data_, staging_, dmr->lkey(), right, seq);
+        allreduce(R_, data_, staging_, dmr->lkey(), right, seq);
         const auto t3 = steady::now();
         dmr.reset();
         smr.reset();
@@ -884,7 +957,8 @@ public:
             const auto t0 = steady::now();
             {
                 const memory_region<vec_rights> dmr(R_.pd(), data_.data(), bytes);
-                const memory_region<vec_rights> smr(R_.pd(), staging_.data(), bytes);
+                const memory_region<vec_rights> smr(R_.pd(), staging_.data(),
+                                                    staging_.size() * sizeof(float));
             }
             out.push_back(std::chrono::duration<double>(steady::now() - t0).count());
         }
@@ -907,20 +981,22 @@ public:
         : R_(R)
         , cache_(cache)
         , data_(bytes / sizeof(float))
-        , staging_(data_.size())
+        , staging_(R.staging_floats(bytes))
         , pub_d_(cache.get<vec_rights>(data_.data(), bytes))
-        , pub_s_(cache.get<vec_rights>(staging_.data(), bytes))
+        , pub_s_(cache.get<vec_rights>(staging_.data(), staging_bytes()))
         , right_(exchange(pub_d_.remote<rights::remote_write>(data_.data(), bytes),
-                          pub_s_.remote<rights::remote_write>(staging_.data(), bytes))) {}
+                          pub_s_.remote<rights::remote_write>(staging_.data(), staging_bytes()))) {}
     std::span<float> data() override { return data_; }
     void call(std::uint64_t seq) override {
         const std::size_t bytes = data_.size() * sizeof(float);
         const auto d = cache_.get<vec_rights>(data_.data(), bytes);
-        const auto s = cache_.get<vec_rights>(staging_.data(), bytes);
-        ring_allreduce(R_, data_, staging_, d.lkey(), right_, seq);
+        const auto s = cache_.get<vec_rights>(staging_.data(), staging_bytes());
+        allreduce(R_, data_, staging_, d.lkey(), right_, seq);
     }
 
 private:
+    [[nodiscard]] std::size_t staging_bytes() const { return staging_.size() * sizeof(float); }
+
     ring& R_;
     verbs_cache& cache_;
     std::vector<float> data_, staging_;
@@ -941,9 +1017,10 @@ public:
         , arena_(arena)
         , res_(arena)
         , data_(bytes / sizeof(float), &res_)
-        , staging_(data_.size(), &res_)
+        , staging_(R.staging_floats(bytes), &res_)
         , mine_{arena.remote<rights::remote_write>(data_.data(), bytes),
-                arena.remote<rights::remote_write>(staging_.data(), bytes)}
+                arena.remote<rights::remote_write>(staging_.data(),
+                                                   staging_.size() * sizeof(float))}
         , right_(exchange(mine_.data, mine_.staging))
         , keys_each_call_(keys_each_call) {}
     std::span<float> data() override { return data_; }
@@ -954,7 +1031,7 @@ public:
             R_.send_tokens({mine_.data, mine_.staging, seq});
             right_ = R_.receive_tokens(seq);
         }
-        ring_allreduce(R_, data_, staging_, d.lkey, right_, seq);
+        allreduce(R_, data_, staging_, d.lkey, right_, seq);
     }
 
 private:
@@ -1247,9 +1324,10 @@ int main_rank(const options& o) {
     run x(o, R);
     const bool lead = o.rank == 0;
     if (lead)
-        fmt::print("allreduce: {} ranks in a ring on {}, sizes {} to {} bytes; modes {}, "
+        fmt::print("allreduce: {} ranks in a ring on {}, {}, sizes {} to {} bytes; modes {}, "
                    "{} warm-up rounds; waiting: {}\n",
-                   o.ranks, o.hosts[0], o.min_bytes, o.max_bytes,
+                   o.ranks, o.hosts[0], o.doubling() ? "recursive doubling" : "ring algorithm",
+                   o.min_bytes, o.max_bytes,
                    o.interleave ? "interleaved (rotated every round)" : "one after another",
                    o.warmup, describe(o));
     std::vector<result> all;

@@ -28,7 +28,7 @@ RDMAX_PKGS_VM_2HOST="openmpi-bin"
 # The bench scripts (examples/bench/): perftest's baselines, strace's counts,
 # the plots, jq and python3 for ab-compare. tests/vm/run installs them (as root)
 # before it runs one of those scripts in the guest, which cannot install.
-RDMAX_PKGS_BENCH="perftest strace gnuplot-nox jq python3 openmpi-bin libopenmpi-dev"
+RDMAX_PKGS_BENCH="perftest strace gnuplot-nox jq python3 openmpi-bin libopenmpi-dev qperf"
 
 rdmax_missing_packages() {
     local p missing=()

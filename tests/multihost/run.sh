@@ -10,7 +10,7 @@
 #   rdma-pingpong   ibv_rc_pingpong, host 1 to host 0 (plain verbs, RoCE v2 GID)
 #   rdmax-pingpong  build/examples/pingpong, host 1 to host 0 (rdma_cm)
 #   allreduce       rdmax_allreduce_bench, rank 0 on host 0, rank 1 on host 1 (-H),
-#                   every mode, 4 KiB to 64 KiB, every element checked
+#                   every mode, 4 KiB to 256 KiB, every element checked
 #   mpirun-1host    mpirun -np 2 on host 0: both ranks there, rank and size from
 #                   OMPI_COMM_WORLD_* alone (no -r, -n)
 #   mpirun-2host    mpirun -np 2 -H 198.51.100.1,198.51.100.2 on host 0, one rank a host,
@@ -293,7 +293,7 @@ server_client rdmax-pingpong "$examples/pingpong" -b "$RDMAX_HOST_ADDR" -p 7470 
     -- "$examples/pingpong" -p 7470 -n 50 -t 60 -e "$RDMAX_PEER_ADDR"
 
 # 3. The ring allreduce, one rank a host, every result checked by the bench.
-run_step allreduce timeout 300 "$bench" -r "$me" -n 2 -H "$RDMAX_HOSTS" -s 4K -S 64K -i 3 -w 1 -t 60 -p 18600
+run_step allreduce timeout 300 "$bench" -r "$me" -n 2 -H "$RDMAX_HOSTS" -s 4K -S 256K -i 3 -w 1 -t 60 -p 18600
 
 # 4. mpirun with both ranks on host 0: rank and size from the launcher's environment.
 mpirun_common=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)

@@ -3,11 +3,15 @@
 // housekeeping (never in the data path), each refusal counted with its reason.
 
 #include <algorithm>
+#include <arpa/inet.h>
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <netinet/in.h>
 #include <new>
+#include <sys/socket.h>
 #include <system_error>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -16,6 +20,7 @@
 #include <rdmax/detail/rpc/shm_link.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
+#include <rdmax/local/node_address.hpp>
 #include <rdmax/rpc/server.hpp>
 
 #include "../notice.hpp"
@@ -33,33 +38,94 @@ detail::reply_cache_limits cache_limits(const rpc_options& o) {
             .ttl = o.reply_cache_ttl,
             .linger = o.reply_cache_linger};
 }
+/// A port the kernel's TCP would hand out now (what rdma_cm does for port 0).
+std::uint16_t ephemeral_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        throw_error("socket(AF_INET)", errno, "a free port for rpc::server");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    socklen_t len = sizeof a;
+    const bool ok = ::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 &&
+                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (!ok)
+        throw_error("bind(AF_INET, port 0)", err, "a free port for rpc::server");
+    return ntohs(a.sin_port);
+}
+
+/// With no rdma_cm listener to pick the port: a free one whose node-local
+/// name no other server here holds.
+local::unix_listener listen_any_port(std::string_view addr, std::uint16_t& port) {
+    for (int attempt = 1;; ++attempt) {
+        const std::uint16_t p = ephemeral_port();
+        try {
+            local::unix_listener l(local_name(addr, p));
+            port = p;
+            return l;
+        } catch (const error& e) {
+            if (e.code().value() != EADDRINUSE || attempt == 16)
+                throw;
+        }
+    }
+}
 } // namespace
 
 server::server(const verbs::protection_domain& pd, std::string_view addr, std::uint16_t port,
                rpc_options opts)
     : opts_((opts.check("rpc::server"), opts))
     , ep_(pd, opts_, inbox_depth(opts_))
-    , listener_(addr, port)
+    , listener_(opts_.transports.has(transport::rdma) ? verbs::listener(addr, port)
+                                                      : verbs::listener())
+    , port_(opts_.transports.has(transport::rdma) ? listener_.port() : port)
     , cache_(cache_limits(opts_)) {
-    ep_.in.watch(listener_.fd());
-    if (opts_.local) {
-        // Peers on this node find the server by this name (the address as the
-        // client names it, and the port). Another process may hold it: then
-        // this one is reached through the device only.
-        try {
-            local_listener_.emplace(local_name(addr, listener_.port()));
-            ep_.in.watch(local_listener_->fd());
-        } catch (const error& e) {
-            local_listener_.reset();
-            rdmax::detail::notice(
-                fmt::format("rpc::server on {}:{}: no node-local path ({}); peers "
-                            "here go through the device",
-                            addr, listener_.port(), e.what()));
-        }
-    }
+    if (listener_.fd() >= 0)
+        ep_.in.watch(listener_.fd());
+    // Without rdma, the node-local path is all there is: it must be made.
+    listen_local(addr, listener_.fd() < 0);
     ep_.peers.reserve(opts_.max_peers);
     ep_.by_qp.reserve(std::size_t{opts_.max_peers} * 2);
     housekept_ = ep_.now();
+}
+
+server::server(std::string_view addr, std::uint16_t port, rpc_options opts)
+    : server(detail::no_device, opts) {
+    port_ = port;
+    listen_local(addr, true);
+    housekept_ = ep_.now();
+}
+
+void server::listen_local(std::string_view addr, bool needed) {
+    if (!opts_.node_local()) {
+        if (needed)
+            throw_error("rpc::server", EINVAL,
+                        fmt::format("{}:{}: no transport: shm is left out (RDMAX_RPC_TRANSPORTS "
+                                    "or RDMAX_RPC_LOCAL), and {}",
+                                    addr, port_,
+                                    ep_.pd != nullptr ? "so is rdma" : "there is no device"));
+        return;
+    }
+    try {
+        if (needed && !local::is_node_address(addr))
+            throw_error("rpc::server", EADDRNOTAVAIL,
+                        fmt::format("{}: not an address of this node (and with no RDMA device "
+                                    "only peers on this node are served)",
+                                    addr));
+        // Peers on this node find the server by this name (the address as the
+        // client names it, and the port). Another process may hold it: then
+        // this one is reached through the device only.
+        local_listener_.emplace(port_ != 0 ? local::unix_listener(local_name(addr, port_))
+                                           : listen_any_port(addr, port_));
+        ep_.in.watch(local_listener_->fd());
+    } catch (const error& e) {
+        local_listener_.reset();
+        if (needed)
+            throw;
+        rdmax::detail::notice(fmt::format("rpc::server on {}:{}: no node-local path ({}); peers "
+                                          "here go through the device",
+                                          addr, port_, e.what()));
+    }
 }
 
 server::server(detail::no_device_t none, rpc_options opts)
@@ -224,6 +290,7 @@ std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t
     for (std::size_t i = blocks; i-- > 0;)
         fresh.free_blocks.push_back(static_cast<std::uint16_t>(i));
     cache_.attach(client, first_call); // its replies, kept across its reconnects
+    const bool local = wire->node_local();
     std::uint32_t index = 0;
     try {
         index = ep_.add(std::move(wire), std::move(fresh), client);
@@ -233,6 +300,7 @@ std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t
     }
     ++live_;
     ++ep_.counters.connected;
+    ep_.counters.connected_local += local ? 1 : 0;
     if (group_ != nullptr) {
         try {
             group_->claim(client, worker_); // its reconnections come here

@@ -76,8 +76,49 @@ constexpr std::uint16_t m_defer = 3;   // answered later (or never)
 constexpr std::uint16_t m_throw = 4;   // the handler throws
 constexpr std::uint16_t m_reverse = 5; // reply = request reversed, built in place
 
+#ifndef RDMAX_TEST_NATIVE
+#define RDMAX_TEST_NATIVE 0
+#endif
+
 std::string test_addr() {
+    if (RDMAX_TEST_NATIVE)
+        return "127.0.0.1"; // any address of this node: the peers are all here
     return test_address().value_or("192.0.2.1");
+}
+
+/// The protection domain of a test's servers and clients: the test device's,
+/// or none in the native build (tests/unit: no device; RDMAX_TEST_NATIVE),
+/// whose endpoints are built without one and talk through the node's memory.
+struct test_domain {
+    std::optional<verbs::context> ctx;
+    std::optional<verbs::protection_domain> own;
+    const verbs::protection_domain* pd = nullptr;
+    test_domain() {
+        if (RDMAX_TEST_NATIVE)
+            return;
+        ctx.emplace(open_test_device());
+        own.emplace(*ctx);
+        pd = &*own;
+    }
+    // NOLINTNEXTLINE(google-explicit-constructor): device-only tests pass their own
+    test_domain(const verbs::protection_domain& domain)
+        : pd(&domain) {}
+    test_domain(const test_domain&) = delete;
+    test_domain& operator=(const test_domain&) = delete;
+    ~test_domain() = default;
+};
+
+rpc::server make_server(const test_domain& d, std::string_view addr, std::uint16_t port,
+                        const rpc::rpc_options& o) {
+    if (d.pd != nullptr)
+        return rpc::server(*d.pd, addr, port, o);
+    return rpc::server(addr, port, o);
+}
+
+rpc::client make_client(const test_domain& d, const rpc::rpc_options& o) {
+    if (d.pd != nullptr)
+        return rpc::client(*d.pd, o);
+    return rpc::client(o);
 }
 
 std::span<const std::byte> bytes_of(const std::vector<std::byte>& v) {
@@ -87,6 +128,8 @@ std::span<const std::byte> bytes_of(const std::vector<std::byte>& v) {
 /// The path under test: through the device unless RDMAX_RPC_LOCAL says
 /// otherwise (meson runs this program both ways).
 bool local_path() {
+    if (RDMAX_TEST_NATIVE)
+        return true;
     const char* v = std::getenv("RDMAX_RPC_LOCAL");
     return v != nullptr && std::string_view(v) == "1";
 }
@@ -169,9 +212,8 @@ void accept_peers(rpc::server& s, std::size_t n) {
 struct connected_client {
     rpc::client cli;
     rpc::peer_id peer;
-    connected_client(const verbs::protection_domain& pd, rpc::server& s,
-                     rpc::rpc_options o = small_options())
-        : cli(pd, o) {
+    connected_client(const test_domain& pd, rpc::server& s, rpc::rpc_options o = small_options())
+        : cli(make_client(pd, o)) {
         // connect() waits for the accept, which the server gives in its poll.
         std::atomic<bool> stop{false};
         std::thread serve([&] {
@@ -219,9 +261,8 @@ answer call_once(rpc::server& s, connected_client& c, std::uint16_t method,
 } // namespace
 
 TEST_CASE("echo: every size up to a slot comes back byte for byte") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     connected_client c(pd, s);
@@ -246,12 +287,12 @@ TEST_CASE("echo: every size up to a slot comes back byte for byte") {
     INFO(fmt::format("server: {}", s.counters()));
 }
 
-TEST_CASE("node-local path: taken when both ends are on this node, not when switched off") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+TEST_CASE("node-local path: taken when both ends are on this node, not when switched off",
+          "[device]") {
+    test_domain pd;
     rpc::rpc_options on = small_options();
     on.local = true;
-    rpc::server s(pd, test_addr(), 0, on);
+    rpc::server s = make_server(pd, test_addr(), 0, on);
     handlers h;
     h.install(s);
     connected_client here(pd, s, on);
@@ -301,10 +342,9 @@ TEST_CASE("node-local path: taken when both ends are on this node, not when swit
 }
 
 TEST_CASE("a server on the wildcard address is found on this node by the node's address") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+    test_domain pd;
     rpc::rpc_options o = small_options();
-    rpc::server s(pd, "0.0.0.0", 0, o);
+    rpc::server s = make_server(pd, "0.0.0.0", 0, o);
     handlers h;
     h.install(s);
     connected_client c(pd, s, o); // to test_addr(), one of this node's
@@ -317,9 +357,8 @@ TEST_CASE("a server on the wildcard address is found on this node by the node's 
 }
 
 TEST_CASE("many calls in flight from many clients, one server thread, no reply mixed up") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     constexpr int clients = 4;
@@ -374,10 +413,9 @@ TEST_CASE("many calls in flight from many clients, one server thread, no reply m
 }
 
 TEST_CASE("one client, calls to two servers in flight at once, each answered by its own") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server a(pd, test_addr(), 0, small_options());
-    rpc::server b(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server a = make_server(pd, test_addr(), 0, small_options());
+    rpc::server b = make_server(pd, test_addr(), 0, small_options());
     a.on(m_echo, [](rpc::request_context& c) { c.reply(c.body()); });
     b.on(m_echo, [](rpc::request_context& c) {
         // b answers with its name before the bytes: replies cannot be mixed up unseen.
@@ -388,7 +426,7 @@ TEST_CASE("one client, calls to two servers in flight at once, each answered by 
         std::memcpy(room.data() + 1, c.body().data(), c.body().size());
         c.reply_in_place(c.body().size() + 1);
     });
-    rpc::client cli(pd, small_options());
+    rpc::client cli = make_client(pd, small_options());
     rpc::peer_id pa, pb;
     {
         std::atomic<bool> stop{false};
@@ -439,9 +477,8 @@ TEST_CASE("one client, calls to two servers in flight at once, each answered by 
 
 TEST_CASE("a body over a slot is read from the caller; a reply over it lands in the caller's "
           "buffer") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     connected_client c(pd, s);
@@ -483,9 +520,8 @@ TEST_CASE("a body over a slot is read from the caller; a reply over it lands in 
 }
 
 TEST_CASE("unknown methods and failing handlers are answered so; method 0 is refused") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     connected_client c(pd, s);
@@ -500,9 +536,8 @@ TEST_CASE("unknown methods and failing handlers are answered so; method 0 is ref
 }
 
 TEST_CASE("a call past its deadline ends timed_out; its slot comes back with the late reply") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     rpc::rpc_options o = small_options();
@@ -537,9 +572,8 @@ TEST_CASE("a call past its deadline ends timed_out; its slot comes back with the
 TEST_CASE("slots whose calls all timed out against a silent server are taken back: the "
           "connection still calls, and a late answer is dropped unread",
           "[rpccall][i18]") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     rpc::rpc_options o = small_options();
@@ -628,9 +662,8 @@ TEST_CASE("slots whose calls all timed out against a silent server are taken bac
 
 TEST_CASE("after timed_out, a slow server's late reply does not reach the caller's buffer",
           "[rpccall][i14]") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     connected_client c(pd, s);
@@ -667,11 +700,10 @@ TEST_CASE("after timed_out, a slow server's late reply does not reach the caller
 // drops their entries), timeouts among them: no deregistration fails.
 TEST_CASE("no deregistration fails across calls whose buffers are unmapped after",
           "[rpccall][i23-2]") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+    test_domain pd;
     const std::uint64_t failed = verbs_registrar::failed_deregs();
     {
-        rpc::server s(pd, test_addr(), 0, small_options());
+        rpc::server s = make_server(pd, test_addr(), 0, small_options());
         handlers h;
         h.install(s);
         connected_client c(pd, s);
@@ -699,13 +731,12 @@ TEST_CASE("no deregistration fails across calls whose buffers are unmapped after
     CHECK(verbs_registrar::failed_deregs() == failed);
 }
 
-TEST_CASE("priorities: an urgent call overtakes bulk calls on the same connection") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+TEST_CASE("priorities: an urgent call overtakes bulk calls on the same connection", "[device]") {
+    test_domain pd;
     // Priorities are the device path's (the node-local one takes calls in order).
     rpc::rpc_options o = small_options();
     o.local = false;
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
     connected_client c(pd, s, o);
@@ -736,9 +767,9 @@ TEST_CASE("priorities: an urgent call overtakes bulk calls on the same connectio
 
 TEST_CASE("a server that goes away for good: calls in flight end peer_gone once reconnecting "
           "gives up, well before their deadline") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    auto s = std::make_unique<rpc::server>(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    auto s = std::unique_ptr<rpc::server>(
+        new rpc::server(make_server(pd, test_addr(), 0, small_options())));
     handlers h;
     h.install(*s);
     rpc::rpc_options co = small_options();
@@ -780,14 +811,13 @@ TEST_CASE("a server that goes away for good: calls in flight end peer_gone once 
 
 TEST_CASE("keepalive and reconnect: idle links are probed and answered; a server that stops "
           "polling is declared gone within keepalive_timeout; the call is re-sent and runs once") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+    test_domain pd;
     rpc::rpc_options o = small_options();
     o.keepalive = std::chrono::milliseconds(50);
     o.keepalive_timeout = std::chrono::milliseconds(600);
     o.reconnect_backoff = std::chrono::milliseconds(20);
     o.connect_timeout = std::chrono::milliseconds(3000);
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     std::mutex mu;
     std::map<std::uint64_t, int> runs; // executions per call id
     s.on(m_echo, [&](rpc::request_context& c) {
@@ -815,7 +845,7 @@ TEST_CASE("keepalive and reconnect: idle links are probed and answered; a server
             t.join();
         }
     } join{stop, serve};
-    rpc::client cli(pd, o);
+    rpc::client cli = make_client(pd, o);
     const rpc::peer_id p = cli.connect(test_addr(), s.port());
     rpc::call_result out[4];
     const auto idle_until = clock_type::now() + std::chrono::milliseconds(400);
@@ -874,9 +904,8 @@ TEST_CASE("keepalive and reconnect: idle links are probed and answered; a server
 }
 
 TEST_CASE("a client that goes away is dropped; the others are served") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     connected_client stays(pd, s);
@@ -1029,10 +1058,11 @@ bool serve_until(rpc::server& s, Pred pred) {
 
 } // namespace
 
-TEST_CASE("bad peers: each rejection counted, the peer dropped, the good client unharmed") {
+TEST_CASE("bad peers: each rejection counted, the peer dropped, the good client unharmed",
+          "[device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     connected_client good(pd, s);
@@ -1142,7 +1172,7 @@ TEST_CASE("bad peers: each rejection counted, the peer dropped, the good client 
 
 TEST_CASE("a reply body stays the server's until its WRITE completes: a slot reused early gets "
           "no other connection's reply",
-          "[rpccall][i13]") {
+          "[rpccall][i13][device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     rpc::rpc_options o = small_options();
@@ -1151,7 +1181,7 @@ TEST_CASE("a reply body stays the server's until its WRITE completes: a slot reu
     o.scheduler.budget_bytes = 4096;
     o.scheduler.small_slice = 4096;
     o.scheduler.large_slice = 4096;
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     constexpr std::uint16_t m_fill = 6; // a 64 KiB reply of the request's one byte
     constexpr std::size_t reply_bytes = 64 * 1024;
     std::vector<std::byte> fill(reply_bytes);
@@ -1191,12 +1221,13 @@ TEST_CASE("a reply body stays the server's until its WRITE completes: a slot reu
 // carries the same one. A client gave up A (epoch 1) and B (epoch 0) in slot
 // 0, then called C (epoch 1, A's length); the server, stalled, takes A's
 // immediate against C's bytes. C must run once, not once per immediate.
-TEST_CASE("a stale immediate of the same epoch does not run a call twice", "[rpccall][i23-1]") {
+TEST_CASE("a stale immediate of the same epoch does not run a call twice",
+          "[rpccall][i23-1][device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     rpc::rpc_options o = small_options();
     o.local = false; // raw peers speak the device path
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     constexpr std::uint16_t m_note = 7; // notes its one-byte body, answers empty
     std::vector<std::byte> ran;
     s.on(m_note, [&](rpc::request_context& c) {
@@ -1348,7 +1379,7 @@ std::span<std::byte> inside_a_page(std::vector<std::byte>& v, std::size_t n) {
 } // namespace
 
 TEST_CASE("a server sees exactly the call's bytes, and only while the call lasts",
-          "[rpccall][i15]") {
+          "[rpccall][i15][device]") {
     // The device path's keys, whatever RDMAX_RPC_LOCAL says (the raw server
     // has no node-local name; docs/rpc.md says what the node-local path keeps).
     verbs::context ctx = open_test_device();
@@ -1366,7 +1397,7 @@ TEST_CASE("a server sees exactly the call's bytes, and only while the call lasts
 
     // 1. Around the call's bytes: refused, though the pages are registered.
     {
-        rpc::client c(pd, o);
+        rpc::client c = make_client(pd, o);
         raw_server srv(pd);
         const rpc::peer_id p = srv.accept(pd, c);
         REQUIRE(c.start(p, m_echo, body, {.reply_into = reply}) == rpc::call_status::ok);
@@ -1397,7 +1428,7 @@ TEST_CASE("a server sees exactly the call's bytes, and only while the call lasts
     for (const bool late_read : {true, false}) {
         std::fill(reply_mem.begin(), reply_mem.end(), std::byte{0xaa});
         fill_pattern(body, 17);
-        rpc::client c(pd, o);
+        rpc::client c = make_client(pd, o);
         raw_server srv(pd);
         const rpc::peer_id p = srv.accept(pd, c);
         REQUIRE(c.start(p, m_echo, body,
@@ -1427,7 +1458,7 @@ TEST_CASE("a server sees exactly the call's bytes, and only while the call lasts
     }
     // 3. After the call was answered: the body's key is dead.
     {
-        rpc::client c(pd, o);
+        rpc::client c = make_client(pd, o);
         raw_server srv(pd);
         const rpc::peer_id p = srv.accept(pd, c);
         REQUIRE(c.start(p, m_echo, body) == rpc::call_status::ok);
@@ -1518,12 +1549,13 @@ private:
 
 } // namespace
 
-TEST_CASE("a peer that stalls in its handshake holds nobody, and is dropped at the deadline") {
+TEST_CASE("a peer that stalls in its handshake holds nobody, and is dropped at the deadline",
+          "[device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     rpc::rpc_options o = small_options();
     o.connect_timeout = std::chrono::milliseconds(1500);
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
     registered ring(pd, 16 * 4096);
@@ -1544,9 +1576,8 @@ TEST_CASE("a peer that stalls in its handshake holds nobody, and is dropped at t
 }
 
 TEST_CASE("the call path allocates nothing (server and client in one thread)") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     connected_client c(pd, s);
@@ -1599,14 +1630,13 @@ private:
 };
 
 TEST_CASE("call() from a client thread against a server thread that sleeps on its descriptor") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     {
         serving_thread serve(s, std::chrono::milliseconds(20));
-        rpc::client cli(pd, small_options());
+        rpc::client cli = make_client(pd, small_options());
         const rpc::peer_id p = cli.connect(test_addr(), s.port());
         for (int i = 0; i < 50; ++i) {
             std::vector<std::byte> req(static_cast<std::size_t>(10 + i * 40));
@@ -1626,17 +1656,16 @@ TEST_CASE("a server asleep in wait() moves a large reply held to a small budget 
     // call on Linux 7.3's soft-RoCE, which completes from a work queue; the
     // send queue's events now wake it: 0.31 s for the whole case. (On 6.1,
     // soft-RoCE completes a loopback send inside the post: no sleep to miss.)
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+    test_domain pd;
     rpc::rpc_options o = small_options();
     o.scheduler.budget_bytes = 4096;
     o.scheduler.small_slice = 4096;
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
     {
         serving_thread serve(s, std::chrono::seconds(1));
-        rpc::client cli(pd, o);
+        rpc::client cli = make_client(pd, o);
         const rpc::peer_id p = cli.connect(test_addr(), s.port());
         std::vector<std::byte> req(16);
         const std::uint32_t want = 1 << 20;
@@ -1714,9 +1743,8 @@ TEST_CASE("a node-local peer cannot truncate its shared segment under the server
           "[hostile-local][seal]") {
     // It used to: ftruncate(0) of the memfd it was handed, and the server died
     // of SIGBUS at its next look at the rings (every peer lost).
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, local_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, local_options());
     handlers h;
     h.install(s);
     raw_local_peer bad(s.port());
@@ -1744,11 +1772,10 @@ TEST_CASE("node-local handshakes that fail leave none of their descriptors in th
     // 200 connections that send 1 byte (a length prefix cut short) and 16
     // descriptors, then close (half) or go silent past the deadline (half).
     // Each used to leave its 16 descriptors open in the server for good.
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+    test_domain pd;
     rpc::rpc_options o = local_options();
     o.connect_timeout = std::chrono::milliseconds(500);
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     REQUIRE(devnull >= 0);
     std::array<int, 16> sixteen{};
@@ -1779,18 +1806,17 @@ TEST_CASE("node-local connections that never say hello do not stall the server's
           "[hostile-local][silent-hello]") {
     // Each used to hold the serving thread for 200 ms in its handshake: ten of
     // them, two seconds without an answer for anyone.
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+    test_domain pd;
     rpc::rpc_options o = local_options();
     o.connect_timeout = std::chrono::seconds(2);
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
     std::chrono::nanoseconds worst{0};
     int calls = 0;
     {
         serving_thread serve(s, std::chrono::milliseconds(20));
-        rpc::client cli(pd, o);
+        rpc::client cli = make_client(pd, o);
         const rpc::peer_id p = cli.connect(test_addr(), s.port());
         std::vector<std::byte> req(64, std::byte{6});
         REQUIRE(cli.call(p, m_echo, req).status == rpc::call_status::ok);
@@ -1822,11 +1848,10 @@ TEST_CASE("a node-local hello sent a byte at a time with descriptors installs no
     // 36 one-byte pieces (the hello's prefix and body), each with 16
     // descriptors: the server used to install every one, 576 per connection,
     // held until connect_timeout.
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+    test_domain pd;
     rpc::rpc_options o = local_options();
     o.connect_timeout = std::chrono::seconds(5);
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     REQUIRE(devnull >= 0);
     std::array<int, 16> sixteen{};
@@ -1858,9 +1883,8 @@ TEST_CASE("out of descriptors at a node-local accept, the server does not spin",
     // accept4 failed with EMFILE and left the connection in the backlog: the
     // listener stayed readable and every wait() returned at once (a serving
     // thread at 100% CPU for as long as descriptors were short).
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, local_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, local_options());
     (void)s.poll();
     local::unix_channel waiting =
         local::unix_channel::connect(rpc::local_name(test_addr(), s.port()));
@@ -1908,12 +1932,11 @@ TEST_CASE("one user's silent node-local handshakes leave room for another's",
         WARN("not root: cannot connect from another uid, not tried");
         return;
     }
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+    test_domain pd;
     rpc::rpc_options o = local_options();
     o.max_peers = 8; // handshakes per uid: at most 4
     o.connect_timeout = std::chrono::seconds(20);
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
     (void)s.poll();
@@ -1959,13 +1982,12 @@ TEST_CASE("one user's silent node-local handshakes leave room for another's",
 }
 
 TEST_CASE("a client whose node-local handshake is refused takes the device",
-          "[hostile-local][fallback]") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+          "[hostile-local][fallback][device]") {
+    test_domain pd;
     rpc::rpc_options o = local_options();
     o.max_peers = 8; // handshakes per uid: at most 4
     o.connect_timeout = std::chrono::seconds(20);
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
     (void)s.poll();
@@ -1986,14 +2008,13 @@ TEST_CASE("a client whose node-local handshake is refused takes the device",
 }
 
 TEST_CASE("a client takes the device when a node-local server's segment is not sealed",
-          "[hostile-local][unsealed]") {
+          "[hostile-local][unsealed][device]") {
     // What a server from before sealed segments hands over: the client threw
     // rdmax::error("mmap", EPERM) from connect() instead of taking the device.
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
+    test_domain pd;
     rpc::rpc_options device_only = small_options();
     device_only.local = false;
-    rpc::server s(pd, test_addr(), 0, device_only);
+    rpc::server s = make_server(pd, test_addr(), 0, device_only);
     handlers h;
     h.install(s);
     local::unix_listener old_server(rpc::local_name(test_addr(), s.port()));
@@ -2045,9 +2066,8 @@ TEST_CASE("a node-local peer that writes on its socket after the handshake is dr
           "[hostile-local][stray-byte]") {
     // One unread byte used to keep the server's epoll readable: wait() never
     // slept again (a core at 100 % for as long as that peer stayed).
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, local_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, local_options());
     handlers h;
     h.install(s);
     connected_client good(pd, s, local_options());
@@ -2137,9 +2157,8 @@ TEST_CASE("a connection that fails half-way into the server's table leaves the p
           "[bookkeeping][add-link]") {
     // It used to keep the wire without counting it; its teardown then took
     // the live-peer count below zero (it wrapped) and every peer was refused.
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     for (int i = 0; i < 3; ++i)
@@ -2161,9 +2180,8 @@ TEST_CASE("a connection that fails half-way into the server's table leaves the p
 
 TEST_CASE("a buffer that cannot be registered is registration_failed, not too_large",
           "[bookkeeping][registration-failed]") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, small_options());
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, small_options());
     handlers h;
     h.install(s);
     connected_client c(pd, s);
@@ -2193,12 +2211,13 @@ TEST_CASE("a buffer that cannot be registered is registration_failed, not too_la
     CHECK(a.reply == ok);
 }
 
-TEST_CASE("a refused connection leaves its reason in last_refusal", "[bookkeeping][last-refusal]") {
+TEST_CASE("a refused connection leaves its reason in last_refusal",
+          "[bookkeeping][last-refusal][device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     rpc::rpc_options o = local_options();
     o.connect_timeout = std::chrono::milliseconds(300);
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     CHECK(s.counters().last_refusal.error == 0);
     CHECK(s.counters().last_refusal.what().empty());
     CHECK_THAT(fmt::format("{}", s.counters()),
@@ -2272,11 +2291,11 @@ std::vector<rpc::call_result> results_of(rpc::server& s, rpc::client& c, std::si
 } // namespace
 
 TEST_CASE("an answered call's windows are invalidated on the send queue, not reallocated",
-          "[rpccall][fence]") {
+          "[rpccall][fence][device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     REQUIRE(ctx.limits().memory_windows);
-    rpc::server s(pd, test_addr(), 0, device_options());
+    rpc::server s = make_server(pd, test_addr(), 0, device_options());
     handlers h;
     h.install(s);
     connected_client c(pd, s, device_options());
@@ -2308,7 +2327,7 @@ TEST_CASE("an answered call's windows are invalidated on the send queue, not rea
 
 TEST_CASE("calls with windows fill every slot without no_credit: the send queue has room for "
           "their binds",
-          "[rpccall][sq-depth]") {
+          "[rpccall][sq-depth][device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     REQUIRE(ctx.limits().memory_windows);
@@ -2316,7 +2335,7 @@ TEST_CASE("calls with windows fill every slot without no_credit: the send queue 
     rpc::rpc_options o = device_options();
     o.slots = n;
     o.slot_bytes = 1024;
-    rpc::server s(pd, test_addr(), 0, o);
+    rpc::server s = make_server(pd, test_addr(), 0, o);
     handlers h;
     h.install(s);
     connected_client c(pd, s, o);
@@ -2358,11 +2377,11 @@ TEST_CASE("calls with windows fill every slot without no_credit: the send queue 
 }
 
 TEST_CASE("a client that cannot allocate memory windows says so and counts it",
-          "[rpccall][windows-unavailable]") {
+          "[rpccall][windows-unavailable][device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     REQUIRE(ctx.limits().memory_windows);
-    rpc::server s(pd, test_addr(), 0, device_options());
+    rpc::server s = make_server(pd, test_addr(), 0, device_options());
     handlers h;
     h.install(s);
     auto& hooks = rdmax::detail::rdma_link_test_hooks();
@@ -2406,11 +2425,11 @@ TEST_CASE("a client that cannot allocate memory windows says so and counts it",
 
 TEST_CASE("an invalidation the send queue cannot take waits for room; the window is not "
           "deallocated under its queued bind",
-          "[rpccall][owed-invalidation]") {
+          "[rpccall][owed-invalidation][device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     REQUIRE(ctx.limits().memory_windows);
-    rpc::server s(pd, test_addr(), 0, device_options());
+    rpc::server s = make_server(pd, test_addr(), 0, device_options());
     handlers h;
     h.install(s);
     rpc::rpc_options o = device_options();
@@ -2453,7 +2472,7 @@ TEST_CASE("an invalidation the send queue cannot take waits for room; the window
 
 TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not posted against "
           "its dead window",
-          "[rpccall][cancel-read]") {
+          "[rpccall][cancel-read][device]") {
     verbs::context ctx = open_test_device();
     verbs::protection_domain pd(ctx);
     REQUIRE(ctx.limits().memory_windows);
@@ -2464,7 +2483,7 @@ TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not
     so.scheduler.budget_wqes = 1;
     so.scheduler.small_slice = 4096;
     so.scheduler.large_slice = 4096;
-    rpc::server s(pd, test_addr(), 0, so);
+    rpc::server s = make_server(pd, test_addr(), 0, so);
     handlers h;
     h.install(s);
     rpc::rpc_options co = device_options();
@@ -2537,10 +2556,9 @@ TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not
 // pass of the pump stops at a less urgent level once an urgent slice is
 // staged, which left a normal call held behind an urgent one queued until
 // the client's next poll.
-TEST_CASE("ring_held posts every held call, whatever its priority", "[rpccall]") {
-    verbs::context ctx = open_test_device();
-    verbs::protection_domain pd(ctx);
-    rpc::server s(pd, test_addr(), 0, device_options());
+TEST_CASE("ring_held posts every held call, whatever its priority", "[rpccall][device]") {
+    test_domain pd;
+    rpc::server s = make_server(pd, test_addr(), 0, device_options());
     handlers h;
     h.install(s);
     connected_client c(pd, s, device_options());

@@ -3,15 +3,11 @@
 // housekeeping (never in the data path), each refusal counted with its reason.
 
 #include <algorithm>
-#include <arpa/inet.h>
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <netinet/in.h>
 #include <new>
-#include <sys/socket.h>
 #include <system_error>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -20,7 +16,6 @@
 #include <rdmax/detail/rpc/shm_link.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
-#include <rdmax/local/node_address.hpp>
 #include <rdmax/rpc/server.hpp>
 
 #include "../notice.hpp"
@@ -37,38 +32,6 @@ detail::reply_cache_limits cache_limits(const rpc_options& o) {
             .records = std::size_t{2} * o.max_peers,
             .ttl = o.reply_cache_ttl,
             .linger = o.reply_cache_linger};
-}
-/// A port the kernel's TCP would hand out now (what rdma_cm does for port 0).
-std::uint16_t ephemeral_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        throw_error("socket(AF_INET)", errno, "a free port for rpc::server");
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    socklen_t len = sizeof a;
-    const bool ok = ::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 &&
-                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-    const int err = errno;
-    ::close(fd);
-    if (!ok)
-        throw_error("bind(AF_INET, port 0)", err, "a free port for rpc::server");
-    return ntohs(a.sin_port);
-}
-
-/// With no rdma_cm listener to pick the port: a free one whose node-local
-/// name no other server here holds.
-local::unix_listener listen_any_port(std::string_view addr, std::uint16_t& port) {
-    for (int attempt = 1;; ++attempt) {
-        const std::uint16_t p = ephemeral_port();
-        try {
-            local::unix_listener l(local_name(addr, p));
-            port = p;
-            return l;
-        } catch (const error& e) {
-            if (e.code().value() != EADDRINUSE || attempt == 16)
-                throw;
-        }
-    }
 }
 } // namespace
 
@@ -107,16 +70,11 @@ void server::listen_local(std::string_view addr, bool needed) {
         return;
     }
     try {
-        if (needed && !local::is_node_address(addr))
-            throw_error("rpc::server", EADDRNOTAVAIL,
-                        fmt::format("{}: not an address of this node (and with no RDMA device "
-                                    "only peers on this node are served)",
-                                    addr));
         // Peers on this node find the server by this name (the address as the
         // client names it, and the port). Another process may hold it: then
         // this one is reached through the device only.
-        local_listener_.emplace(port_ != 0 ? local::unix_listener(local_name(addr, port_))
-                                           : listen_any_port(addr, port_));
+        local_listener_.emplace(needed ? listen_without_device(addr, port_)
+                                       : local::unix_listener(local_name(addr, port_)));
         ep_.in.watch(local_listener_->fd());
     } catch (const error& e) {
         local_listener_.reset();

@@ -2584,3 +2584,57 @@ TEST_CASE("ring_held posts every held call, whatever its priority", "[rpccall][d
     for (auto& d : h.deferred)
         (void)s.reply(d, req);
 }
+
+TEST_CASE("transports: a server given the device but not rdma takes node-local peers only; a "
+          "client given shm alone names the peer it cannot reach, and why",
+          "[transports][device]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    rpc::rpc_options shm_only = small_options();
+    shm_only.local = true;
+    shm_only.transports = rpc::transport_set{} | rpc::transport::shm;
+    rpc::server s(pd, test_addr(), 0, shm_only);
+    handlers h;
+    h.install(s);
+    REQUIRE(s.port() != 0); // picked without rdma_cm
+    connected_client here(pd, s, shm_only);
+    CHECK(here.cli.transport(here.peer) == rpc::transport::shm);
+    std::vector<std::byte> req(100);
+    fill_pattern(req, 4);
+    const answer a = call_once(s, here, m_echo, req);
+    REQUIRE(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
+    // No rdma_cm listener: a client through the device finds nobody there.
+    rpc::rpc_options quick = device_options();
+    quick.connect_timeout = std::chrono::milliseconds(2000);
+    rpc::client dev(pd, quick);
+    CHECK_THROWS_AS(dev.connect(test_addr(), s.port()), error);
+    CHECK(s.counters().connected == 1);
+    CHECK(s.counters().connected_local == 1);
+    // A server through the device only, and a client that may not use it.
+    rpc::server d(pd, test_addr(), 0, device_options());
+    rpc::client cli(pd, shm_only);
+    try {
+        (void)cli.connect(test_addr(), d.port());
+        FAIL("a client with shm alone reached a server through the device");
+    } catch (const error& e) {
+        CHECK(e.code().value() == EHOSTUNREACH);
+        CHECK_THAT(e.what(), Catch::Matchers::Contains("rdma is left out") &&
+                                 Catch::Matchers::Contains(fmt::format(
+                                     "no node-local server at {}:{}", test_addr(), d.port())));
+    }
+    // A group given the device but not rdma: node-local peers only, as the server.
+    rpc::server_group g(pd, test_addr(), 0, 1, shm_only);
+    REQUIRE(g.port() != 0);
+    g.on(m_echo, [](rpc::request_context& c) { c.reply(c.body()); });
+    g.start();
+    rpc::client gc(pd, shm_only);
+    const rpc::peer_id gp = gc.connect(test_addr(), g.port());
+    CHECK(gc.transport(gp) == rpc::transport::shm);
+    const rpc::call_result r = gc.call(gp, m_echo, req);
+    REQUIRE(r.status == rpc::call_status::ok);
+    CHECK(std::equal(r.reply.begin(), r.reply.end(), req.begin(), req.end()));
+    rpc::client gdev(pd, quick);
+    CHECK_THROWS_AS(gdev.connect(test_addr(), g.port()), error);
+    CHECK(g.stop());
+}

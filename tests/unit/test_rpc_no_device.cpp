@@ -5,6 +5,7 @@
 // an endpoint is given decide what it builds. tests/rxe/test_rpc.cpp's cases
 // run this way too (test_rpc_native).
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include <rdmax/error.hpp>
 #include <rdmax/rpc/client.hpp>
 #include <rdmax/rpc/server.hpp>
+#include <rdmax/rpc/server_group.hpp>
 
 #include "../support/catch.hpp"
 #include "../support/child_process.hpp"
@@ -290,4 +292,38 @@ TEST_CASE("no device: what a server is given decides what it builds", "[no-devic
     rpc::rpc_options none = options();
     none.transports = {};
     CHECK_THROWS_WITH(rpc::client(none), Contains("transports"));
+}
+
+TEST_CASE("no device: a server group serves clients on this node from its workers",
+          "[no-device][group]") {
+    rpc::server_group g("127.0.0.1", 0, 2, options());
+    REQUIRE(g.port() != 0);
+    g.on(m_echo, [](rpc::request_context& c) { c.reply(c.body()); });
+    g.start();
+    // Two clients (one thread each, as clients are): the group spreads
+    // them over its workers; every reply is the caller's own.
+    std::vector<std::thread> callers;
+    std::atomic<int> good{0};
+    for (unsigned k = 0; k < 2; ++k)
+        callers.emplace_back([&, k] {
+            rpc::client cli(options());
+            const rpc::peer_id p = cli.connect("127.0.0.1", g.port());
+            if (cli.transport(p) != rpc::transport::shm)
+                return;
+            for (unsigned i = 0; i < 50; ++i) {
+                const std::vector<std::byte> req = patterned(100 + i, k * 100 + i);
+                const rpc::call_result r = cli.call(p, m_echo, req);
+                if (r.status == rpc::call_status::ok &&
+                    std::equal(r.reply.begin(), r.reply.end(), req.begin(), req.end()))
+                    ++good;
+            }
+        });
+    for (std::thread& t : callers)
+        t.join();
+    CHECK(good.load() == 100);
+    const rpc::rpc_counters c = g.counters();
+    CHECK(c.calls == 100);
+    CHECK(c.connected == 2);
+    CHECK(c.connected_local == 2);
+    CHECK(g.drain(std::chrono::seconds(5)));
 }

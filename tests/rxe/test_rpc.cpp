@@ -30,43 +30,13 @@
 #include <rdmax/detail/rpc/shm_link.hpp>
 
 #include "../support/child_process.hpp"
+#include "../support/counting_new.hpp" // every operator new of this program, counted
 #include "../support/descriptors.hpp"
 #include "../support/loopback.hpp"
 
 using namespace rdmax;
 using namespace rdmax::test;
 using clock_type = std::chrono::steady_clock;
-
-// ---- allocation counting: every operator new of this program ---------------------------------
-// The replacements pair malloc with free; GCC sees through inlined new and
-// delete expressions and would call that a mismatch.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-namespace {
-std::atomic<std::uint64_t> allocations{0};
-} // namespace
-
-void* operator new(std::size_t n) {
-    allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n == 0 ? 1 : n))
-        return p;
-    throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) {
-    return operator new(n);
-}
-void operator delete(void* p) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p) noexcept {
-    std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-    std::free(p);
-}
 
 namespace {
 

@@ -862,7 +862,8 @@ TEST_CASE("keepalive and reconnect: idle links are probed and answered; a server
             CHECK(std::equal(out[i].reply.begin(), out[i].reply.end(), req.begin(), req.end()));
         }
     }
-    INFO(fmt::format("client: {}\nserver: {}", cli.counters(), s.counters()));
+    // Not the server's counters: its thread still writes them (TSan).
+    INFO(fmt::format("client: {}", cli.counters()));
     REQUIRE(results.size() == 1);
     CHECK(results[0].status == rpc::call_status::ok);
     CHECK(results[0].cookie == 1);

@@ -11,10 +11,13 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <optional>
 #include <poll.h>
 #include <span>
+#include <spawn.h>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -35,7 +38,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-constexpr std::uint16_t m_echo = 1;  ///< reply = request
+constexpr std::uint16_t m_echo = 1;  ///< reply = request (rpc_no_device_server.cpp)
 constexpr std::uint16_t m_fill = 2;  ///< reply: as many bytes as the request's first 4 say
 constexpr std::uint16_t m_never = 3; ///< deferred, never answered
 
@@ -60,47 +63,46 @@ std::vector<std::byte> patterned(std::size_t n, unsigned seed) {
     return v;
 }
 
-/// A device-less server on 127.0.0.1 in a child process: it writes its port
-/// into `report` and serves until killed (or 60 s pass).
-int serve_in_child(int report, std::uint16_t port) {
-    rpc::server s("127.0.0.1", port, options());
-    std::vector<rpc::deferred_call> never;
-    std::vector<std::byte> reply;
-    s.on(m_echo, [](rpc::request_context& c) { c.reply(c.body()); });
-    s.on(m_fill, [&reply](rpc::request_context& c) {
-        std::uint32_t n = 0;
-        if (c.body().size() >= 4)
-            std::memcpy(&n, c.body().data(), 4);
-        reply = patterned(n, 9);
-        c.reply(reply);
-    });
-    s.on(m_never, [&never](rpc::request_context& c) { never.push_back(c.defer()); });
-    const std::uint16_t p = s.port();
-    if (::write(report, &p, sizeof p) != static_cast<ssize_t>(sizeof p))
-        return 3;
-    const auto until = clock_type::now() + std::chrono::seconds(60);
-    while (clock_type::now() < until)
-        (void)s.wait(std::chrono::milliseconds(5));
-    return 0;
-}
-
-/// A server process and the port it serves on.
+/// A device-less server on 127.0.0.1 in a process of its own
+/// (rpc_no_device_server, started with posix_spawn: no fork of this
+/// process, whose arenas run threads), and the port it serves on.
 struct server_process {
     pid_t pid = -1;
     std::uint16_t port = 0;
 
     explicit server_process(std::uint16_t want = 0) {
+        const char* program = std::getenv("RDMAX_NO_DEVICE_SERVER");
+        REQUIRE(program != nullptr); // meson sets it
         int fds[2];
-        REQUIRE(::pipe(fds) == 0);
-        pid = test::spawn([&] { return serve_in_child(fds[1], want); });
+        REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+        posix_spawn_file_actions_t acts;
+        posix_spawn_file_actions_init(&acts);
+        posix_spawn_file_actions_adddup2(&acts, fds[1], STDOUT_FILENO);
+        const std::string port_arg = std::to_string(want);
+        char* const args[] = {const_cast<char*>(program), const_cast<char*>(port_arg.c_str()),
+                              nullptr};
+        const int rc = ::posix_spawn(&pid, program, &acts, nullptr, args, environ);
+        posix_spawn_file_actions_destroy(&acts);
         ::close(fds[1]);
-        pollfd pf{fds[0], POLLIN, 0};
-        const bool ready = ::poll(&pf, 1, 10'000) == 1 &&
-                           ::read(fds[0], &port, sizeof port) == static_cast<ssize_t>(sizeof port);
+        if (rc != 0)
+            pid = -1;
+        // Its first line, within 10 s: the port.
+        std::string line;
+        const auto until = clock_type::now() + std::chrono::seconds(10);
+        char c = 0;
+        while (rc == 0 && line.find('\n') == std::string::npos && clock_type::now() < until) {
+            pollfd pf{fds[0], POLLIN, 0};
+            if (::poll(&pf, 1, 100) == 1 && ::read(fds[0], &c, 1) == 1)
+                line += c;
+            else if ((pf.revents & POLLHUP) != 0)
+                break;
+        }
         ::close(fds[0]);
+        port = static_cast<std::uint16_t>(std::atoi(line.c_str()));
+        const bool ready = line.find('\n') != std::string::npos && port != 0;
         if (!ready)
             stop();
-        REQUIRE(ready); // the child reports its port within 10 s
+        REQUIRE(ready); // the server reports its port within 10 s
     }
     server_process(const server_process&) = delete;
     server_process& operator=(const server_process&) = delete;

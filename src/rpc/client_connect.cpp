@@ -38,7 +38,12 @@ void close_fds(std::vector<int>& fds) noexcept {
 
 client::client(const verbs::protection_domain& pd, rpc_options opts)
     : opts_((opts.check("rpc::client"), opts))
-    , ep_(pd, opts_, inbox_depth(opts_)) {}
+    , ep_(pd, opts_, inbox_depth(opts_)) {
+    if (!opts_.node_local() && !opts_.transports.has(transport::rdma))
+        throw_error("rpc::client", EINVAL,
+                    "no transport: rdma and shm are both left out (RDMAX_RPC_TRANSPORTS, "
+                    "RDMAX_RPC_LOCAL)");
+}
 
 client::client(detail::no_device_t none, rpc_options opts)
     : opts_((opts.check("rpc::client"), opts))

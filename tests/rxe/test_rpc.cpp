@@ -2594,6 +2594,12 @@ TEST_CASE("transports: a server given the device but not rdma takes node-local p
                                  Catch::Matchers::Contains(fmt::format(
                                      "no node-local server at {}:{}", test_addr(), d.port())));
     }
+    // Given the device, but neither rdma nor shm: refused at construction.
+    rpc::rpc_options nothing = shm_only;
+    nothing.local = false;
+    CHECK_THROWS_WITH(rpc::client(pd, nothing), Catch::Matchers::Contains("no transport"));
+    CHECK_THROWS_WITH(rpc::server(pd, test_addr(), 0, nothing),
+                      Catch::Matchers::Contains("no transport"));
     // A group given the device but not rdma: node-local peers only, as the server.
     rpc::server_group g(pd, test_addr(), 0, 1, shm_only);
     REQUIRE(g.port() != 0);

@@ -344,6 +344,13 @@ bool client::is_local(peer_id p) const noexcept {
     return l != nullptr && l->wire->node_local();
 }
 
+std::optional<rpc::transport> client::transport(peer_id p) const noexcept {
+    const peer* l = link_of(p);
+    if (l == nullptr)
+        return std::nullopt;
+    return l->wire->node_local() ? rpc::transport::shm : rpc::transport::rdma;
+}
+
 std::optional<sched::scheduler_counters> client::scheduler_counters(peer_id p) const noexcept {
     const peer* l = link_of(p);
     return l != nullptr ? l->wire->scheduler_counters() : std::nullopt;

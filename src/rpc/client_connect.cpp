@@ -38,11 +38,42 @@ void close_fds(std::vector<int>& fds) noexcept {
 
 client::client(const verbs::protection_domain& pd, rpc_options opts)
     : opts_((opts.check("rpc::client"), opts))
-    , ep_(pd, opts_, inbox_depth(opts_)) {}
+    , ep_(pd, opts_, inbox_depth(opts_)) {
+    if (!opts_.node_local() && !opts_.transports.has(transport::rdma))
+        throw_error("rpc::client", EINVAL,
+                    "no transport: rdma and shm are both left out (RDMAX_RPC_TRANSPORTS, "
+                    "RDMAX_RPC_LOCAL)");
+}
 
 client::client(detail::no_device_t none, rpc_options opts)
     : opts_((opts.check("rpc::client"), opts))
     , ep_(none, opts_) {}
+
+client::client(rpc_options opts)
+    : client(detail::no_device, opts) {
+    if (!opts_.node_local())
+        throw_error("rpc::client", EINVAL,
+                    "no transport: shm is left out (RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), "
+                    "and there is no device for rdma");
+}
+
+bool client::arm() noexcept {
+    if (holding_)
+        ring_held(); // nothing sleeps on a request not yet posted
+    return ep_.prepare_sleep();
+}
+
+bool client::device_ok() const noexcept {
+    return ep_.pd != nullptr && opts_.transports.has(transport::rdma);
+}
+
+void client::unreachable(std::string_view addr, std::uint16_t port) const {
+    throw_error("rpc::client::connect", EHOSTUNREACH,
+                fmt::format("{}:{}: {}, and {}", addr, port,
+                            ep_.pd == nullptr ? "no RDMA device here"
+                                              : "rdma is left out (RDMAX_RPC_TRANSPORTS)",
+                            local_miss_));
+}
 
 client::~client() {
     ring_held(); // what a hold kept back goes before the goodbye
@@ -70,9 +101,12 @@ peer_id client::connect(std::string_view addr, std::uint16_t port) {
 }
 
 std::unique_ptr<detail::link> client::dial(std::string_view addr, std::uint16_t port) {
-    if (opts_.local)
+    local_miss_ = "shm is left out (RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL)";
+    if (opts_.node_local())
         if (std::unique_ptr<detail::link> local = connect_local(addr, port))
             return local;
+    if (!device_ok())
+        unreachable(addr, port);
     const std::shared_ptr<detail::pending_dial> d = begin_device(addr, port);
     return finish_device(*d, addr, port); // waits for the thread
 }
@@ -171,6 +205,7 @@ void client::attach(std::uint32_t s, std::unique_ptr<detail::link> wire) {
     const std::uint64_t incarnation = wire->peer_incarnation;
     const std::uint16_t slots = wire->slots();
     const std::uint32_t slot_bytes = wire->slot_bytes();
+    const bool local = wire->node_local();
     const std::uint32_t index = ep_.add(std::move(wire), std::move(fresh), incarnation);
     session& ss = sessions_[s];
     ss.link = index;
@@ -178,6 +213,7 @@ void client::attach(std::uint32_t s, std::unique_ptr<detail::link> wire) {
     ss.slots = slots;
     ss.slot_bytes = slot_bytes;
     ++ep_.counters.connected;
+    ep_.counters.connected_local += local ? 1 : 0;
 }
 
 void client::grant_cma(pid_t server) noexcept {
@@ -227,8 +263,10 @@ local::unix_channel client::find_local_server(std::string_view addr, std::uint16
 
 std::unique_ptr<detail::link> client::connect_local(std::string_view addr, std::uint16_t port) {
     local::unix_channel ch = find_local_server(addr, port);
-    if (ch.fd() < 0)
+    if (ch.fd() < 0) {
+        local_miss_ = fmt::format("no node-local server at {}:{}", addr, port);
         return nullptr; // the server is not on this node
+    }
     try {
         grant_cma(ch.peer().pid); // the process that listens on the name
     } catch (const error&) {
@@ -276,13 +314,14 @@ std::unique_ptr<detail::link> client::local_handshake(local::unix_channel ch, st
     const bool welcome = n == sizeof w && w.magic == protocol_magic;
     if (welcome && w.status == local_no_cma) {
         close_fds(fds);
-        rdmax::detail::notice(fmt::format(
-            "rpc::client: {}:{} is on this node, but it may not read this process's memory "
-            "(CMA: {}{}): through the device",
-            addr, port, local::why_not_permitted(getpid()),
+        local_miss_ = fmt::format(
+            "{}:{} is on this node, but it may not read this process's memory (CMA: {}{})", addr,
+            port, local::why_not_permitted(getpid()),
             opts_.ptracer == rpc_options::ptracer_grant::any
                 ? ""
-                : "; RDMAX_RPC_PTRACER=any lets every server of this user do it"));
+                : "; RDMAX_RPC_PTRACER=any lets every server of this user do it");
+        if (device_ok())
+            rdmax::detail::notice(fmt::format("rpc::client: {}: through the device", local_miss_));
         return nullptr;
     }
     if (welcome && w.status == local_refused)
@@ -335,8 +374,9 @@ std::unique_ptr<detail::link> client::refuse_local(std::vector<int>& fds, int er
                                                    std::uint16_t port, std::string_view what) {
     close_fds(fds);
     ep_.counters.count_refusal(err, reason);
-    rdmax::detail::notice(fmt::format(
-        "rpc::client: {}:{} is on this node, but {}: through the device", addr, port, what));
+    local_miss_ = fmt::format("{}:{} is on this node, but {}", addr, port, what);
+    if (device_ok())
+        rdmax::detail::notice(fmt::format("rpc::client: {}: through the device", local_miss_));
     return nullptr;
 }
 

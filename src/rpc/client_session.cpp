@@ -245,9 +245,12 @@ void client::try_reconnect(std::uint32_t s, sched::coarse_clock::time_point now)
             // The node-local path first (a Unix handshake, bounded by
             // connect_timeout), then the device, whose connect runs on a
             // thread: this one goes on serving its other connections.
-            if (opts_.local)
+            local_miss_ = "shm is left out (RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL)";
+            if (opts_.node_local())
                 wire = connect_local(ss.addr, ss.port);
             if (!wire) {
+                if (!device_ok())
+                    unreachable(ss.addr, ss.port); // counted as a failed attempt
                 ss.dialing = begin_device(ss.addr, ss.port);
                 return;
             }

@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -14,6 +16,38 @@ namespace rdmax::rpc {
 static_assert(std::get<0>(rpc_knobs).parser.hi == max_slots);
 static_assert(std::get<1>(rpc_knobs).parser.lo == min_slot_bytes);
 static_assert(std::get<1>(rpc_knobs).parser.hi == max_slot_bytes);
+
+transport_set transport_list::parse_transports(const char* who, std::string_view name,
+                                               std::string_view text) {
+    transport_set set;
+    std::string_view rest = text;
+    while (true) {
+        const std::size_t comma = rest.find(',');
+        const std::string_view word = rest.substr(0, comma);
+        if (word == "rdma" || word == "shm") {
+            set = set | (word == "rdma" ? transport::rdma : transport::shm);
+        } else if (word == "tcp") {
+            throw_error(who, EINVAL,
+                        fmt::format("{}='{}': tcp is not in this version of rdmax (only rdma "
+                                    "and shm); leave it out",
+                                    name, text));
+        } else {
+            config::refuse(who, name, text, "a comma list of rdma, shm");
+        }
+        if (comma == std::string_view::npos)
+            break;
+        rest.remove_prefix(comma + 1);
+    }
+    return set;
+}
+
+std::string transport_list::format_transports(transport_set v) {
+    std::string out;
+    for (const transport t : {transport::rdma, transport::shm})
+        if (v.has(t))
+            out += fmt::format("{}{}", out.empty() ? "" : ",", to_string(t));
+    return out;
+}
 
 rpc_options rpc_options::with_env() const {
     constexpr const char* who = "rpc_options::with_env";
@@ -36,6 +70,9 @@ void rpc_options::check(const char* who) const {
         throw_error(who, EINVAL, "max_message 0");
     if (max_peers == 0)
         throw_error(who, EINVAL, "max_peers 0");
+    if (transports.bits == 0 || (transports.bits & ~all_transports.bits) != 0)
+        throw_error(who, EINVAL,
+                    fmt::format("transports {:#x}: one or more of rdma, shm", transports.bits));
     if (call_timeout.count() <= 0 || connect_timeout.count() <= 0 || housekeeping.count() <= 0)
         throw_error(who, EINVAL, "timeouts and the housekeeping interval must be positive");
     if (keepalive.count() <= 0 || keepalive_timeout < keepalive)

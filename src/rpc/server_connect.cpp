@@ -39,27 +39,51 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
                rpc_options opts)
     : opts_((opts.check("rpc::server"), opts))
     , ep_(pd, opts_, inbox_depth(opts_))
-    , listener_(addr, port)
+    , listener_(opts_.transports.has(transport::rdma) ? verbs::listener(addr, port)
+                                                      : verbs::listener())
+    , port_(opts_.transports.has(transport::rdma) ? listener_.port() : port)
     , cache_(cache_limits(opts_)) {
-    ep_.in.watch(listener_.fd());
-    if (opts_.local) {
-        // Peers on this node find the server by this name (the address as the
-        // client names it, and the port). Another process may hold it: then
-        // this one is reached through the device only.
-        try {
-            local_listener_.emplace(local_name(addr, listener_.port()));
-            ep_.in.watch(local_listener_->fd());
-        } catch (const error& e) {
-            local_listener_.reset();
-            rdmax::detail::notice(
-                fmt::format("rpc::server on {}:{}: no node-local path ({}); peers "
-                            "here go through the device",
-                            addr, listener_.port(), e.what()));
-        }
-    }
+    if (listener_.fd() >= 0)
+        ep_.in.watch(listener_.fd());
+    // Without rdma, the node-local path is all there is: it must be made.
+    listen_local(addr, listener_.fd() < 0);
     ep_.peers.reserve(opts_.max_peers);
     ep_.by_qp.reserve(std::size_t{opts_.max_peers} * 2);
     housekept_ = ep_.now();
+}
+
+server::server(std::string_view addr, std::uint16_t port, rpc_options opts)
+    : server(detail::no_device, opts) {
+    port_ = port;
+    listen_local(addr, true);
+    housekept_ = ep_.now();
+}
+
+void server::listen_local(std::string_view addr, bool needed) {
+    if (!opts_.node_local()) {
+        if (needed)
+            throw_error("rpc::server", EINVAL,
+                        fmt::format("{}:{}: no transport: shm is left out (RDMAX_RPC_TRANSPORTS "
+                                    "or RDMAX_RPC_LOCAL), and {}",
+                                    addr, port_,
+                                    ep_.pd != nullptr ? "so is rdma" : "there is no device"));
+        return;
+    }
+    try {
+        // Peers on this node find the server by this name (the address as the
+        // client names it, and the port). Another process may hold it: then
+        // this one is reached through the device only.
+        local_listener_.emplace(needed ? listen_without_device(addr, port_)
+                                       : local::unix_listener(local_name(addr, port_)));
+        ep_.in.watch(local_listener_->fd());
+    } catch (const error& e) {
+        local_listener_.reset();
+        if (needed)
+            throw;
+        rdmax::detail::notice(fmt::format("rpc::server on {}:{}: no node-local path ({}); peers "
+                                          "here go through the device",
+                                          addr, port_, e.what()));
+    }
 }
 
 server::server(detail::no_device_t none, rpc_options opts)
@@ -224,6 +248,7 @@ std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t
     for (std::size_t i = blocks; i-- > 0;)
         fresh.free_blocks.push_back(static_cast<std::uint16_t>(i));
     cache_.attach(client, first_call); // its replies, kept across its reconnects
+    const bool local = wire->node_local();
     std::uint32_t index = 0;
     try {
         index = ep_.add(std::move(wire), std::move(fresh), client);
@@ -233,6 +258,7 @@ std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t
     }
     ++live_;
     ++ep_.counters.connected;
+    ep_.counters.connected_local += local ? 1 : 0;
     if (group_ != nullptr) {
         try {
             group_->claim(client, worker_); // its reconnections come here

@@ -36,7 +36,7 @@ std::int64_t own_cpu_ns() noexcept {
 /// Adds `b`'s counts to `a`'s; the last refusal and link end are b's where it has one.
 // A field added to rpc_counters must be added to the sum below too: this
 // trips when the struct's size changes (then update both).
-static_assert(sizeof(rpc_counters) == 464, "rpc_counters changed: update add_counters");
+static_assert(sizeof(rpc_counters) == 472, "rpc_counters changed: update add_counters");
 
 void add_counters(rpc_counters& a, const rpc_counters& b) noexcept {
     for (auto f : {&rpc_counters::calls,
@@ -71,6 +71,7 @@ void add_counters(rpc_counters& a, const rpc_counters& b) noexcept {
                    &rpc_counters::rejected_opcode,
                    &rpc_counters::stray_completions,
                    &rpc_counters::connected,
+                   &rpc_counters::connected_local,
                    &rpc_counters::disconnected,
                    &rpc_counters::link_failures})
         a.*f += b.*f;
@@ -84,6 +85,17 @@ void add_counters(rpc_counters& a, const rpc_counters& b) noexcept {
         a.last_link_event_status = b.last_link_event_status;
     }
 }
+/// The node-local listener of a group without rdma (no device, or left
+/// out): the only way in, so it must be made (throws why not).
+local::unix_listener listen_no_device(std::string_view addr, std::uint16_t& port,
+                                      const rpc_options& o) {
+    if (!o.node_local())
+        throw_error("rpc::server_group", EINVAL,
+                    fmt::format("{}:{}: no transport: shm is left out (RDMAX_RPC_TRANSPORTS or "
+                                "RDMAX_RPC_LOCAL), and rdma has no device or is left out too",
+                                addr, port));
+    return listen_without_device(addr, port);
+}
 /// A round of node-local accepts at most: a flood does not hold the acceptor.
 constexpr int local_round = 64;
 } // namespace
@@ -93,13 +105,28 @@ server_group::server_group(const verbs::protection_domain& pd, std::string_view 
     : opts_((opts.check("rpc::server_group"), opts))
     , routes_(std::make_unique<detail::group_routes>(checked_threads(threads),
                                                      std::size_t{4} * opts_.max_peers * threads))
-    , listener_(addr, port)
-    , port_(listener_.port()) {
+    , listener_(opts_.transports.has(transport::rdma) ? verbs::listener(addr, port)
+                                                      : verbs::listener())
+    , port_(listener_.fd() >= 0 ? listener_.port() : port) {
     for (std::size_t w = 0; w < threads; ++w)
         workers_.push_back(std::unique_ptr<server>(new server(
             pd, *routes_, w, opts_))); // NOLINT(modernize-make-unique): a private constructor
-    if (opts_.local)
+    if (listener_.fd() < 0)
+        local_listener_.emplace(listen_no_device(addr, port_, opts_));
+    else if (opts_.node_local())
         listen_local(addr);
+}
+
+server_group::server_group(std::string_view addr, std::uint16_t port, std::size_t threads,
+                           rpc_options opts)
+    : opts_((opts.check("rpc::server_group"), opts))
+    , routes_(std::make_unique<detail::group_routes>(checked_threads(threads),
+                                                     std::size_t{4} * opts_.max_peers * threads))
+    , local_listener_(listen_no_device(addr, port, opts_))
+    , port_(port) { // as listen_no_device picked it (port_ comes after local_listener_)
+    for (std::size_t w = 0; w < threads; ++w)
+        workers_.push_back(std::unique_ptr<server>(new server(
+            detail::no_device, *routes_, w, opts_))); // NOLINT(modernize-make-unique): private
 }
 
 server_group::server_group(detail::no_device_t none, std::string_view addr, std::uint16_t port,

@@ -1,7 +1,9 @@
+#include <arpa/inet.h>
 #include <array>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <netinet/in.h>
 #include <new>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -12,6 +14,7 @@
 #include <rdmax/detail/rpc/shm_link.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
+#include <rdmax/local/node_address.hpp>
 
 namespace rdmax::rpc {
 
@@ -42,10 +45,53 @@ std::size_t ring_capacity(std::uint16_t slots) noexcept {
 std::size_t round_page(std::size_t n) noexcept {
     return (n + page - 1) / page * page;
 }
+/// A port the kernel's TCP would hand out now (what rdma_cm does for port 0).
+std::uint16_t ephemeral_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        throw_error("socket(AF_INET)", errno, "a free port for an rpc server");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    socklen_t len = sizeof a;
+    const bool ok = ::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 &&
+                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (!ok)
+        throw_error("bind(AF_INET, port 0)", err, "a free port for an rpc server");
+    return ntohs(a.sin_port);
+}
+
+/// With no rdma_cm listener to pick the port: a free one whose node-local
+/// name no other server here holds.
+local::unix_listener listen_any_port(std::string_view addr, std::uint16_t& port) {
+    for (int attempt = 1;; ++attempt) {
+        const std::uint16_t p = ephemeral_port();
+        try {
+            local::unix_listener l(local_name(addr, p));
+            port = p;
+            return l;
+        } catch (const error& e) {
+            if (e.code().value() != EADDRINUSE || attempt == 16)
+                throw;
+        }
+    }
+}
 } // namespace
 
 std::string local_name(std::string_view addr, std::uint16_t port) {
     return fmt::format("rdmax-rpc/{}:{}", addr, port);
+}
+
+local::unix_listener listen_without_device(std::string_view addr, std::uint16_t& port) {
+    if (!local::is_node_address(addr))
+        throw_error("rpc::server", EADDRNOTAVAIL,
+                    fmt::format("{}: not an address of this node (without rdma, only peers on "
+                                "this node are served)",
+                                addr));
+    if (port != 0)
+        return local::unix_listener(local_name(addr, port));
+    return listen_any_port(addr, port);
 }
 
 namespace detail {

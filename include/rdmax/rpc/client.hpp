@@ -3,7 +3,7 @@
 // completion queue and one shared receive queue for all of them. See
 // wire.hpp for the protocol and server.hpp for the other side.
 //
-//     rpc::client cli(pd);
+//     rpc::client cli(pd);   // or cli(): no device, servers on this node only
 //     rpc::peer_id srv = cli.connect("192.0.2.1", 7471);
 //     rpc::call_result r = cli.call(srv, 1, rdmax::as_bytes_of(request));
 //     if (r.status == rpc::call_status::ok) use(r.reply);   // valid until the next poll or call
@@ -90,6 +90,9 @@ public:
     /// The protection domain must outlive the client. Throws rdmax::error.
     explicit client(const verbs::protection_domain& pd,
                     rpc_options opts = rpc_options{}.with_env());
+    /// With no device: reaches servers on this node only (transport::shm);
+    /// connect() to one elsewhere throws saying so. Throws where opts leave shm out.
+    explicit client(rpc_options opts = rpc_options{}.with_env());
     client(const client&) = delete;
     client& operator=(const client&) = delete;
     ~client();
@@ -156,11 +159,7 @@ public:
     /// Arms the completion channel and asks every peer to wake this side;
     /// false when something came meanwhile (or the device refused): poll()
     /// again instead of sleeping.
-    bool arm() noexcept {
-        if (holding_)
-            ring_held(); // nothing sleeps on a request not yet posted
-        return ep_.prepare_sleep();
-    }
+    bool arm() noexcept;
     /// Takes fd()'s events, tells the peers this side is awake, and has the
     /// next poll() look at connection events and deadlines.
     void awake() noexcept { ep_.woke(); }
@@ -174,6 +173,8 @@ public:
     [[nodiscard]] bool connected(peer_id p) const noexcept;
     /// True when the calls to `p` go through the node's memory, not the device.
     [[nodiscard]] bool is_local(peer_id p) const noexcept;
+    /// How the calls to `p` go now (nullopt: no connection at the moment).
+    [[nodiscard]] std::optional<rpc::transport> transport(peer_id p) const noexcept;
     /// The priority scheduler's counters of the connection to `p` (budget,
     /// slices, the rate and latency it measured); nullopt for no such peer
     /// or a node-local one.
@@ -227,8 +228,13 @@ private:
     // Connecting (client_connect.cpp).
     /// A connection to addr:port: node-local if it can, else through the device.
     std::unique_ptr<detail::link> dial(std::string_view addr, std::uint16_t port);
-    /// The node-local path to addr:port, or nullptr (take the device).
+    /// The node-local path to addr:port, or nullptr (take the device; why not in local_miss_).
     std::unique_ptr<detail::link> connect_local(std::string_view addr, std::uint16_t port);
+    std::string local_miss_;
+    /// The device may carry connections (a protection domain, and rdma in transports).
+    [[nodiscard]] bool device_ok() const noexcept;
+    /// No node-local path to addr:port and no device: throws why.
+    [[noreturn]] void unreachable(std::string_view addr, std::uint16_t port) const;
     /// The Unix channel of a server on this node that answers addr:port, if any.
     [[nodiscard]] local::unix_channel find_local_server(std::string_view addr, std::uint16_t port);
     /// The node-local handshake on `ch`, or nullptr (refused: take the device).

@@ -76,7 +76,9 @@ struct rpc_counters {
     std::uint64_t stray_completions = 0;  ///< receive completions of no live connection
     // Connections.
     std::uint64_t connected = 0; ///< connections made (accepted or connected)
-    std::uint64_t refused = 0;   ///< connection requests refused (bad offer, too many peers)
+    /// Of those, through the node's memory (transport::shm); the rest through the device.
+    std::uint64_t connected_local = 0;
+    std::uint64_t refused = 0; ///< connection requests refused (bad offer, too many peers)
     /// Why the last connection was refused (count_refusal): an errno (0:
     /// none) and what happened, in a few words ("" before the first).
     struct refusal {
@@ -166,7 +168,8 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "unknown outcomes {} duplicates {} goaways {} "
             "bytes in {} out {} unknown method {} "
             "rejected {} (kind {} slot {} length {} malformed {} credit {} opcode {}) "
-            "stray {} connected {} refused {} (last: {}{}{}) disconnected {} link failures {} "
+            "stray {} connected {} (node-local {}) refused {} (last: {}{}{}) disconnected {} link "
+            "failures {} "
             "(last: {}) "
             "last link event {} ({})",
             c.calls, c.completed, c.failed, c.timed_out, c.cancelled, c.late_replies, c.no_credit,
@@ -175,7 +178,7 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             c.reconnects, c.reconnect_attempts, c.retried_calls, c.unknown_outcomes, c.duplicates,
             c.goaways, c.bytes_in, c.bytes_out, c.unknown_method, c.rejected(), c.rejected_kind,
             c.rejected_slot, c.rejected_length, c.rejected_malformed, c.rejected_credit,
-            c.rejected_opcode, c.stray_completions, c.connected, c.refused,
+            c.rejected_opcode, c.stray_completions, c.connected, c.connected_local, c.refused,
             c.refused == 0 ? "none" : c.last_refusal.what(), c.last_refusal.error == 0 ? "" : ": ",
             c.last_refusal.error == 0 ? std::string_view{}
                                       : std::string_view{std::strerror(c.last_refusal.error)},

@@ -7,7 +7,10 @@
 // which the constructors' default argument calls.
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <tuple>
 
 #include <rdmax/config/knob.hpp>
@@ -16,6 +19,51 @@
 #include <rdmax/sched/scheduler_options.hpp>
 
 namespace rdmax::rpc {
+
+/// How a connection's bytes go (rpc::client::transport).
+enum class transport : std::uint8_t {
+    rdma = 1, ///< through the RDMA device: rdma_cm, write-with-immediate, READ and WRITE
+    shm = 2,  ///< between processes on one node: a shared segment, and CMA for large bodies
+};
+[[nodiscard]] constexpr std::string_view to_string(transport t) noexcept {
+    return t == transport::rdma ? "rdma" : "shm";
+}
+
+/// The transports an endpoint may use (rpc_options::transports).
+struct transport_set {
+    std::uint8_t bits = 0;
+    [[nodiscard]] constexpr bool has(transport t) const noexcept {
+        return (bits & static_cast<std::uint8_t>(t)) != 0;
+    }
+    friend constexpr transport_set operator|(transport_set s, transport t) noexcept {
+        return {static_cast<std::uint8_t>(s.bits | static_cast<std::uint8_t>(t))};
+    }
+    friend constexpr bool operator==(transport_set, transport_set) noexcept = default;
+};
+inline constexpr transport_set all_transports = transport_set{} | transport::rdma | transport::shm;
+
+/// RDMAX_RPC_TRANSPORTS' parser: a comma list of rdma and shm, in any order
+/// (UCX_TLS's way). tcp is refused with its reason: not in this version.
+struct transport_list {
+    template <class T>
+        requires std::same_as<T, transport_set>
+    [[nodiscard]] transport_set parse(const char* who, std::string_view name,
+                                      std::string_view text) const {
+        return parse_transports(who, name, text);
+    }
+    template <class T>
+    [[nodiscard]] std::string format(transport_set v) const {
+        return format_transports(v);
+    }
+    template <class T>
+    [[nodiscard]] std::string range() const {
+        return "a comma list of rdma, shm";
+    }
+    /// Throws rdmax::error naming the variable, the value and why.
+    static transport_set parse_transports(const char* who, std::string_view name,
+                                          std::string_view text);
+    static std::string format_transports(transport_set v);
+};
 
 struct rpc_options {
     /// Slots per connection: calls in flight on it at most (the client asks,
@@ -75,6 +123,12 @@ struct rpc_options {
     /// of the device: the server also answers on a Unix name, the client tries
     /// it first (RDMAX_RPC_LOCAL=0: always the device).
     bool local = true;
+    /// The transports this endpoint may use, UCX_TLS's way: a set, and each
+    /// peer takes the best one both ends have, shm for a peer on this node
+    /// (with `local`), else rdma. rdma needs a protection domain: a server
+    /// or client built without one has shm alone (docs/rpc.md, "Without a
+    /// device"). tcp: not yet (RDMAX_RPC_TRANSPORTS refuses it).
+    transport_set transports = all_transports;
     /// Whom a client lets read and write its memory by CMA where Yama's
     /// ptrace_scope is 1 (only descendants otherwise): the server on this
     /// node reads large bodies from it and writes large replies into it.
@@ -100,6 +154,10 @@ struct rpc_options {
     [[nodiscard]] rpc_options with_env() const;
     /// Throws rdmax::error if a field is out of range.
     void check(const char* who) const;
+    /// Peers on this node go through the node's memory (shm listed, and `local`).
+    [[nodiscard]] bool node_local() const noexcept {
+        return local && transports.has(transport::shm);
+    }
     /// `arena` as the rings' arena uses it: registered for local write alone
     /// (each ring gets a key of its own), in areas of at least 2 MiB.
     [[nodiscard]] arena_options ring_arena() const;
@@ -158,6 +216,8 @@ inline constexpr std::tuple rpc_knobs{
                                                     {"any", rpc_options::ptracer_grant::any}}),
         "under Yama scope 1, whom a client lets use CMA on it: its first node-local "
         "server, `any`, `off`"},
+    config::knob{"RDMAX_RPC_TRANSPORTS", &rpc_options::transports, transport_list{},
+                 "transports to use, comma list (`rdma`, `shm`); no device: shm alone"},
 };
 
 } // namespace rdmax::rpc

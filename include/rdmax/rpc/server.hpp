@@ -3,7 +3,7 @@
 // one shared receive queue (LITE's RPC, seed 001; eRPC's sessions and
 // credits). See wire.hpp for the protocol.
 //
-//     rpc::server srv(pd, "0.0.0.0", 7471);
+//     rpc::server srv(pd, "0.0.0.0", 7471);   // or srv("0.0.0.0", 7471): this node only
 //     srv.on(1, [](rpc::request_context& c) { c.reply(c.body()); });  // echo
 //     for (;;) srv.wait(100ms);   // or poll() in a spin loop, or fd() in epoll
 //
@@ -46,6 +46,7 @@
 #include <rdmax/detail/rpc/arena_block.hpp>
 #include <rdmax/detail/rpc/endpoint.hpp>
 #include <rdmax/detail/rpc/reply_cache.hpp>
+#include <rdmax/detail/rpc/server_slot.hpp>
 #include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/peer_id.hpp>
@@ -130,6 +131,11 @@ public:
     /// request on another device is refused). Throws rdmax::error.
     server(const verbs::protection_domain& pd, std::string_view addr, std::uint16_t port,
            rpc_options opts = rpc_options{}.with_env());
+    /// With no device: answers peers on this node only (transport::shm), on
+    /// addr:port as they name it (addr: an address of this node, or a
+    /// wildcard; port 0: a free one). Throws rdmax::error where opts leave
+    /// shm out, or another server on this node answers addr:port.
+    server(std::string_view addr, std::uint16_t port, rpc_options opts = rpc_options{}.with_env());
     server(const server&) = delete;
     server& operator=(const server&) = delete;
     ~server();
@@ -175,7 +181,7 @@ public:
     [[nodiscard]] std::size_t cached_clients() const noexcept { return cache_.clients(); }
     [[nodiscard]] std::size_t cached_calls() const noexcept { return cache_.entries(); }
 
-    [[nodiscard]] std::uint16_t port() const noexcept { return listener_.port(); }
+    [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
     [[nodiscard]] std::size_t peers() const noexcept { return live_; }
     /// The priority scheduler's counters of the connection to `p`; nullopt
     /// for no such peer or a node-local one.
@@ -205,31 +211,8 @@ private:
     detail::group_routes* group_ = nullptr;
     std::size_t worker_ = 0;
 
-    struct slot_state {
-        bool busy = false; ///< a request arrived, its answer is not yet sent
-        std::uint32_t seq = 0;
-        std::uint8_t prio = 0;
-        std::uint16_t method = 0;
-        std::optional<buffer_descriptor> reply_buffer;
-        /// The block (in peer::blocks) its request body is read into, or no_block.
-        std::uint16_t body_at = no_block;
-        /// The epoch of the call in the slot, as its immediate said.
-        bool epoch = false;
-        /// The call_seq of the last request accepted into the slot (valid
-        /// once accepted_any): a request not newer is a replay of one taken
-        /// already (a late immediate against its bytes), dropped.
-        std::uint32_t last_seq = 0;
-        bool accepted_any = false;
-        /// The handler ran (the answer may be deferred); until then a call
-        /// whose connection goes never ran.
-        bool ran = false;
-        bool idempotent = false;
-        std::uint32_t bytes = 0; ///< the request's, in the ring (a waiting copy runs from there)
-        std::uint64_t call_id = 0;
-        /// Its entry in the reply cache (calls not idempotent).
-        std::optional<detail::reply_cache::entry_ref> kept;
-    };
-    static constexpr std::uint16_t no_block = 0xffff;
+    using slot_state = detail::server_slot;
+    static constexpr std::uint16_t no_block = detail::no_block;
     // What a body transfer's wr_id names: bits 56.. the kind, 16..31 the
     // block, 0..15 the slot (a reply's send completes only on failure).
     static constexpr std::uint64_t tag_read = 1;
@@ -368,8 +351,12 @@ private:
 
     rpc_options opts_;
     detail::endpoint<peer> ep_;
-    verbs::listener listener_;
+    verbs::listener listener_; ///< listens nowhere without a device (or rdma)
+    std::uint16_t port_ = 0;
     std::optional<local::unix_listener> local_listener_; ///< peers on this node
+    /// The node-local listener on addr:port (port 0: a free one); `needed`:
+    /// throws if it cannot be made, else says why and goes on without.
+    void listen_local(std::string_view addr, bool needed);
     /// A node-local connection whose hello has not all come yet.
     struct handshake {
         local::unix_channel ch;

@@ -4,7 +4,7 @@
 // rings, reply cache): nothing is shared on the call path, so no call takes
 // a lock. eRPC's one endpoint per thread, behind one address.
 //
-//     rpc::server_group g(pd, "0.0.0.0", 7471, 4);          // 4 workers
+//     rpc::server_group g(pd, "0.0.0.0", 7471, 4);          // 4 workers (no pd: this node only)
 //     g.on(1, [](rpc::request_context& c) { c.reply(c.body()); });
 //     g.start();                                             // the threads run
 //     ...
@@ -55,6 +55,10 @@ public:
     /// Nothing runs until start(). Throws rdmax::error.
     server_group(const verbs::protection_domain& pd, std::string_view addr, std::uint16_t port,
                  std::size_t threads, rpc_options opts = rpc_options{}.with_env());
+    /// With no device: the workers serve peers on this node only, as
+    /// rpc::server(addr, port, opts) does (docs/rpc.md, "Without a device").
+    server_group(std::string_view addr, std::uint16_t port, std::size_t threads,
+                 rpc_options opts = rpc_options{}.with_env());
     server_group(const server_group&) = delete;
     server_group& operator=(const server_group&) = delete;
     /// stop(5 s); then waits for any worker still in a handler.

@@ -62,6 +62,12 @@ inline constexpr std::uint32_t local_ok = 0, local_no_cma = 1, local_refused = 2
 
 /// The abstract Unix name a server listening on addr:port also answers on.
 [[nodiscard]] std::string local_name(std::string_view addr, std::uint16_t port);
+/// The node-local listener of a server (or group) with no rdma_cm listener:
+/// on local_name(addr, port), port 0 taking a free port (written back; one
+/// the kernel's TCP would hand out, whose name is free here). Throws
+/// rdmax::error: addr not this node's (nor a wildcard), the name taken.
+[[nodiscard]] local::unix_listener listen_without_device(std::string_view addr,
+                                                         std::uint16_t& port);
 
 namespace detail {
 

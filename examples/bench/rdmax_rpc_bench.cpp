@@ -6,7 +6,9 @@
 //                   [--api poll,awaitable,callback] [--spin-us N] [--no-batch]
 //
 // "rdmax" is rdmax::rpc through the device, "local" the same calls through
-// the node's memory (both ends are on this node: shared rings, CMA). The
+// the node's memory (both ends are on this node: shared rings, CMA); with
+// only local and tcp asked for, no device is opened (a machine without RDMA:
+// rpc::server and rpc::client built with no device, on 127.0.0.1). The
 // server runs in a thread of this process (one thread for all clients,
 // spinning); the clients run in the main thread, each with K calls in
 // flight, each request carrying its own bytes, and every reply is checked
@@ -51,6 +53,7 @@
 #include <memory>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <optional>
 #include <poll.h>
 #include <string>
 #include <sys/socket.h>
@@ -150,12 +153,25 @@ struct call_slot {
 
 // ---- rdmax::rpc ----------------------------------------------------------------------------
 
-figures run_rpc(const verbs::protection_domain& pd, const std::string& addr, const point& p,
+/// A server and clients through the device where there is one (`pd`), else
+/// node-local alone (rpc::server and rpc::client built with no device).
+std::unique_ptr<rpc::server> make_server(const verbs::protection_domain* pd,
+                                         const std::string& addr, const rpc::rpc_options& o) {
+    return pd != nullptr ? std::make_unique<rpc::server>(*pd, addr, 0, o)
+                         : std::make_unique<rpc::server>(addr, 0, o);
+}
+std::unique_ptr<rpc::client> make_client(const verbs::protection_domain* pd,
+                                         const rpc::rpc_options& o) {
+    return pd != nullptr ? std::make_unique<rpc::client>(*pd, o) : std::make_unique<rpc::client>(o);
+}
+
+figures run_rpc(const verbs::protection_domain* pd, const std::string& addr, const point& p,
                 long calls, double per_us, bool local) {
     rpc::rpc_options o = rpc::rpc_options{}.with_env();
     o.local = local; // "rdmax": through the device; "local": through the node's memory
     o.slots = static_cast<std::uint16_t>(std::max(p.outstanding, 1));
-    rpc::server srv(pd, addr, 0, o);
+    const std::unique_ptr<rpc::server> made = make_server(pd, addr, o);
+    rpc::server& srv = *made;
     srv.on(1, [](rpc::request_context& c) { c.reply(c.body()); });
     std::atomic<bool> stop{false};
     std::thread serve([&] {
@@ -172,7 +188,7 @@ figures run_rpc(const verbs::protection_domain& pd, const std::string& addr, con
     figures f;
     try {
         for (auto& c : cs) {
-            c.cli = std::make_unique<rpc::client>(pd, o);
+            c.cli = make_client(pd, o);
             c.peer = c.cli->connect(addr, srv.port());
             c.slots.resize(static_cast<std::size_t>(p.outstanding));
             for (auto& s : c.slots)
@@ -300,12 +316,13 @@ private:
     std::vector<call_slot> lanes_;
 };
 
-figures run_rpc_async(const verbs::protection_domain& pd, const std::string& addr, const point& p,
+figures run_rpc_async(const verbs::protection_domain* pd, const std::string& addr, const point& p,
                       long calls, double per_us, bool local, long spin_us, bool batch) {
     rpc::rpc_options o = rpc::rpc_options{}.with_env();
     o.local = local;
     o.slots = static_cast<std::uint16_t>(std::max(p.outstanding, 1));
-    rpc::server srv(pd, addr, 0, o);
+    const std::unique_ptr<rpc::server> made = make_server(pd, addr, o);
+    rpc::server& srv = *made;
     srv.on(1, [](rpc::request_context& c) { c.reply(c.body()); });
     std::atomic<bool> stop{false};
     std::thread serve([&] {
@@ -315,7 +332,8 @@ figures run_rpc_async(const verbs::protection_domain& pd, const std::string& add
     figures f;
     try {
         asio::io_context io(1); // one thread runs it: Asio takes fewer locks
-        rpc::client cli(pd, o);
+        const std::unique_ptr<rpc::client> made_cli = make_client(pd, o);
+        rpc::client& cli = *made_cli;
         const rpc::peer_id peer = cli.connect(addr, srv.port());
         rpc::async_options ao;
         ao.spin_for = std::chrono::microseconds(spin_us);
@@ -844,7 +862,7 @@ figures run_tcp(const point& p, long calls, double per_us) {
 }
 
 /// An rdmax or local point through the Asio adapter (--api awaitable or callback).
-figures run_async(const verbs::protection_domain& pd, const std::string& addr, const point& p,
+figures run_async(const verbs::protection_domain* pd, const std::string& addr, const point& p,
                   long calls, double per_us, bool local, long spin_us, bool batch) {
 #ifdef RDMAX_BENCH_ASIO
     if (p.api != "awaitable" && p.api != "callback")
@@ -876,6 +894,7 @@ int main(int argc, char** argv) {
     std::string apis = "poll";
     long calls = 2000, spin_us = 0;
     bool batch = true; ///< --no-batch: async_options::batch_doorbells off
+    bool addr_given = false;
     static const option longs[] = {{"sweep", required_argument, nullptr, 'w'},
                                    {"transports", required_argument, nullptr, 'T'},
                                    {"json", required_argument, nullptr, 'j'},
@@ -886,7 +905,10 @@ int main(int argc, char** argv) {
                                    {nullptr, 0, nullptr, 0}};
     for (int c; (c = getopt_long(argc, argv, "a:n:h", longs, nullptr)) != -1;) {
         switch (c) {
-        case 'a': addr = optarg; break;
+        case 'a':
+            addr = optarg;
+            addr_given = true;
+            break;
         case 'n': calls = std::max(10L, std::atol(optarg)); break;
         case 'w': sweep = optarg; break;
         case 'T': transports = optarg; break;
@@ -931,8 +953,19 @@ int main(int argc, char** argv) {
         if (points.empty())
             throw bench_failure(
                 fmt::format("--sweep {}: size, outstanding, clients, api or all", sweep));
-        verbs::context ctx = verbs::context::open_by_address(addr);
-        verbs::protection_domain pd(ctx);
+        // The device, where a transport needs it; "local" and "tcp" run without
+        // one (natively, on a machine with no RDMA), then on 127.0.0.1 unless -a.
+        const auto needs_device = [](const std::string& t) { return t != "local" && t != "tcp"; };
+        const auto ts = split(transports);
+        std::optional<verbs::context> ctx;
+        std::optional<verbs::protection_domain> pd;
+        if (std::any_of(ts.begin(), ts.end(), needs_device)) {
+            ctx.emplace(verbs::context::open_by_address(addr));
+            pd.emplace(*ctx);
+        } else if (!addr_given) {
+            addr = "127.0.0.1";
+        }
+        const verbs::protection_domain* dev = pd ? &*pd : nullptr;
         const double per_us = estimate_cycles_per_us();
         std::FILE* out = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
         if (!json.empty() && out == nullptr)
@@ -951,17 +984,17 @@ int main(int argc, char** argv) {
             figures f;
             const bool rpc_path = p.transport == "rdmax" || p.transport == "local";
             if (rpc_path && p.api != "poll")
-                f = run_async(pd, addr, p, n, per_us, p.transport == "local", spin_us, batch);
+                f = run_async(dev, addr, p, n, per_us, p.transport == "local", spin_us, batch);
             else if (p.transport == "rdmax")
-                f = run_rpc(pd, addr, p, n, per_us, false);
+                f = run_rpc(dev, addr, p, n, per_us, false);
             else if (p.transport == "local")
-                f = run_rpc(pd, addr, p, n, per_us, true);
+                f = run_rpc(dev, addr, p, n, per_us, true);
             else if (p.transport == "sendrecv")
-                f = run_sendrecv(pd, addr, p, n, per_us);
+                f = run_sendrecv(*pd, addr, p, n, per_us);
             else if (p.transport == "tcp")
                 f = run_tcp(p, n, per_us);
             else if (p.transport == "writeimm")
-                f = run_writeimm(pd, addr, p, n, per_us);
+                f = run_writeimm(*pd, addr, p, n, per_us);
             else
                 throw bench_failure(
                     fmt::format("transport {}: rdmax, sendrecv or tcp", p.transport));

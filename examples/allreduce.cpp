@@ -23,13 +23,11 @@
 // go round once more, written straight into the neighbour's vector. Each write
 // carries an immediate, which raises a receive completion at the neighbour only
 // once all the chunk's bytes are there: the arrival costs no extra message.
-// Two leaders with small vectors (up to 4 KiB) skip the ring's two steps:
-// recursive doubling on two is one exchange, each writing its whole vector
-// into the other's staging vector and adding what came (the same bytes, one
-// latency instead of two; from 8 KiB soft-RoCE moved the ring's two halves
-// faster, docs/bench-allreduce.md). With more leaders doubling needs links
-// beyond the ring's (leader k and k XOR 2^j): the ring serves them. Every
-// leader knows the leader count and the size, so all agree.
+// Two leaders skip the ring's two steps: recursive doubling on two is one
+// exchange, each writing its whole vector into the other's staging vector
+// and adding what came (the same bytes, one latency instead of two). With
+// more leaders it needs links beyond the ring's (leader k and k XOR 2^j):
+// the ring serves them. Every leader knows the leader count, so all agree.
 // The vectors live in a registered arena, so nothing is registered per call.
 // On a node: local::allreduce reduces by shares in the ranks' windows, then
 // local::broadcast copies the leader's result out (docs/local.md).
@@ -114,7 +112,7 @@ public:
         , arena_(verbs_registrar(pd_), arena_options{}.with_env())
         , res_(arena_)
         , vec_(o.count, &res_)
-        , staging_(exchanges(o) ? 2 * o.count : o.count, &res_) {
+        , staging_(size_ == 2 ? 2 * o.count : o.count, &res_) {
         connect(o);
     }
     /// The leader's vector: registered, so the neighbour writes straight into it.
@@ -122,7 +120,7 @@ public:
 
     /// Sums data() over the leaders (each holding its node's sum).
     void allreduce(int it) {
-        if (staging_.size() > vec_.size()) { // exchanges(): doubling on two
+        if (size_ == 2) {
             exchange(it);
             return;
         }
@@ -144,11 +142,6 @@ public:
     }
 
 private:
-    /// Whether the leaders exchange their vectors (recursive doubling on
-    /// two) rather than run the ring: all leaders decide it alike.
-    static bool exchanges(const options& o) {
-        return o.nodes() == 2 && o.count * sizeof(float) <= 4096;
-    }
     /// Two leaders: each writes its whole vector into the half of the other's
     /// staging vector that the call's parity picks (the other may still be
     /// adding the last call's, but not the one before: it must have sent its

@@ -18,7 +18,7 @@
 // summed chunks travel once more around the ring. Every rank sends and
 // receives 2 (N-1)/N of the vector, whatever N. On two ranks the ring is
 // two steps, each a message's latency; recursive doubling (--algo doubling,
-// and auto's choice on two ranks up to 4 KiB) is one: each rank writes its whole vector
+// and auto's choice on two ranks) is one: each rank writes its whole vector
 // into the other's staging vector and adds the one it got, the same bytes in
 // one round trip instead of two, at the price of adding all of the vector
 // rather than half. With more ranks it would need links beyond the ring's
@@ -158,7 +158,7 @@ mode, then per-call's ratios to cache and arena, call by call.
   --spin          --wait spin
   --algo ALGO     ring: the ring at every size; doubling: recursive doubling,
                   one exchange of the whole vector (2 ranks only); auto (the
-                  default): doubling on 2 ranks up to 4 KiB, else the ring
+                  default): doubling on 2 ranks, the ring on more
 )";
 
 struct usage_error : std::runtime_error {
@@ -201,18 +201,13 @@ struct options {
     std::chrono::microseconds spin_budget{-1}; ///< --spin-us; -1: the wait mode's default
     algorithm algo = algorithm::automatic;
 
-    /// Vectors up to this go by recursive doubling under --algo auto on two
-    /// ranks: there one message beats the ring's two; from 8 KiB to 16 KiB
-    /// soft-RoCE took 1.6-2.6x longer for the one write of the whole vector
-    /// than for the ring's two halves, and from 32 KiB they tie
-    /// (docs/bench-allreduce.md, "Two guests").
-    static constexpr std::uint64_t auto_doubling_max = 4096;
-
-    /// Whether calls of `bytes` go by recursive doubling: decided from what
+    /// Whether calls go by recursive doubling: on two ranks under --algo auto,
+    /// at every size: across two guests it beat the ring from 4 KiB to 256 KiB
+    /// (on one guest's loopback the ring's two halves were faster at 8 and 16
+    /// KiB; docs/bench-allreduce.md, "Two guests"). Decided from the options
     /// every rank was given alike (checked at connection), so all agree.
-    [[nodiscard]] bool doubling(std::uint64_t bytes) const noexcept {
-        return algo == algorithm::doubling ||
-               (algo == algorithm::automatic && ranks == 2 && bytes <= auto_doubling_max);
+    [[nodiscard]] bool doubling() const noexcept {
+        return algo == algorithm::doubling || (algo == algorithm::automatic && ranks == 2);
     }
 };
 
@@ -241,7 +236,7 @@ struct hello {
     std::uint32_t iters = 0;
     std::uint16_t warmup = 0;
     std::uint16_t interleave = 0;
-    std::uint32_t algo = 0;
+    std::uint32_t doubling = 0;
 };
 static_assert(sizeof(hello) <= verbs::max_connect_payload);
 static_assert(sizeof(hello) <= verbs::max_accept_payload);
@@ -499,7 +494,7 @@ public:
                        .iters = o.iters,
                        .warmup = static_cast<std::uint16_t>(o.warmup),
                        .interleave = o.interleave ? std::uint16_t{1} : std::uint16_t{0},
-                       .algo = static_cast<std::uint32_t>(o.algo)};
+                       .doubling = o.doubling() ? 1U : 0U};
         // Connect and accept in an order that cannot deadlock: rank 0
         // connects first, the others accept first, so the connects ripple
         // round the ring 0 -> 1 -> ... -> N-1 -> 0.
@@ -528,11 +523,11 @@ public:
     [[nodiscard]] int ranks() const noexcept { return ranks_; }
     [[nodiscard]] const verbs::protection_domain& pd() const noexcept { return pd_; }
     [[nodiscard]] std::uint32_t max_message() { return to_right_->qp().max_message(); }
-    [[nodiscard]] bool doubling(std::uint64_t bytes) const noexcept { return o_.doubling(bytes); }
+    [[nodiscard]] bool doubling() const noexcept { return o_.doubling(); }
     /// The staging vector's floats for a vector of `bytes`: recursive doubling
     /// lands whole vectors in it, in two halves used call by call in turn.
     [[nodiscard]] std::size_t staging_floats(std::uint64_t bytes) const noexcept {
-        return (doubling(bytes) ? 2 : 1) * (bytes / sizeof(float));
+        return (doubling() ? 2 : 1) * (bytes / sizeof(float));
     }
 
     /// Sends this rank's tokens to its left neighbour, which writes into it.
@@ -622,14 +617,14 @@ private:
                                                  left ? "left" : "right", h->rank));
         if (h->ranks != me.ranks || h->modes != me.modes || h->min_bytes != me.min_bytes ||
             h->max_bytes != me.max_bytes || h->iters != me.iters || h->warmup != me.warmup ||
-            h->interleave != me.interleave || h->algo != me.algo)
+            h->interleave != me.interleave || h->doubling != me.doubling)
             throw std::runtime_error(fmt::format(
                 "rank {} runs other options (-n {} -s {} -S {} -i {} -w {} modes {:#x} "
-                "interleaved {} algo {}; mine: -n {} -s {} -S {} -i {} -w {} modes {:#x} "
-                "interleaved {} algo {})",
+                "interleaved {} doubling {}; mine: -n {} -s {} -S {} -i {} -w {} modes {:#x} "
+                "interleaved {} doubling {})",
                 peer, h->ranks, h->min_bytes, h->max_bytes, h->iters, h->warmup, h->modes,
-                h->interleave, h->algo, me.ranks, me.min_bytes, me.max_bytes, me.iters, me.warmup,
-                me.modes, me.interleave, me.algo));
+                h->interleave, h->doubling, me.ranks, me.min_bytes, me.max_bytes, me.iters,
+                me.warmup, me.modes, me.interleave, me.doubling));
     }
 
     /// Connects to the right neighbour, retrying while its listener is not
@@ -867,7 +862,7 @@ void doubling_allreduce(ring& R, std::span<float> data, std::span<const float> s
 /// One allreduce by the algorithm the options chose (ring.doubling()).
 void allreduce(ring& R, std::span<float> data, std::span<const float> staging, std::uint32_t lkey,
                const tokens& right, std::uint64_t call) {
-    if (R.doubling(data.size_bytes()))
+    if (R.doubling())
         doubling_allreduce(R, data, staging, lkey, right, call);
     else
         ring_allreduce(R, data, staging, lkey, right, call);
@@ -1334,11 +1329,7 @@ int main_rank(const options& o) {
     if (lead)
         fmt::print("allreduce: {} ranks in a ring on {}, {}, sizes {} to {} bytes; modes {}, "
                    "{} warm-up rounds; waiting: {}\n",
-                   o.ranks, o.hosts[0],
-                   o.algo == algorithm::ring       ? "ring algorithm"
-                   : o.algo == algorithm::doubling ? "recursive doubling"
-                   : o.ranks == 2                  ? "recursive doubling up to 4 KiB, then the ring"
-                                                   : "ring algorithm",
+                   o.ranks, o.hosts[0], o.doubling() ? "recursive doubling" : "ring algorithm",
                    o.min_bytes, o.max_bytes,
                    o.interleave ? "interleaved (rotated every round)" : "one after another",
                    o.warmup, describe(o));

@@ -202,10 +202,11 @@ struct options {
     algorithm algo = algorithm::automatic;
 
     /// Whether calls go by recursive doubling: on two ranks under --algo auto,
-    /// at every size: across two guests it beat the ring from 4 KiB to 256 KiB
-    /// (on one guest's loopback the ring's two halves were faster at 8 and 16
-    /// KiB; docs/bench-allreduce.md, "Two guests"). Decided from the options
-    /// every rank was given alike (checked at connection), so all agree.
+    /// at every size: across two guests it beat the ring from 8 KiB to 64 KiB
+    /// and tied above (on one guest's loopback the ring's two halves were
+    /// faster at 8 and 16 KiB; docs/bench-allreduce.md, "Two guests").
+    /// Decided from the options every rank was given alike (checked at
+    /// connection), so all agree.
     [[nodiscard]] bool doubling() const noexcept {
         return algo == algorithm::doubling || (algo == algorithm::automatic && ranks == 2);
     }

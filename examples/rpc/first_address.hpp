@@ -4,6 +4,7 @@
 // listener needs a device's address: on a wildcard one, rdma_cm could not say
 // on which device to make the queue pairs.
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -12,6 +13,16 @@
 #include <rdmax/rdmax.hpp>
 
 namespace rdmax::examples {
+
+/// The first device with an ACTIVE port, or none: on a machine without RDMA
+/// the RPC examples serve and reach the processes of this node only.
+inline std::optional<verbs::context> active_device() {
+    try {
+        return verbs::context::open_first_active();
+    } catch (const rdmax::error&) {
+        return std::nullopt;
+    }
+}
 
 /// Its RoCE v2 GID is the address mapped into IPv6 (::ffff:a.b.c.d).
 inline std::string first_active_ipv4() {

@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string_view>
+#include <unistd.h>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -240,20 +243,17 @@ void client::grant_cma(pid_t server) noexcept {
 
 local::unix_channel client::find_local_server(std::string_view addr, std::uint16_t port) {
     local::unix_channel ch;
-    try {
-        ch = local::unix_channel::connect(local_name(addr, port));
-        return ch;
-    } catch (const error&) {
-    }
-    // Nobody answers that name. A server on this node listening on a
-    // wildcard address answers for every address of the node: try its
-    // names, but only if addr is this node's (else the server on the port
-    // here would be the wrong one).
+    // Only an address of this node can have its server here. The abstract
+    // namespace has no owners: a name for another node's address is anyone's
+    // to take, and a client that tried it would hand its calls to whoever
+    // did, not to the server it named.
     if (!local::is_node_address(addr))
         return ch;
-    for (const std::string_view any : {"0.0.0.0", "::"}) {
+    // The server on addr itself, else one on a wildcard address, which
+    // answers for every address of the node.
+    for (const std::string_view a : {addr, std::string_view{"0.0.0.0"}, std::string_view{"::"}}) {
         try {
-            ch = local::unix_channel::connect(local_name(any, port));
+            ch = local::unix_channel::connect(local_name(a, port));
             break;
         } catch (const error&) {
         }
@@ -267,11 +267,23 @@ std::unique_ptr<detail::link> client::connect_local(std::string_view addr, std::
         local_miss_ = fmt::format("no node-local server at {}:{}", addr, port);
         return nullptr; // the server is not on this node
     }
+    // Whoever holds the name gets this client's requests: only a process of
+    // this user, or root, is trusted with them (another user's could not
+    // read this process's memory by CMA anyway, so no real server is lost).
+    std::vector<int> none;
+    local::peer_credentials who{};
     try {
-        grant_cma(ch.peer().pid); // the process that listens on the name
-    } catch (const error&) {
-        // No credentials: the probe in the handshake tells whether CMA works anyway.
+        who = ch.peer();
+    } catch (const error& e) {
+        return refuse_local(none, e.code().value(), "the node-local server's credentials", addr,
+                            port, fmt::format("its credentials are unknown ({})", e.what()));
     }
+    if (who.uid != ::geteuid() && who.uid != 0)
+        return refuse_local(none, EACCES, "the node-local name is another user's", addr, port,
+                            fmt::format("its node-local name is held by uid {} (pid {}), neither "
+                                        "this user nor root: not trusted with calls",
+                                        who.uid, who.pid));
+    grant_cma(who.pid); // the process that listens on the name
     return local_handshake(std::move(ch), addr, port);
 }
 

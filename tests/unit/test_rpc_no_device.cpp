@@ -10,20 +10,25 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <grp.h>
 #include <optional>
 #include <poll.h>
 #include <span>
 #include <spawn.h>
 #include <string>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <system_error>
 #include <thread>
 #include <unistd.h>
 #include <vector>
 
+#include <rdmax/detail/rpc/shm_link.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/rpc/client.hpp>
 #include <rdmax/rpc/server.hpp>
@@ -146,6 +151,74 @@ std::optional<error> connect_error(rpc::client& c, const char* addr, std::uint16
     return std::nullopt;
 }
 
+/// A process holding a server's node-local name (rdmax-rpc/ADDR:PORT) that
+/// is no rdmax server: it notes whether a client sent it anything. Started
+/// by fork, its body raw system calls alone (this process runs threads);
+/// `uid` nonzero: it drops to that user (and group) first, as root may.
+struct squatter {
+    pid_t pid = -1;
+    int done[2] = {-1, -1}; ///< the test closes done[1]: nothing more will come
+
+    squatter(const std::string& name, uid_t uid) {
+        int ready[2];
+        REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+        REQUIRE(::pipe2(done, O_CLOEXEC) == 0);
+        pid = test::spawn([&] {
+            ::close(ready[0]);
+            ::close(done[1]);
+            if (uid != 0 && (::setgroups(0, nullptr) != 0 || ::setresgid(uid, uid, uid) != 0 ||
+                             ::setresuid(uid, uid, uid) != 0))
+                return 2;
+            sockaddr_un a{};
+            a.sun_family = AF_UNIX;
+            std::memcpy(a.sun_path + 1, name.data(), name.size()); // abstract
+            const auto len =
+                static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+            const int l = ::socket(AF_UNIX, SOCK_STREAM, 0);
+            if (l < 0 || ::bind(l, reinterpret_cast<const sockaddr*>(&a), len) != 0 ||
+                ::listen(l, 4) != 0)
+                return 2;
+            if (::write(ready[1], "r", 1) != 1)
+                return 2;
+            // Until the test is done: any byte a client sends is a hello
+            // this process should never have seen.
+            pollfd pf[2] = {{l, POLLIN, 0}, {done[0], POLLIN, 0}};
+            while (::poll(pf, 2, 20000) > 0 && pf[1].revents == 0) {
+                const int c = ::accept(l, nullptr, nullptr);
+                if (c < 0)
+                    return 2;
+                pollfd pc[2] = {{c, POLLIN, 0}, {done[0], POLLIN, 0}};
+                char b[64];
+                if (::poll(pc, 2, 20000) > 0 && pc[0].revents != 0 && ::read(c, b, sizeof b) > 0)
+                    return 1;
+                ::close(c);
+            }
+            return 0;
+        });
+        ::close(ready[1]);
+        ::close(done[0]);
+        done[0] = -1;
+        pollfd pf{ready[0], POLLIN, 0};
+        char c = 0;
+        const bool up = ::poll(&pf, 1, 10000) == 1 && ::read(ready[0], &c, 1) == 1;
+        ::close(ready[0]);
+        REQUIRE(up); // it holds the name within 10 s
+    }
+    squatter(const squatter&) = delete;
+    squatter& operator=(const squatter&) = delete;
+    ~squatter() { (void)finish(); }
+    /// 0: no client sent it a byte; 1: one did.
+    int finish() {
+        if (done[1] >= 0) {
+            ::close(done[1]);
+            done[1] = -1;
+        }
+        const int rc = pid > 0 ? test::reap(pid, std::chrono::seconds(10)) : -1;
+        pid = -1;
+        return rc;
+    }
+};
+
 } // namespace
 
 TEST_CASE("no device: a server in another process answers over shm, bodies over a slot by CMA",
@@ -247,6 +320,39 @@ TEST_CASE("no device: a client names the peer and the reason when the server is 
     CHECK_THAT(far->what(), Contains("192.0.2.1:7471") && Contains("no RDMA device here") &&
                                 Contains("no node-local server at 192.0.2.1:7471"));
     CHECK(cli.counters().connected == 0);
+}
+
+TEST_CASE("no device: a client does not hand its calls to another user's process on a "
+          "server's name",
+          "[no-device][squat]") {
+    // The abstract namespace has no owners: any process here may take the
+    // name a server would listen on before it does.
+    if (::geteuid() != 0) {
+        WARN("not root: no second user to squat the name with");
+        return;
+    }
+    const auto port = static_cast<std::uint16_t>(40000 + ::getpid() % 20000);
+    squatter sq(rpc::local_name("127.0.0.6", port), 65534);
+    rpc::client cli(options());
+    const std::optional<error> e = connect_error(cli, "127.0.0.6", port);
+    REQUIRE(e.has_value());
+    CHECK(e->code().value() == EHOSTUNREACH);
+    CHECK_THAT(e->what(), Contains("uid 65534"));
+    CHECK(sq.finish() == 0); // it got no hello
+    CHECK(cli.counters().connected == 0);
+}
+
+TEST_CASE("no device: a client does not look for a node-local server of another node's address",
+          "[no-device][squat]") {
+    // A name for an address not of this node is never a real server's:
+    // whoever took it (here a process of this very user) is not asked.
+    const auto port = static_cast<std::uint16_t>(40000 + (::getpid() + 1) % 20000);
+    squatter sq(rpc::local_name("192.0.2.1", port), 0);
+    rpc::client cli(options());
+    const std::optional<error> e = connect_error(cli, "192.0.2.1", port);
+    REQUIRE(e.has_value());
+    CHECK(e->code().value() == EHOSTUNREACH);
+    CHECK(sq.finish() == 0); // it got no hello
 }
 
 TEST_CASE("no device: what a server is given decides what it builds", "[no-device]") {

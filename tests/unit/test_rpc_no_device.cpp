@@ -355,6 +355,25 @@ TEST_CASE("no device: a client does not look for a node-local server of another 
     CHECK(sq.finish() == 0); // it got no hello
 }
 
+TEST_CASE("no device: a server whose name another user holds says who holds it",
+          "[no-device][squat]") {
+    if (::geteuid() != 0) {
+        WARN("not root: no second user to squat the name with");
+        return;
+    }
+    const auto port = static_cast<std::uint16_t>(40000 + (::getpid() + 2) % 20000);
+    squatter sq(rpc::local_name("127.0.0.7", port), 65534);
+    try {
+        rpc::server s("127.0.0.7", port, options());
+        FAIL("a server was made on a name another process holds");
+    } catch (const error& e) {
+        CHECK(e.code().value() == EADDRINUSE);
+        CHECK_THAT(e.what(), Contains("127.0.0.7:" + std::to_string(port)) &&
+                                 Contains("of uid 65534") &&
+                                 Contains("pid " + std::to_string(sq.pid)));
+    }
+}
+
 TEST_CASE("no device: what a server is given decides what it builds", "[no-device]") {
     rpc::rpc_options shm_only = options();
     shm_only.transports = rpc::transport_set{} | rpc::transport::shm;

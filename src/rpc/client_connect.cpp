@@ -241,7 +241,8 @@ void client::grant_cma(pid_t server) noexcept {
     }
 }
 
-local::unix_channel client::find_local_server(std::string_view addr, std::uint16_t port) {
+local::unix_channel client::find_local_server(std::string_view addr, std::uint16_t port,
+                                              std::string& untrusted) {
     local::unix_channel ch;
     // Only an address of this node can have its server here. The abstract
     // namespace has no owners: a name for another node's address is anyone's
@@ -250,40 +251,51 @@ local::unix_channel client::find_local_server(std::string_view addr, std::uint16
     if (!local::is_node_address(addr))
         return ch;
     // The server on addr itself, else one on a wildcard address, which
-    // answers for every address of the node.
+    // answers for every address of the node. Whoever holds a name gets this
+    // client's requests: only a process of this user, or root, is trusted
+    // with them (another user's could not read this process's memory by CMA
+    // anyway, so no real server is lost); a name another user took is passed
+    // over, so that it does not hide a server on a wildcard address.
     for (const std::string_view a : {addr, std::string_view{"0.0.0.0"}, std::string_view{"::"}}) {
+        const std::string name = local_name(a, port);
         try {
-            ch = local::unix_channel::connect(local_name(a, port));
-            break;
+            ch = local::unix_channel::connect(name);
         } catch (const error&) {
+            continue;
         }
+        try {
+            const local::peer_credentials who = ch.peer();
+            if (who.uid == ::geteuid() || who.uid == 0)
+                return ch;
+            untrusted = fmt::format("its node-local name @{} is held by uid {} (pid {}), neither "
+                                    "this user nor root: not trusted with calls",
+                                    name, who.uid, who.pid);
+        } catch (const error& e) {
+            untrusted = fmt::format("the holder of its node-local name @{} is unknown ({})", name,
+                                    e.what());
+        }
+        ch = local::unix_channel();
     }
     return ch;
 }
 
 std::unique_ptr<detail::link> client::connect_local(std::string_view addr, std::uint16_t port) {
-    local::unix_channel ch = find_local_server(addr, port);
+    std::string untrusted;
+    local::unix_channel ch = find_local_server(addr, port, untrusted);
     if (ch.fd() < 0) {
+        if (!untrusted.empty()) {
+            std::vector<int> none;
+            return refuse_local(none, EACCES, "the node-local name is another user's", addr, port,
+                                untrusted);
+        }
         local_miss_ = fmt::format("no node-local server at {}:{}", addr, port);
         return nullptr; // the server is not on this node
     }
-    // Whoever holds the name gets this client's requests: only a process of
-    // this user, or root, is trusted with them (another user's could not
-    // read this process's memory by CMA anyway, so no real server is lost).
-    std::vector<int> none;
-    local::peer_credentials who{};
     try {
-        who = ch.peer();
-    } catch (const error& e) {
-        return refuse_local(none, e.code().value(), "the node-local server's credentials", addr,
-                            port, fmt::format("its credentials are unknown ({})", e.what()));
+        grant_cma(ch.peer().pid); // the process that listens on the name
+    } catch (const error&) {
+        // No credentials: the probe in the handshake tells whether CMA works anyway.
     }
-    if (who.uid != ::geteuid() && who.uid != 0)
-        return refuse_local(none, EACCES, "the node-local name is another user's", addr, port,
-                            fmt::format("its node-local name is held by uid {} (pid {}), neither "
-                                        "this user nor root: not trusted with calls",
-                                        who.uid, who.pid));
-    grant_cma(who.pid); // the process that listens on the name
     return local_handshake(std::move(ch), addr, port);
 }
 

@@ -75,7 +75,7 @@ struct server_process {
     pid_t pid = -1;
     std::uint16_t port = 0;
 
-    explicit server_process(std::uint16_t want = 0) {
+    explicit server_process(std::uint16_t want = 0, const char* addr = "127.0.0.1") {
         const char* program = std::getenv("RDMAX_NO_DEVICE_SERVER");
         REQUIRE(program != nullptr); // meson sets it
         int fds[2];
@@ -85,7 +85,7 @@ struct server_process {
         posix_spawn_file_actions_adddup2(&acts, fds[1], STDOUT_FILENO);
         const std::string port_arg = std::to_string(want);
         char* const args[] = {const_cast<char*>(program), const_cast<char*>(port_arg.c_str()),
-                              nullptr};
+                              const_cast<char*>(addr), nullptr};
         const int rc = ::posix_spawn(&pid, program, &acts, nullptr, args, environ);
         posix_spawn_file_actions_destroy(&acts);
         ::close(fds[1]);
@@ -340,6 +340,25 @@ TEST_CASE("no device: a client does not hand its calls to another user's process
     CHECK_THAT(e->what(), Contains("uid 65534"));
     CHECK(sq.finish() == 0); // it got no hello
     CHECK(cli.counters().connected == 0);
+}
+
+TEST_CASE("no device: another user's process on an address's name does not hide the server on "
+          "the wildcard address",
+          "[no-device][squat]") {
+    if (::geteuid() != 0) {
+        WARN("not root: no second user to squat the name with");
+        return;
+    }
+    server_process srv(0, "0.0.0.0");
+    squatter sq(rpc::local_name("127.0.0.8", srv.port), 65534);
+    rpc::client cli(options());
+    const rpc::peer_id p = cli.connect("127.0.0.8", srv.port);
+    CHECK(cli.transport(p) == rpc::transport::shm);
+    const std::vector<std::byte> req = patterned(100, 3);
+    const answer a = call(cli, p, m_echo, req);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
+    CHECK(sq.finish() == 0); // it got no hello
 }
 
 TEST_CASE("no device: a client does not look for a node-local server of another node's address",

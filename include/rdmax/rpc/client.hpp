@@ -236,7 +236,10 @@ private:
     /// No node-local path to addr:port and no device: throws why.
     [[noreturn]] void unreachable(std::string_view addr, std::uint16_t port) const;
     /// The Unix channel of a server on this node that answers addr:port, if any.
-    [[nodiscard]] local::unix_channel find_local_server(std::string_view addr, std::uint16_t port);
+    /// (A name held by a process of another user, not root, is passed over:
+    /// why, in `untrusted`.)
+    [[nodiscard]] local::unix_channel find_local_server(std::string_view addr, std::uint16_t port,
+                                                        std::string& untrusted);
     /// The node-local handshake on `ch`, or nullptr (refused: take the device).
     std::unique_ptr<detail::link> local_handshake(local::unix_channel ch, std::string_view addr,
                                                   std::uint16_t port);

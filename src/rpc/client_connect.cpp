@@ -3,10 +3,16 @@
 // the device (rdma_cm, the rings' keys in its private data).
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string_view>
+#include <unistd.h>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -33,6 +39,80 @@ void close_fds(std::vector<int>& fds) noexcept {
     for (int fd : fds)
         ::close(fd);
     fds.clear();
+}
+/// When process `pid` started (/proc/PID/stat's 22nd field, in clock ticks
+/// since boot): another process that takes its pid later differs. 0 where it
+/// is gone (or a zombie) or cannot be read.
+std::uint64_t start_time(pid_t pid) noexcept {
+    char path[32];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+    std::FILE* f = std::fopen(path, "re");
+    if (f == nullptr)
+        return 0;
+    std::array<char, 1024> buf{};
+    const std::size_t n = std::fread(buf.data(), 1, buf.size() - 1, f);
+    std::fclose(f);
+    buf[n] = '\0';
+    // The fields after the command's last ')' (a command may hold spaces and
+    // parentheses): the state is field 3, the start time field 22.
+    const char* p = std::strrchr(buf.data(), ')');
+    if (p == nullptr)
+        return 0;
+    ++p;
+    while (*p == ' ')
+        ++p;
+    if (*p == 'Z' || *p == 'X')
+        return 0; // exited: its grant goes with it
+    for (int field = 3; field < 22; ++field) {
+        while (*p == ' ')
+            ++p;
+        while (*p != ' ' && *p != '\0')
+            ++p;
+    }
+    char* end = nullptr;
+    const std::uint64_t t = std::strtoull(p, &end, 10);
+    return end != p ? t : 0;
+}
+
+/// The Unix channel of a server on this node that answers addr:port, if any
+/// (a name held by a process of another user, not root, is passed over: why,
+/// in `untrusted`).
+local::unix_channel find_local_server(std::string_view addr, std::uint16_t port,
+                                      std::string& untrusted) {
+    local::unix_channel ch;
+    // Only an address of this node can have its server here. The abstract
+    // namespace has no owners: a name for another node's address is anyone's
+    // to take, and a client that tried it would hand its calls to whoever
+    // did, not to the server it named.
+    if (!local::is_node_address(addr))
+        return ch;
+    // The server on addr itself, else one on a wildcard address, which
+    // answers for every address of the node. Whoever holds a name gets this
+    // client's requests: only a process of this user, or root, is trusted
+    // with them (another user's could not read this process's memory by CMA
+    // anyway, so no real server is lost); a name another user took is passed
+    // over, so that it does not hide a server on a wildcard address.
+    for (const std::string_view a : {addr, std::string_view{"0.0.0.0"}, std::string_view{"::"}}) {
+        const std::string name = local_name(a, port);
+        try {
+            ch = local::unix_channel::connect(name);
+        } catch (const error&) {
+            continue;
+        }
+        try {
+            const local::peer_credentials who = ch.peer();
+            if (who.uid == ::geteuid() || who.uid == 0)
+                return ch;
+            untrusted = fmt::format("its node-local name @{} is held by uid {} (pid {}), neither "
+                                    "this user nor root: not trusted with calls",
+                                    name, who.uid, who.pid);
+        } catch (const error& e) {
+            untrusted = fmt::format("the holder of its node-local name @{} is unknown ({})", name,
+                                    e.what());
+        }
+        ch = local::unix_channel();
+    }
+    return ch;
 }
 } // namespace
 
@@ -233,37 +313,25 @@ void client::grant_cma(pid_t server) noexcept {
     if (opts_.ptracer == grant::any) {
         if (local::allow_cma_from(0))
             ptracer_ = -1;
-    } else if (ptracer_ == 0 && local::allow_cma_from(server)) {
-        ptracer_ = server; // one process at a time: a second server is not granted
+    } else if ((ptracer_ == 0 || start_time(ptracer_) != ptracer_start_) &&
+               local::allow_cma_from(server)) {
+        // One process at a time: a second server is not granted while the
+        // first lives. Once it is gone (Yama drops its grant as it exits), the
+        // next one is: a server restarted on its port is reached again.
+        ptracer_ = server;
+        ptracer_start_ = start_time(server);
     }
-}
-
-local::unix_channel client::find_local_server(std::string_view addr, std::uint16_t port) {
-    local::unix_channel ch;
-    try {
-        ch = local::unix_channel::connect(local_name(addr, port));
-        return ch;
-    } catch (const error&) {
-    }
-    // Nobody answers that name. A server on this node listening on a
-    // wildcard address answers for every address of the node: try its
-    // names, but only if addr is this node's (else the server on the port
-    // here would be the wrong one).
-    if (!local::is_node_address(addr))
-        return ch;
-    for (const std::string_view any : {"0.0.0.0", "::"}) {
-        try {
-            ch = local::unix_channel::connect(local_name(any, port));
-            break;
-        } catch (const error&) {
-        }
-    }
-    return ch;
 }
 
 std::unique_ptr<detail::link> client::connect_local(std::string_view addr, std::uint16_t port) {
-    local::unix_channel ch = find_local_server(addr, port);
+    std::string untrusted;
+    local::unix_channel ch = find_local_server(addr, port, untrusted);
     if (ch.fd() < 0) {
+        if (!untrusted.empty()) {
+            std::vector<int> none;
+            return refuse_local(none, EACCES, "the node-local name is another user's", addr, port,
+                                untrusted);
+        }
         local_miss_ = fmt::format("no node-local server at {}:{}", addr, port);
         return nullptr; // the server is not on this node
     }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <netinet/in.h>
 #include <new>
+#include <string>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -89,9 +90,27 @@ local::unix_listener listen_without_device(std::string_view addr, std::uint16_t&
                     fmt::format("{}: not an address of this node (without rdma, only peers on "
                                 "this node are served)",
                                 addr));
-    if (port != 0)
-        return local::unix_listener(local_name(addr, port));
-    return listen_any_port(addr, port);
+    if (port == 0)
+        return listen_any_port(addr, port);
+    const std::string name = local_name(addr, port);
+    try {
+        return local::unix_listener(name);
+    } catch (const error& e) {
+        if (e.code().value() != EADDRINUSE)
+            throw;
+        // Say who holds it: another server of this user, or a process of
+        // another user that took the name first (abstract names have no owner).
+        std::string who = "a process that no longer answers";
+        try {
+            const local::unix_channel ch = local::unix_channel::connect(name, false);
+            const local::peer_credentials c = ch.peer();
+            who = fmt::format("pid {} of uid {}", c.pid, c.uid);
+        } catch (const error&) {
+        }
+        throw_error(
+            "rpc::server", EADDRINUSE,
+            fmt::format("{}:{}: its node-local name @{} is held by {}", addr, port, name, who));
+    }
 }
 
 namespace detail {

@@ -84,8 +84,8 @@ bool become_nobody() {
 }
 
 /// The server, in a child process run as nobody: answers m_sum until the
-/// test closes the pipe.
-pid_t start_server(int& port_fd, int& stop_fd) {
+/// test closes the pipe. On `on_port` (0: a free port).
+pid_t start_server(int& port_fd, int& stop_fd, std::uint16_t on_port = 0) {
     int port_pipe[2], stop_pipe[2];
     if (pipe(port_pipe) != 0 || pipe(stop_pipe) != 0)
         throw std::runtime_error("pipe");
@@ -98,7 +98,7 @@ pid_t start_server(int& port_fd, int& stop_fd) {
         verbs::protection_domain pd(ctx);
         rpc::rpc_options o;
         o.slots = 8;
-        rpc::server s(pd, address(), 0, o);
+        rpc::server s(pd, address(), on_port, o);
         std::vector<std::byte> rep;
         s.on(m_sum, [&rep](rpc::request_context& c) {
             std::uint64_t sum = 0;
@@ -131,6 +131,13 @@ pid_t start_server(int& port_fd, int& stop_fd) {
     port_fd = port_pipe[0];
     stop_fd = stop_pipe[1];
     return pid;
+}
+
+/// Waits up to 30 s for a byte on `fd`.
+bool byte_within_30s(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    char c = 0;
+    return poll(&p, 1, 30'000) == 1 && read(fd, &c, 1) == 1;
 }
 
 /// A call with a body and a reply over a slot (CMA on the node-local path), checked.
@@ -223,4 +230,67 @@ TEST_CASE("Yama scope 1: a client grants its node-local server CMA, or takes the
     close(stop_fd);
     CHECK(reap(server) == 0);
     close(port_fd);
+}
+
+TEST_CASE("Yama scope 1: a client grants a node-local server restarted on its port CMA again") {
+    scope_one yama;
+    int port_fd = -1, stop_fd = -1;
+    const pid_t first = start_server(port_fd, stop_fd);
+    std::uint16_t port = 0;
+    REQUIRE(read(port_fd, &port, sizeof port) == sizeof port);
+    close(port_fd);
+    int called[2], restarted[2];
+    REQUIRE(pipe(called) == 0);
+    REQUIRE(pipe(restarted) == 0);
+    // The client, as nobody (a sibling of both servers): exit 0 when its
+    // calls went node-local to the first server and, once that one is
+    // gone, to the second on the same port; 5: the second took the device.
+    const pid_t client = spawn([&] {
+        close(stop_fd); // the first server stops when the test alone closes it
+        close(called[0]);
+        close(restarted[1]);
+        if (!become_nobody())
+            return 4;
+        verbs::context ctx = open_test_device();
+        verbs::protection_domain pd(ctx);
+        rpc::rpc_options o;
+        o.ptracer = rpc::rpc_options::ptracer_grant::peer;
+        o.reconnect_backoff = 10ms;
+        o.reconnect_backoff_max = 100ms;
+        rpc::client c(pd, o);
+        const rpc::peer_id p = c.connect(address(), port);
+        if (!c.is_local(p))
+            return 2;
+        if (!big_call(c, p))
+            return 3;
+        if (write(called[1], "c", 1) != 1 || !byte_within_30s(restarted[0]))
+            return 4;
+        // The first server is gone: wait for the connection to its successor.
+        const auto until = std::chrono::steady_clock::now() + 30s;
+        std::array<rpc::call_result, 1> r;
+        while (std::chrono::steady_clock::now() < until &&
+               (c.counters().reconnects == 0 || !c.connected(p)))
+            (void)c.wait(r, 10ms);
+        if (!c.connected(p))
+            return 6;
+        if (!c.is_local(p))
+            return 5;
+        return big_call(c, p) ? 0 : 3;
+    });
+    close(called[1]);
+    close(restarted[0]);
+    REQUIRE(byte_within_30s(called[0]));
+    close(stop_fd);
+    CHECK(reap(first) == 0);
+    const pid_t second = start_server(port_fd, stop_fd, port);
+    std::uint16_t again = 0;
+    REQUIRE(read(port_fd, &again, sizeof again) == sizeof again);
+    CHECK(again == port);
+    REQUIRE(write(restarted[1], "r", 1) == 1);
+    CHECK(reap(client, 90s) == 0);
+    close(stop_fd);
+    CHECK(reap(second) == 0);
+    close(port_fd);
+    close(called[0]);
+    close(restarted[1]);
 }

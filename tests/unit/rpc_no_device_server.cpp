@@ -2,7 +2,7 @@
 // device on 127.0.0.1, in a process of its own (started with posix_spawn,
 // not fork, so that ThreadSanitizer runs it too). It prints its port on
 // stdout, then serves until killed, or for 60 s.
-//   rpc_no_device_server [PORT]
+//   rpc_no_device_server [PORT [ADDRESS]]   (default 127.0.0.1)
 // Methods: 1 echo; 2 a reply of as many pattern bytes as the request's first
 // 4 say; 3 deferred, never answered.
 #include <chrono>
@@ -24,7 +24,7 @@ int main(int argc, char** argv) try {
     o.slot_bytes = 4096;
     o.housekeeping = std::chrono::microseconds(1000);
     const auto port = static_cast<std::uint16_t>(argc > 1 ? std::atoi(argv[1]) : 0);
-    rpc::server s("127.0.0.1", port, o);
+    rpc::server s(argc > 2 ? argv[2] : "127.0.0.1", port, o);
     std::vector<rpc::deferred_call> never;
     std::vector<std::byte> reply;
     s.on(1, [](rpc::request_context& c) { c.reply(c.body()); });

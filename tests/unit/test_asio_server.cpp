@@ -216,7 +216,7 @@ TEST_CASE("asio coroutine handlers on a server_group: each worker's own io_conte
     // pace of the reactor's wake-ups (the links' eventfds), or not at all.
     o.housekeeping = 200ms;
     const auto port = static_cast<std::uint16_t>(30000 + (::getpid() % 20000));
-    auto g = rpc::group_test_access::make("asio-group.test", port, 2, o);
+    auto g = rpc::group_test_access::make("127.0.0.4", port, 2, o);
     std::atomic<int> setups{0};
     rdmax::rpc::serve_with_asio(*g, [&setups](rdmax::rpc::async_server& a, std::size_t w) {
         ++setups;
@@ -235,7 +235,7 @@ TEST_CASE("asio coroutine handlers on a server_group: each worker's own io_conte
     for (std::size_t k = 0; k < 4; ++k)
         clients.emplace_back([&, k] {
             auto cli = inside::make_client(o);
-            const peer_id p = cli->connect("asio-group.test", port);
+            const peer_id p = cli->connect("127.0.0.4", port);
             int w = -2;
             for (std::uint32_t i = 0; i < 200; ++i) {
                 const std::string body = "call " + std::to_string(i);
@@ -263,7 +263,7 @@ TEST_CASE("asio coroutine handlers on a server_group: drain waits for the corout
     rpc::rpc_options o = asio_options();
     o.local = true;
     const auto port = static_cast<std::uint16_t>(31000 + (::getpid() % 20000));
-    auto g = rpc::group_test_access::make("asio-drain.test", port, 2, o);
+    auto g = rpc::group_test_access::make("127.0.0.5", port, 2, o);
     rdmax::rpc::serve_with_asio(*g, [](rdmax::rpc::async_server& a, std::size_t) {
         a.on(delayed_echo, [](rdmax::rpc::async_request q) -> ::asio::awaitable<void> {
             co_await pause(300ms); // still waiting when the drain begins
@@ -276,7 +276,7 @@ TEST_CASE("asio coroutine handlers on a server_group: drain waits for the corout
     std::vector<peer_id> peers;
     for (int k = 0; k < 2; ++k) {
         clis.push_back(inside::make_client(o));
-        peers.push_back(clis.back()->connect("asio-drain.test", port));
+        peers.push_back(clis.back()->connect("127.0.0.5", port));
         for (int i = 0; i < 4; ++i)
             REQUIRE(clis.back()->start(peers.back(), delayed_echo, bytes_of("0-in flight")) ==
                     call_status::ok);

@@ -10,20 +10,25 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <grp.h>
 #include <optional>
 #include <poll.h>
 #include <span>
 #include <spawn.h>
 #include <string>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <system_error>
 #include <thread>
 #include <unistd.h>
 #include <vector>
 
+#include <rdmax/detail/rpc/shm_link.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/rpc/client.hpp>
 #include <rdmax/rpc/server.hpp>
@@ -70,7 +75,7 @@ struct server_process {
     pid_t pid = -1;
     std::uint16_t port = 0;
 
-    explicit server_process(std::uint16_t want = 0) {
+    explicit server_process(std::uint16_t want = 0, const char* addr = "127.0.0.1") {
         const char* program = std::getenv("RDMAX_NO_DEVICE_SERVER");
         REQUIRE(program != nullptr); // meson sets it
         int fds[2];
@@ -80,7 +85,7 @@ struct server_process {
         posix_spawn_file_actions_adddup2(&acts, fds[1], STDOUT_FILENO);
         const std::string port_arg = std::to_string(want);
         char* const args[] = {const_cast<char*>(program), const_cast<char*>(port_arg.c_str()),
-                              nullptr};
+                              const_cast<char*>(addr), nullptr};
         const int rc = ::posix_spawn(&pid, program, &acts, nullptr, args, environ);
         posix_spawn_file_actions_destroy(&acts);
         ::close(fds[1]);
@@ -145,6 +150,74 @@ std::optional<error> connect_error(rpc::client& c, const char* addr, std::uint16
     }
     return std::nullopt;
 }
+
+/// A process holding a server's node-local name (rdmax-rpc/ADDR:PORT) that
+/// is no rdmax server: it notes whether a client sent it anything. Started
+/// by fork, its body raw system calls alone (this process runs threads);
+/// `uid` nonzero: it drops to that user (and group) first, as root may.
+struct squatter {
+    pid_t pid = -1;
+    int done[2] = {-1, -1}; ///< the test closes done[1]: nothing more will come
+
+    squatter(const std::string& name, uid_t uid) {
+        int ready[2];
+        REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+        REQUIRE(::pipe2(done, O_CLOEXEC) == 0);
+        pid = test::spawn([&] {
+            ::close(ready[0]);
+            ::close(done[1]);
+            if (uid != 0 && (::setgroups(0, nullptr) != 0 || ::setresgid(uid, uid, uid) != 0 ||
+                             ::setresuid(uid, uid, uid) != 0))
+                return 2;
+            sockaddr_un a{};
+            a.sun_family = AF_UNIX;
+            std::memcpy(a.sun_path + 1, name.data(), name.size()); // abstract
+            const auto len =
+                static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+            const int l = ::socket(AF_UNIX, SOCK_STREAM, 0);
+            if (l < 0 || ::bind(l, reinterpret_cast<const sockaddr*>(&a), len) != 0 ||
+                ::listen(l, 4) != 0)
+                return 2;
+            if (::write(ready[1], "r", 1) != 1)
+                return 2;
+            // Until the test is done: any byte a client sends is a hello
+            // this process should never have seen.
+            pollfd pf[2] = {{l, POLLIN, 0}, {done[0], POLLIN, 0}};
+            while (::poll(pf, 2, 20000) > 0 && pf[1].revents == 0) {
+                const int c = ::accept(l, nullptr, nullptr);
+                if (c < 0)
+                    return 2;
+                pollfd pc[2] = {{c, POLLIN, 0}, {done[0], POLLIN, 0}};
+                char b[64];
+                if (::poll(pc, 2, 20000) > 0 && pc[0].revents != 0 && ::read(c, b, sizeof b) > 0)
+                    return 1;
+                ::close(c);
+            }
+            return 0;
+        });
+        ::close(ready[1]);
+        ::close(done[0]);
+        done[0] = -1;
+        pollfd pf{ready[0], POLLIN, 0};
+        char c = 0;
+        const bool up = ::poll(&pf, 1, 10000) == 1 && ::read(ready[0], &c, 1) == 1;
+        ::close(ready[0]);
+        REQUIRE(up); // it holds the name within 10 s
+    }
+    squatter(const squatter&) = delete;
+    squatter& operator=(const squatter&) = delete;
+    ~squatter() { (void)finish(); }
+    /// 0: no client sent it a byte; 1: one did.
+    int finish() {
+        if (done[1] >= 0) {
+            ::close(done[1]);
+            done[1] = -1;
+        }
+        const int rc = pid > 0 ? test::reap(pid, std::chrono::seconds(10)) : -1;
+        pid = -1;
+        return rc;
+    }
+};
 
 } // namespace
 
@@ -247,6 +320,77 @@ TEST_CASE("no device: a client names the peer and the reason when the server is 
     CHECK_THAT(far->what(), Contains("192.0.2.1:7471") && Contains("no RDMA device here") &&
                                 Contains("no node-local server at 192.0.2.1:7471"));
     CHECK(cli.counters().connected == 0);
+}
+
+TEST_CASE("no device: a client does not hand its calls to another user's process on a "
+          "server's name",
+          "[no-device][squat]") {
+    // The abstract namespace has no owners: any process here may take the
+    // name a server would listen on before it does.
+    if (::geteuid() != 0) {
+        WARN("not root: no second user to squat the name with");
+        return;
+    }
+    const auto port = static_cast<std::uint16_t>(40000 + ::getpid() % 20000);
+    squatter sq(rpc::local_name("127.0.0.6", port), 65534);
+    rpc::client cli(options());
+    const std::optional<error> e = connect_error(cli, "127.0.0.6", port);
+    REQUIRE(e.has_value());
+    CHECK(e->code().value() == EHOSTUNREACH);
+    CHECK_THAT(e->what(), Contains("uid 65534"));
+    CHECK(sq.finish() == 0); // it got no hello
+    CHECK(cli.counters().connected == 0);
+}
+
+TEST_CASE("no device: another user's process on an address's name does not hide the server on "
+          "the wildcard address",
+          "[no-device][squat]") {
+    if (::geteuid() != 0) {
+        WARN("not root: no second user to squat the name with");
+        return;
+    }
+    server_process srv(0, "0.0.0.0");
+    squatter sq(rpc::local_name("127.0.0.8", srv.port), 65534);
+    rpc::client cli(options());
+    const rpc::peer_id p = cli.connect("127.0.0.8", srv.port);
+    CHECK(cli.transport(p) == rpc::transport::shm);
+    const std::vector<std::byte> req = patterned(100, 3);
+    const answer a = call(cli, p, m_echo, req);
+    CHECK(a.status == rpc::call_status::ok);
+    CHECK(a.reply == req);
+    CHECK(sq.finish() == 0); // it got no hello
+}
+
+TEST_CASE("no device: a client does not look for a node-local server of another node's address",
+          "[no-device][squat]") {
+    // A name for an address not of this node is never a real server's:
+    // whoever took it (here a process of this very user) is not asked.
+    const auto port = static_cast<std::uint16_t>(40000 + (::getpid() + 1) % 20000);
+    squatter sq(rpc::local_name("192.0.2.1", port), 0);
+    rpc::client cli(options());
+    const std::optional<error> e = connect_error(cli, "192.0.2.1", port);
+    REQUIRE(e.has_value());
+    CHECK(e->code().value() == EHOSTUNREACH);
+    CHECK(sq.finish() == 0); // it got no hello
+}
+
+TEST_CASE("no device: a server whose name another user holds says who holds it",
+          "[no-device][squat]") {
+    if (::geteuid() != 0) {
+        WARN("not root: no second user to squat the name with");
+        return;
+    }
+    const auto port = static_cast<std::uint16_t>(40000 + (::getpid() + 2) % 20000);
+    squatter sq(rpc::local_name("127.0.0.7", port), 65534);
+    try {
+        rpc::server s("127.0.0.7", port, options());
+        FAIL("a server was made on a name another process holds");
+    } catch (const error& e) {
+        CHECK(e.code().value() == EADDRINUSE);
+        CHECK_THAT(e.what(), Contains("127.0.0.7:" + std::to_string(port)) &&
+                                 Contains("of uid 65534") &&
+                                 Contains("pid " + std::to_string(sq.pid)));
+    }
 }
 
 TEST_CASE("no device: what a server is given decides what it builds", "[no-device]") {

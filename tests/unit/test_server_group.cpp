@@ -94,7 +94,7 @@ std::uint16_t unique_port() {
 }
 
 std::unique_ptr<rpc::server_group> make_group(std::size_t threads, std::uint16_t port) {
-    auto g = rpc::group_test_access::make("server-group.test", port, threads, options());
+    auto g = rpc::group_test_access::make("127.0.0.3", port, threads, options());
     g->on(echo, [](rpc::request_context& c) {
         std::byte out[256];
         out[0] = static_cast<std::byte>(worker_index);
@@ -137,7 +137,7 @@ run_result run_clients(std::uint16_t port, std::size_t clients, std::uint32_t wa
     for (std::size_t k = 0; k < clients; ++k)
         threads.emplace_back([&, k] {
             auto cli = inside::make_client(options());
-            const peer_id p = cli->connect("server-group.test", port);
+            const peer_id p = cli->connect("127.0.0.3", port);
             int seen = echo_call(*cli, p, 0);
             for (std::uint32_t i = 1; i < warm; ++i)
                 if (echo_call(*cli, p, i) != seen)
@@ -264,7 +264,7 @@ TEST_CASE("server_group: a client that reconnects goes back to the worker with i
     g->start();
     auto connect = [&] {
         auto c = inside::make_client(options());
-        const peer_id p = c->connect("server-group.test", port);
+        const peer_id p = c->connect("127.0.0.3", port);
         return std::pair{std::move(c), p};
     };
     // x -> 0, a -> 1, y -> 0, z -> 1, w -> 1 after a left: loads 2 and 2.
@@ -282,7 +282,7 @@ TEST_CASE("server_group: a client that reconnects goes back to the worker with i
     CHECK(echo_call(*w, pw, 1) == 1);
     REQUIRE(test::eventually([&] { return g->peers(1) == 2; }));
     // Loads 2 and 2: a new client would go to worker 0; `a` goes back to 1.
-    const peer_id again = a->connect("server-group.test", port);
+    const peer_id again = a->connect("127.0.0.3", port);
     CHECK(echo_call(*a, again, 2) == 1);
     auto [n, pn] = connect();
     CHECK(echo_call(*n, pn, 1) == 0);
@@ -290,9 +290,8 @@ TEST_CASE("server_group: a client that reconnects goes back to the worker with i
 }
 
 TEST_CASE("server_group: refuses what it cannot do, with why") {
-    CHECK_THROWS_WITH(
-        rpc::group_test_access::make("server-group.test", unique_port(), 0, options()),
-        Catch::Matchers::Contains("0 worker threads asked"));
+    CHECK_THROWS_WITH(rpc::group_test_access::make("127.0.0.3", unique_port(), 0, options()),
+                      Catch::Matchers::Contains("0 worker threads asked"));
     const auto port = static_cast<std::uint16_t>(unique_port() + 3);
     auto g = make_group(1, port);
     g->start();

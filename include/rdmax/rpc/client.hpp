@@ -235,8 +235,6 @@ private:
     [[nodiscard]] bool device_ok() const noexcept;
     /// No node-local path to addr:port and no device: throws why.
     [[noreturn]] void unreachable(std::string_view addr, std::uint16_t port) const;
-    /// The Unix channel of a server on this node that answers addr:port, if any.
-    [[nodiscard]] local::unix_channel find_local_server(std::string_view addr, std::uint16_t port);
     /// The node-local handshake on `ch`, or nullptr (refused: take the device).
     std::unique_ptr<detail::link> local_handshake(local::unix_channel ch, std::string_view addr,
                                                   std::uint16_t port);
@@ -371,6 +369,8 @@ private:
     std::uint64_t probe_ = 0;
     /// Whom this process let use CMA on it: 0 nobody yet, -1 anyone, else a pid.
     pid_t ptracer_ = 0;
+    /// When that process started (0: unknown): a later one on its pid differs.
+    std::uint64_t ptracer_start_ = 0;
     // Results not yet handed out (a ring sized for every slot), and the slots
     // handed out by the last poll (freed at the next).
     std::vector<call_result> results_;

@@ -14,15 +14,9 @@ trap 'rm -rf "$scratch"' EXIT
 failures=0
 
 bare=$scratch/bin
-mkdir -p "$bare"
-IFS=: read -r -a dirs <<<"$PATH"
-for d in "${dirs[@]}"; do
-    for f in "$d"/*; do
-        n=${f##*/}
-        case $n in mpirun | mpicc | mpiexec | qperf | gnuplot*) continue ;; esac
-        [ -x "$f" ] && [ ! -d "$f" ] && [ ! -e "$bare/$n" ] && ln -s "$f" "$bare/$n"
-    done
-done
+# shellcheck source=bare_path.sh
+. "$(dirname "${BASH_SOURCE[0]}")/bare_path.sh"
+rdmax_bare_path "$bare" mpirun mpicc mpiexec qperf 'gnuplot*'
 
 # expect WHAT STATUS TEXT ARGS...: the script with ARGS exits STATUS saying TEXT.
 expect() {

@@ -22,15 +22,9 @@ bad() {
 
 # A PATH of this one's commands less gnuplot and perftest's (ib_*).
 bare=$scratch/bin
-mkdir -p "$bare"
-IFS=: read -r -a dirs <<<"$PATH"
-for d in "${dirs[@]}"; do
-    for f in "$d"/*; do
-        n=${f##*/}
-        case $n in gnuplot* | ib_*) continue ;; esac
-        [ -x "$f" ] && [ ! -d "$f" ] && [ ! -e "$bare/$n" ] && ln -s "$f" "$bare/$n"
-    done
-done
+# shellcheck source=bare_path.sh
+. "$(dirname "${BASH_SOURCE[0]}")/bare_path.sh"
+rdmax_bare_path "$bare" 'gnuplot*' 'ib_*'
 PATH=$bare command -v gnuplot >/dev/null && { echo "FAIL: gnuplot still on the bare PATH"; exit 1; }
 
 # expect WHAT STATUS TEXT COMMAND...: COMMAND (on the bare PATH, as in the

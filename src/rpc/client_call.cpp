@@ -348,7 +348,7 @@ std::optional<rpc::transport> client::transport(peer_id p) const noexcept {
     const peer* l = link_of(p);
     if (l == nullptr)
         return std::nullopt;
-    return l->wire->node_local() ? rpc::transport::shm : rpc::transport::rdma;
+    return l->wire->kind();
 }
 
 std::optional<sched::scheduler_counters> client::scheduler_counters(peer_id p) const noexcept {

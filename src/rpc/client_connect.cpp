@@ -19,6 +19,7 @@
 #include <rdmax/detail/rpc/pending_dial.hpp>
 #include <rdmax/detail/rpc/rdma_link.hpp>
 #include <rdmax/detail/rpc/shm_link.hpp>
+#include <rdmax/detail/rpc/tcp_link.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
 #include <rdmax/local/node_address.hpp>
@@ -119,9 +120,10 @@ local::unix_channel find_local_server(std::string_view addr, std::uint16_t port,
 client::client(const verbs::protection_domain& pd, rpc_options opts)
     : opts_((opts.check("rpc::client"), opts))
     , ep_(pd, opts_, inbox_depth(opts_)) {
-    if (!opts_.node_local() && !opts_.transports.has(transport::rdma))
+    if (!opts_.node_local() && !opts_.transports.has(transport::rdma) &&
+        !opts_.transports.has(transport::tcp))
         throw_error("rpc::client", EINVAL,
-                    "no transport: rdma and shm are both left out (RDMAX_RPC_TRANSPORTS, "
+                    "no transport: rdma, shm and tcp are all left out (RDMAX_RPC_TRANSPORTS, "
                     "RDMAX_RPC_LOCAL)");
 }
 
@@ -131,10 +133,10 @@ client::client(detail::no_device_t none, rpc_options opts)
 
 client::client(rpc_options opts)
     : client(detail::no_device, opts) {
-    if (!opts_.node_local())
+    if (!opts_.node_local() && !opts_.transports.has(transport::tcp))
         throw_error("rpc::client", EINVAL,
-                    "no transport: shm is left out (RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), "
-                    "and there is no device for rdma");
+                    "no transport: shm and tcp are left out (RDMAX_RPC_TRANSPORTS or "
+                    "RDMAX_RPC_LOCAL), and there is no device for rdma");
 }
 
 bool client::arm() noexcept {
@@ -149,7 +151,8 @@ bool client::device_ok() const noexcept {
 
 void client::unreachable(std::string_view addr, std::uint16_t port) const {
     throw_error("rpc::client::connect", EHOSTUNREACH,
-                fmt::format("{}:{}: {}, and {}", addr, port,
+                fmt::format("{}:{}: {}, {}, and tcp is left out (RDMAX_RPC_TRANSPORTS)", addr,
+                            port,
                             ep_.pd == nullptr ? "no RDMA device here"
                                               : "rdma is left out (RDMAX_RPC_TRANSPORTS)",
                             local_miss_));
@@ -185,10 +188,83 @@ std::unique_ptr<detail::link> client::dial(std::string_view addr, std::uint16_t 
     if (opts_.node_local())
         if (std::unique_ptr<detail::link> local = connect_local(addr, port))
             return local;
-    if (!device_ok())
+    if (!device_ok()) {
+        if (opts_.transports.has(transport::tcp))
+            return connect_tcp(addr, port);
         unreachable(addr, port);
+    }
     const std::shared_ptr<detail::pending_dial> d = begin_device(addr, port);
-    return finish_device(*d, addr, port); // waits for the thread
+    return finish_dial(*d, addr, port); // waits for the thread
+}
+
+namespace {
+/// The device found no RDMA path to the server (rather than a server that
+/// refused, or said nonsense): TCP may still reach it. A server's own
+/// rdma_reject comes as REJECTED with the consumer-defined reason (28).
+bool no_rdma_path(const error& e) noexcept {
+    switch (e.code().value()) {
+    case ENODEV:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ENETDOWN:
+    case EADDRNOTAVAIL: return true;
+    case ECONNREFUSED: return std::string_view(e.what()).find("(status 28)") == std::string::npos;
+    default: return false;
+    }
+}
+} // namespace
+
+std::unique_ptr<detail::link> client::finish_dial(detail::pending_dial& d, std::string_view addr,
+                                                  std::uint16_t port) {
+    if (!opts_.transports.has(transport::tcp))
+        return finish_device(d, addr, port);
+    try {
+        return finish_device(d, addr, port);
+    } catch (const error& e) {
+        if (!no_rdma_path(e))
+            throw;
+        rdmax::detail::notice(
+            fmt::format("rpc::client: {}:{}: no RDMA path ({}): over TCP", addr, port, e.what()));
+    }
+    return connect_tcp(addr, port);
+}
+
+std::unique_ptr<detail::link> client::connect_tcp(std::string_view addr, std::uint16_t port) {
+    local::unix_channel ch(tcp_connect(addr, port, opts_.connect_timeout));
+    tcp_hello hello;
+    hello.slots = opts_.slots;
+    hello.slot_bytes = opts_.slot_bytes;
+    hello.incarnation = ep_.incarnation;
+    hello.first_call = next_call_id_;
+    tcp_welcome w;
+    std::vector<int> fds; // none comes over TCP
+    std::size_t n = 0;
+    try {
+        ch.send(std::as_bytes(std::span(&hello, 1)));
+        n = ch.receive(std::as_writable_bytes(std::span(&w, 1)), fds, opts_.connect_timeout);
+    } catch (const error& e) {
+        throw_error("rpc::client::connect", e.code().value(),
+                    fmt::format("{}:{}: the tcp handshake failed: {}", addr, port, e.what()));
+    }
+    const bool welcome = n == sizeof w && w.magic == protocol_magic;
+    if (welcome && w.status == tcp_refused) {
+        ep_.counters.count_refusal(ECONNREFUSED, "the tcp server refused the connection");
+        throw_error("rpc::client::connect", ECONNREFUSED,
+                    fmt::format("{}:{}: the server refused the tcp connection (its "
+                                "last_refusal says why)",
+                                addr, port));
+    }
+    if (!welcome || w.version != protocol_version || w.status != tcp_ok || w.slots == 0 ||
+        w.slots > opts_.slots || w.slot_bytes < min_slot_bytes ||
+        w.slot_bytes > opts_.slot_bytes || w.slot_bytes % 8 != 0 || w.incarnation == 0) {
+        ep_.counters.count_refusal(EPROTO, "the tcp server answered nonsense");
+        throw_error("rpc::client::connect", EPROTO,
+                    fmt::format("{}:{}: the tcp server answered nonsense", addr, port));
+    }
+    auto wire = std::make_unique<detail::tcp_link>(ch.fd(), false, w.slots, w.slot_bytes);
+    (void)ch.release(); // the link's now
+    wire->peer_incarnation = w.incarnation;
+    return wire;
 }
 
 std::shared_ptr<detail::pending_dial> client::begin_device(std::string_view addr,
@@ -285,7 +361,7 @@ void client::attach(std::uint32_t s, std::unique_ptr<detail::link> wire) {
     const std::uint64_t incarnation = wire->peer_incarnation;
     const std::uint16_t slots = wire->slots();
     const std::uint32_t slot_bytes = wire->slot_bytes();
-    const bool local = wire->node_local();
+    const rpc::transport kind = wire->kind();
     const std::uint32_t index = ep_.add(std::move(wire), std::move(fresh), incarnation);
     session& ss = sessions_[s];
     ss.link = index;
@@ -293,7 +369,8 @@ void client::attach(std::uint32_t s, std::unique_ptr<detail::link> wire) {
     ss.slots = slots;
     ss.slot_bytes = slot_bytes;
     ++ep_.counters.connected;
-    ep_.counters.connected_local += local ? 1 : 0;
+    ep_.counters.connected_local += kind == rpc::transport::shm ? 1 : 0;
+    ep_.counters.connected_tcp += kind == rpc::transport::tcp ? 1 : 0;
 }
 
 void client::grant_cma(pid_t server) noexcept {

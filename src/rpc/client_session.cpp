@@ -240,20 +240,23 @@ void client::try_reconnect(std::uint32_t s, sched::coarse_clock::time_point now)
             if (!ss.dialing->ready())
                 return; // rdma_cm is still at it, on its thread
             const std::shared_ptr<detail::pending_dial> d = std::move(ss.dialing);
-            wire = finish_device(*d, ss.addr, ss.port);
+            wire = finish_dial(*d, ss.addr, ss.port);
         } else {
             // The node-local path first (a Unix handshake, bounded by
             // connect_timeout), then the device, whose connect runs on a
-            // thread: this one goes on serving its other connections.
+            // thread: this one goes on serving its other connections; with
+            // no device, TCP (bounded as the node-local path is).
             local_miss_ = "shm is left out (RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL)";
             if (opts_.node_local())
                 wire = connect_local(ss.addr, ss.port);
-            if (!wire) {
-                if (!device_ok())
-                    unreachable(ss.addr, ss.port); // counted as a failed attempt
+            if (!wire && device_ok()) {
                 ss.dialing = begin_device(ss.addr, ss.port);
                 return;
             }
+            if (!wire && !opts_.transports.has(transport::tcp))
+                unreachable(ss.addr, ss.port); // counted as a failed attempt
+            if (!wire)
+                wire = connect_tcp(ss.addr, ss.port); // bounded by connect_timeout
         }
         attach(s, std::move(wire));
     } catch (...) {

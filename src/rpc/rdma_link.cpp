@@ -6,7 +6,7 @@ namespace rdmax::rpc::detail {
 
 rdma_link::rdma_link(registered_arena& arena, handle_issuer& issuer, std::uint16_t slots,
                      std::uint32_t slot_bytes)
-    : link(slots, slot_bytes, false)
+    : link(slots, slot_bytes, transport::rdma)
     , issuer_(&issuer)
     , ring_(arena, std::size_t{slots} * slot_bytes)
     , staging_(arena, std::size_t{slots} * slot_bytes)

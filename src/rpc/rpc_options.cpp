@@ -24,16 +24,14 @@ transport_set transport_list::parse_transports(const char* who, std::string_view
     while (true) {
         const std::size_t comma = rest.find(',');
         const std::string_view word = rest.substr(0, comma);
-        if (word == "rdma" || word == "shm") {
-            set = set | (word == "rdma" ? transport::rdma : transport::shm);
-        } else if (word == "tcp") {
-            throw_error(who, EINVAL,
-                        fmt::format("{}='{}': tcp is not in this version of rdmax (only rdma "
-                                    "and shm); leave it out",
-                                    name, text));
-        } else {
-            config::refuse(who, name, text, "a comma list of rdma, shm");
-        }
+        if (word == "rdma")
+            set = set | transport::rdma;
+        else if (word == "shm")
+            set = set | transport::shm;
+        else if (word == "tcp")
+            set = set | transport::tcp;
+        else
+            config::refuse(who, name, text, "a comma list of rdma, shm, tcp");
         if (comma == std::string_view::npos)
             break;
         rest.remove_prefix(comma + 1);
@@ -43,7 +41,7 @@ transport_set transport_list::parse_transports(const char* who, std::string_view
 
 std::string transport_list::format_transports(transport_set v) {
     std::string out;
-    for (const transport t : {transport::rdma, transport::shm})
+    for (const transport t : {transport::rdma, transport::shm, transport::tcp})
         if (v.has(t))
             out += fmt::format("{}{}", out.empty() ? "" : ",", to_string(t));
     return out;

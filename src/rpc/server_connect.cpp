@@ -8,12 +8,14 @@
 #include <cstring>
 #include <new>
 #include <system_error>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <rdmax/detail/rpc/handoff.hpp>
 #include <rdmax/detail/rpc/rdma_link.hpp>
 #include <rdmax/detail/rpc/shm_link.hpp>
+#include <rdmax/detail/rpc/tcp_link.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/local/cma.hpp>
 #include <rdmax/rpc/server.hpp>
@@ -45,8 +47,11 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
     , cache_(cache_limits(opts_)) {
     if (listener_.fd() >= 0)
         ep_.in.watch(listener_.fd());
-    // Without rdma, the node-local path is all there is: it must be made.
-    listen_local(addr, listener_.fd() < 0);
+    // Without rdma, TCP takes the port (a free one for port 0), and the
+    // node-local path has its number; one of the two must be made.
+    const bool no_rdma = listener_.fd() < 0;
+    listen_tcp(addr, no_rdma && !opts_.node_local());
+    listen_local(addr, no_rdma && tcp_listener_ < 0);
     ep_.peers.reserve(opts_.max_peers);
     ep_.by_qp.reserve(std::size_t{opts_.max_peers} * 2);
     housekept_ = ep_.now();
@@ -55,7 +60,8 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
 server::server(std::string_view addr, std::uint16_t port, rpc_options opts)
     : server(detail::no_device, opts) {
     port_ = port;
-    listen_local(addr, true);
+    listen_tcp(addr, !opts_.node_local());
+    listen_local(addr, tcp_listener_ < 0);
     housekept_ = ep_.now();
 }
 
@@ -63,8 +69,8 @@ void server::listen_local(std::string_view addr, bool needed) {
     if (!opts_.node_local()) {
         if (needed)
             throw_error("rpc::server", EINVAL,
-                        fmt::format("{}:{}: no transport: shm is left out (RDMAX_RPC_TRANSPORTS "
-                                    "or RDMAX_RPC_LOCAL), and {}",
+                        fmt::format("{}:{}: no transport: shm and tcp are left out "
+                                    "(RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), and {}",
                                     addr, port_,
                                     ep_.pd != nullptr ? "so is rdma" : "there is no device"));
         return;
@@ -122,6 +128,10 @@ server::server(detail::no_device_t none, detail::group_routes& group, std::size_
 server::~server() {
     for (handshake& h : handshakes_)
         ep_.in.forget(h.ch.fd());
+    if (tcp_listener_ >= 0) {
+        ep_.in.forget(tcp_listener_);
+        ::close(tcp_listener_);
+    }
     for (std::uint32_t i = 0; i < ep_.peers.size(); ++i)
         if (ep_.peers[i].wire)
             teardown(i);
@@ -137,10 +147,15 @@ void server::accept_new(bool events) noexcept {
             refuse_current("rdma_cm connection request");
         }
         accept_local_pending();
+        accept_tcp_pending();
     }
     if (listener_paused_ && ep_.now() >= listener_back_) {
         try {
-            ep_.in.watch(local_listener_->fd()); // readable: the next round accepts
+            // Readable: the next round accepts.
+            if (local_listener_)
+                ep_.in.watch(local_listener_->fd());
+            if (tcp_listener_ >= 0)
+                ep_.in.watch(tcp_listener_);
             listener_paused_ = false;
             ep_.housekeep_soon();
         } catch (...) {
@@ -169,7 +184,7 @@ void server::accept_local_pending() noexcept {
         }
         if (ch.fd() < 0)
             break;
-        start_local(std::move(ch));
+        start_handshake(std::move(ch), false);
     }
 }
 
@@ -177,7 +192,10 @@ void server::pause_listener() noexcept {
     // The connection stays in the backlog, the listener stays readable:
     // watched, it would wake every wait() at once. Not watched until a later
     // round, then tried again.
-    ep_.in.forget(local_listener_->fd());
+    if (local_listener_)
+        ep_.in.forget(local_listener_->fd());
+    if (tcp_listener_ >= 0)
+        ep_.in.forget(tcp_listener_);
     listener_paused_ = true;
     listener_back_ = ep_.now() + listener_pause();
 }
@@ -248,7 +266,7 @@ std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t
     for (std::size_t i = blocks; i-- > 0;)
         fresh.free_blocks.push_back(static_cast<std::uint16_t>(i));
     cache_.attach(client, first_call); // its replies, kept across its reconnects
-    const bool local = wire->node_local();
+    const rpc::transport kind = wire->kind();
     std::uint32_t index = 0;
     try {
         index = ep_.add(std::move(wire), std::move(fresh), client);
@@ -258,7 +276,8 @@ std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t
     }
     ++live_;
     ++ep_.counters.connected;
-    ep_.counters.connected_local += local ? 1 : 0;
+    ep_.counters.connected_local += kind == rpc::transport::shm ? 1 : 0;
+    ep_.counters.connected_tcp += kind == rpc::transport::tcp ? 1 : 0;
     if (group_ != nullptr) {
         try {
             group_->claim(client, worker_); // its reconnections come here
@@ -298,33 +317,40 @@ void server::refuse_current(std::string_view what) noexcept {
 
 bool server::handshake_room(uid_t uid) noexcept {
     // One user cannot hold every handshake: at most a quarter of max_peers
-    // (and 4) each, so that a user's silent connections leave room for others.
+    // (and 4) each, so that a user's silent connections leave room for
+    // others. TCP peers (no credentials) share one user's share.
     const std::size_t per_uid = std::max<std::size_t>(4, opts_.max_peers / 4);
     const auto same = static_cast<std::size_t>(std::count_if(
         handshakes_.begin(), handshakes_.end(), [&](const handshake& h) { return h.uid == uid; }));
     if (same >= per_uid) {
-        ep_.counters.count_refusal_fmt(EBUSY,
-                                       "node-local connection: {} handshakes of uid {} under way "
-                                       "already (max_peers / 4)",
-                                       same, uid);
+        if (uid == tcp_peers)
+            ep_.counters.count_refusal_fmt(EBUSY,
+                                           "tcp connection: {} tcp handshakes under way already "
+                                           "(max_peers / 4)",
+                                           same);
+        else
+            ep_.counters.count_refusal_fmt(EBUSY,
+                                           "node-local connection: {} handshakes of uid {} under "
+                                           "way already (max_peers / 4)",
+                                           same, uid);
         return false;
     }
     return true;
 }
 
-void server::start_local(local::unix_channel ch) noexcept {
+void server::start_handshake(local::unix_channel ch, bool tcp) noexcept {
+    const char* what = tcp ? "tcp connection" : "node-local connection";
     if (handshakes_.size() >= opts_.max_peers) {
-        ep_.counters.count_refusal_fmt(EBUSY,
-                                       "node-local connection: {} handshakes under way already "
-                                       "(max_peers)",
-                                       handshakes_.size());
+        ep_.counters.count_refusal_fmt(EBUSY, "{}: {} handshakes under way already (max_peers)",
+                                       what, handshakes_.size());
         return; // closed as it goes
     }
-    uid_t uid = 0;
+    uid_t uid = tcp_peers;
     try {
-        uid = ch.peer().uid;
+        if (!tcp)
+            uid = ch.peer().uid;
     } catch (...) {
-        refuse_current("node-local connection");
+        refuse_current(what);
         return;
     }
     if (!handshake_room(uid))
@@ -333,18 +359,19 @@ void server::start_local(local::unix_channel ch) noexcept {
     try {
         ep_.in.watch(fd);
     } catch (...) {
-        refuse_current("node-local connection");
+        refuse_current(what);
         return;
     }
     // Held here until it is in the table: if that throws, the socket is
     // forgotten by the epoll set before it closes (its number may be reused).
-    handshake h{std::move(ch), local::message_reader(sizeof(local_hello), 0),
-                ep_.now() + opts_.connect_timeout, uid};
+    handshake h{std::move(ch),
+                local::message_reader(tcp ? sizeof(tcp_hello) : sizeof(local_hello), 0),
+                ep_.now() + opts_.connect_timeout, uid, tcp};
     try {
         handshakes_.push_back(std::move(h));
     } catch (...) {
         ep_.in.forget(fd);
-        refuse_current("node-local connection");
+        refuse_current(what);
     }
 }
 
@@ -369,18 +396,23 @@ void server::end_handshake(std::size_t i, local::message_reader::state st) noexc
         handshakes_[i] = std::move(handshakes_.back());
     handshakes_.pop_back();
     ep_.in.forget(done.ch.fd());
+    const std::string_view what = done.tcp ? "tcp handshake" : "node-local handshake";
     switch (st) {
     case local::message_reader::state::more:
-        refuse(ETIMEDOUT, "node-local handshake: no hello before connect_timeout");
+        ep_.counters.count_refusal_fmt(ETIMEDOUT, "{}: no hello before connect_timeout", what);
         break;
     case local::message_reader::state::failed:
-        refuse(done.hello.error(), "node-local handshake: the hello did not come whole");
+        ep_.counters.count_refusal_fmt(done.hello.error(), "{}: the hello did not come whole",
+                                       what);
         break;
     case local::message_reader::state::done:
         try {
-            accept_local(std::move(done.ch), done.hello.message());
+            if (done.tcp)
+                accept_tcp(std::move(done.ch), done.hello.message());
+            else
+                accept_local(std::move(done.ch), done.hello.message());
         } catch (...) {
-            refuse_current("node-local handshake"); // the channel closes as it goes
+            refuse_current(what); // the channel closes as it goes
         }
         break;
     }

@@ -36,7 +36,7 @@ std::int64_t own_cpu_ns() noexcept {
 /// Adds `b`'s counts to `a`'s; the last refusal and link end are b's where it has one.
 // A field added to rpc_counters must be added to the sum below too: this
 // trips when the struct's size changes (then update both).
-static_assert(sizeof(rpc_counters) == 472, "rpc_counters changed: update add_counters");
+static_assert(sizeof(rpc_counters) == 480, "rpc_counters changed: update add_counters");
 
 void add_counters(rpc_counters& a, const rpc_counters& b) noexcept {
     for (auto f : {&rpc_counters::calls,
@@ -72,6 +72,7 @@ void add_counters(rpc_counters& a, const rpc_counters& b) noexcept {
                    &rpc_counters::stray_completions,
                    &rpc_counters::connected,
                    &rpc_counters::connected_local,
+                   &rpc_counters::connected_tcp,
                    &rpc_counters::disconnected,
                    &rpc_counters::link_failures})
         a.*f += b.*f;

@@ -85,7 +85,11 @@ void server::transfer_ended(peer& l, std::uint32_t index, const detail::link_eve
     const std::uint64_t tag = c.wr_id >> 56;
     const auto at = static_cast<std::uint16_t>((c.wr_id >> 16) & 0xffffU);
     const auto slot = static_cast<std::uint32_t>(c.wr_id & 0xffffU);
-    if (!c.ok())
+    // Over TCP a body that could not be read fails its call alone (the
+    // caller's memory, or the call ended): the stream goes on. On the device
+    // an error completion leaves the queue pair in error.
+    const bool call_only = !c.ok() && tag == tag_read && l.wire->kind() == transport::tcp;
+    if (!c.ok() && !call_only)
         l.wire->broken = true;
     // The transfer is over (done or flushed): its block is free again, once
     // the handler had a request body.
@@ -104,13 +108,17 @@ void server::transfer_ended(peer& l, std::uint32_t index, const detail::link_eve
     // Still the body of the call in its slot (not one superseded)?
     slot_state* ss = slot < l.slots.size() ? &l.slots[slot] : nullptr;
     const bool current = ss != nullptr && ss->busy && ss->body_at == at;
-    if (current && !l.wire->broken) {
+    if (current && !l.wire->broken && !call_only) {
         run_handler(l, index, slot, {l.blocks[at].data(), l.blocks[at].size()});
         return;
     }
     if (current)
         ss->body_at = no_block;
     release_block(l, at);
+    if (current && call_only && !l.wire->broken) {
+        ++ep_.counters.calls;
+        answer(l, index, slot, call_status::read_failed, {}, false);
+    }
 }
 
 void server::check_failed(peer& l) noexcept {

@@ -18,12 +18,16 @@ void server::take_handoffs() noexcept {
                 refuse_current("rdma_cm connection request"); // rejected as it goes
             }
         } else if (item.hello.empty()) {
-            start_local(std::move(item.local));
+            start_handshake(std::move(item.local), item.tcp);
         } else {
             try {
-                accept_local(std::move(item.local), item.hello);
+                if (item.tcp)
+                    accept_tcp(std::move(item.local), item.hello);
+                else
+                    accept_local(std::move(item.local), item.hello);
             } catch (...) {
-                refuse_current("node-local handshake"); // the channel closes as it goes
+                // The channel closes as it goes.
+                refuse_current(item.tcp ? "tcp handshake" : "node-local handshake");
             }
         }
     }
@@ -36,7 +40,7 @@ void server::take_handoffs() noexcept {
 }
 
 bool server::forward_local(local::unix_channel& ch, std::span<const std::byte> hello,
-                           std::uint64_t client) {
+                           std::uint64_t client, bool tcp) {
     const std::optional<std::size_t> owner = group_->owner(client);
     if (!owner || *owner == worker_)
         return false;
@@ -44,6 +48,7 @@ bool server::forward_local(local::unix_channel& ch, std::span<const std::byte> h
     detail::handoff_item item;
     item.local = std::move(ch);
     item.hello.assign(hello.begin(), hello.end());
+    item.tcp = tcp;
     group_->box(*owner).post(std::move(item));
     return true;
 }

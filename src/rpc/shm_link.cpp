@@ -122,7 +122,7 @@ std::size_t shm_link::segment_bytes(std::uint16_t slots, std::uint32_t slot_byte
 
 shm_link::shm_link(local::unix_channel channel, pid_t peer, std::uint16_t slots,
                    std::uint32_t slot_bytes)
-    : link(slots, slot_bytes, true)
+    : link(slots, slot_bytes, transport::shm)
     , channel_(std::move(channel))
     , seg_(local::shared_segment::create("rpc", segment_bytes(slots, slot_bytes)))
     , peer_(peer) {
@@ -149,7 +149,7 @@ shm_link::shm_link(local::unix_channel channel, pid_t peer, std::uint16_t slots,
 
 shm_link::shm_link(local::unix_channel channel, local::shared_segment segment, pid_t peer,
                    std::uint16_t slots, std::uint32_t slot_bytes, int wake_server, int wake_client)
-    : link(slots, slot_bytes, true)
+    : link(slots, slot_bytes, transport::shm)
     , channel_(std::move(channel))
     , seg_(std::move(segment))
     , peer_(peer)

@@ -196,7 +196,8 @@ struct fake_end {
 class fake_link final : public rpc::detail::link {
 public:
     explicit fake_link(std::shared_ptr<fake_end> e)
-        : link(e->slots, e->slot_bytes, e->path == fake_path::node_local)
+        : link(e->slots, e->slot_bytes,
+               e->path == fake_path::node_local ? rpc::transport::shm : rpc::transport::rdma)
         , e_(std::move(e)) {
         // Node-local: this side builds its messages in the peer's ring
         // itself, as in the shared segment.

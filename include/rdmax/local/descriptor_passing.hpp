@@ -115,6 +115,8 @@ public:
                         std::chrono::milliseconds timeout);
     [[nodiscard]] peer_credentials peer() const;
     [[nodiscard]] int fd() const noexcept { return fd_; }
+    /// The descriptor, now the caller's (this channel holds none).
+    [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }
 
 private:
     int fd_ = -1;

@@ -3,7 +3,7 @@
 // completion queue and one shared receive queue for all of them. See
 // wire.hpp for the protocol and server.hpp for the other side.
 //
-//     rpc::client cli(pd);   // or cli(): no device, servers on this node only
+//     rpc::client cli(pd);   // or cli(): no device (servers on this node, or over TCP)
 //     rpc::peer_id srv = cli.connect("192.0.2.1", 7471);
 //     rpc::call_result r = cli.call(srv, 1, rdmax::as_bytes_of(request));
 //     if (r.status == rpc::call_status::ok) use(r.reply);   // valid until the next poll or call
@@ -55,9 +55,7 @@
 namespace rdmax::rpc {
 
 struct local_welcome;
-namespace detail {
-struct pending_dial;
-}
+namespace detail { struct pending_dial; } // NOLINT(readability-namespace-comments)
 
 struct call_options {
     sched::priority priority = sched::normal;
@@ -171,13 +169,12 @@ public:
     /// Slot bytes granted by `p`'s server (what fits inline: this less 16..48).
     [[nodiscard]] std::uint32_t slot_bytes(peer_id p) const noexcept;
     [[nodiscard]] bool connected(peer_id p) const noexcept;
-    /// True when the calls to `p` go through the node's memory, not the device.
+    /// True when the calls to `p` go through the node's memory (transport::shm).
     [[nodiscard]] bool is_local(peer_id p) const noexcept;
     /// How the calls to `p` go now (nullopt: no connection at the moment).
     [[nodiscard]] std::optional<rpc::transport> transport(peer_id p) const noexcept;
-    /// The priority scheduler's counters of the connection to `p` (budget,
-    /// slices, the rate and latency it measured); nullopt for no such peer
-    /// or a node-local one.
+    /// The priority scheduler's counters of the connection to `p` (budget, slices,
+    /// the rate and latency it measured); nullopt: no such peer, or not the device.
     [[nodiscard]] std::optional<sched::scheduler_counters>
     scheduler_counters(peer_id p) const noexcept;
     [[nodiscard]] const rpc_counters& counters() const noexcept { return ep_.counters; }
@@ -226,31 +223,33 @@ private:
         std::shared_ptr<detail::pending_dial> dialing; ///< a reconnect under way (device)
     };
     // Connecting (client_connect.cpp).
-    /// A connection to addr:port: node-local if it can, else through the device.
+    /// A connection to addr:port: node-local if it can, else through the
+    /// device, else over TCP (connect_tcp; finish_dial: the device's, or TCP
+    /// where the device has no path to the server).
     std::unique_ptr<detail::link> dial(std::string_view addr, std::uint16_t port);
+    std::unique_ptr<detail::link> connect_tcp(std::string_view addr, std::uint16_t port);
+    std::unique_ptr<detail::link> finish_dial(detail::pending_dial& d, std::string_view addr,
+                                              std::uint16_t port);
     /// The node-local path to addr:port, or nullptr (take the device; why not in local_miss_).
     std::unique_ptr<detail::link> connect_local(std::string_view addr, std::uint16_t port);
     std::string local_miss_;
     /// The device may carry connections (a protection domain, and rdma in transports).
     [[nodiscard]] bool device_ok() const noexcept;
-    /// No node-local path to addr:port and no device: throws why.
-    [[noreturn]] void unreachable(std::string_view addr, std::uint16_t port) const;
-    /// The node-local handshake on `ch`, or nullptr (refused: take the device).
+    [[noreturn]] void unreachable(std::string_view addr, std::uint16_t port) const; ///< throws why
+    /// The node-local handshake on `ch`, or nullptr (refused: the device).
     std::unique_ptr<detail::link> local_handshake(local::unix_channel ch, std::string_view addr,
                                                   std::uint16_t port);
-    /// Sends the hello; the welcome's bytes and the descriptors.
     std::size_t exchange_hello(local::unix_channel& ch, local_welcome& w, std::vector<int>& fds);
     /// Maps the welcome's segment (fds: segment, wake server, wake this side).
     std::unique_ptr<detail::link> map_segment(local::unix_channel ch, const local_welcome& w,
                                               std::vector<int>& fds, std::string_view addr,
                                               std::uint16_t port);
     /// connect_local() turned down (handshake closed, refused, segment not
-    /// sealed): closes `fds`, counts and says why, returns nullptr (the device).
+    /// sealed): closes `fds`, counts, says why, returns nullptr (the device).
     std::unique_ptr<detail::link> refuse_local(std::vector<int>& fds, int err,
                                                std::string_view reason, std::string_view addr,
                                                std::uint16_t port, std::string_view what);
-    /// Through the device: begun here (the link, a thread for rdma_cm's
-    /// connect), finished at a later poll or at once (throws why not).
+    /// Through the device: begun here (a thread for rdma_cm), finished later (throws why not).
     std::shared_ptr<detail::pending_dial> begin_device(std::string_view addr, std::uint16_t port);
     std::unique_ptr<detail::link> finish_device(detail::pending_dial& d, std::string_view addr,
                                                 std::uint16_t port);

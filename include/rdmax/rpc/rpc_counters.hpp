@@ -76,8 +76,10 @@ struct rpc_counters {
     std::uint64_t stray_completions = 0;  ///< receive completions of no live connection
     // Connections.
     std::uint64_t connected = 0; ///< connections made (accepted or connected)
-    /// Of those, through the node's memory (transport::shm); the rest through the device.
+    /// Of those, through the node's memory (transport::shm).
     std::uint64_t connected_local = 0;
+    /// Of those, over TCP (transport::tcp); the rest through the device.
+    std::uint64_t connected_tcp = 0;
     std::uint64_t refused = 0; ///< connection requests refused (bad offer, too many peers)
     /// Why the last connection was refused (count_refusal): an errno (0:
     /// none) and what happened, in a few words ("" before the first).
@@ -168,7 +170,7 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "unknown outcomes {} duplicates {} goaways {} "
             "bytes in {} out {} unknown method {} "
             "rejected {} (kind {} slot {} length {} malformed {} credit {} opcode {}) "
-            "stray {} connected {} (node-local {}) refused {} (last: {}{}{}) disconnected {} link "
+            "stray {} connected {} (node-local {} tcp {}) refused {} (last: {}{}{}) disconnected {} link "
             "failures {} "
             "(last: {}) "
             "last link event {} ({})",
@@ -178,7 +180,8 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             c.reconnects, c.reconnect_attempts, c.retried_calls, c.unknown_outcomes, c.duplicates,
             c.goaways, c.bytes_in, c.bytes_out, c.unknown_method, c.rejected(), c.rejected_kind,
             c.rejected_slot, c.rejected_length, c.rejected_malformed, c.rejected_credit,
-            c.rejected_opcode, c.stray_completions, c.connected, c.connected_local, c.refused,
+            c.rejected_opcode, c.stray_completions, c.connected, c.connected_local, c.connected_tcp,
+            c.refused,
             c.refused == 0 ? "none" : c.last_refusal.what(), c.last_refusal.error == 0 ? "" : ": ",
             c.last_refusal.error == 0 ? std::string_view{}
                                       : std::string_view{std::strerror(c.last_refusal.error)},

@@ -14,36 +14,15 @@
 #include <tuple>
 
 #include <rdmax/config/knob.hpp>
+#include <rdmax/rpc/transport.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
 
 namespace rdmax::rpc {
 
-/// How a connection's bytes go (rpc::client::transport).
-enum class transport : std::uint8_t {
-    rdma = 1, ///< through the RDMA device: rdma_cm, write-with-immediate, READ and WRITE
-    shm = 2,  ///< between processes on one node: a shared segment, and CMA for large bodies
-};
-[[nodiscard]] constexpr std::string_view to_string(transport t) noexcept {
-    return t == transport::rdma ? "rdma" : "shm";
-}
-
-/// The transports an endpoint may use (rpc_options::transports).
-struct transport_set {
-    std::uint8_t bits = 0;
-    [[nodiscard]] constexpr bool has(transport t) const noexcept {
-        return (bits & static_cast<std::uint8_t>(t)) != 0;
-    }
-    friend constexpr transport_set operator|(transport_set s, transport t) noexcept {
-        return {static_cast<std::uint8_t>(s.bits | static_cast<std::uint8_t>(t))};
-    }
-    friend constexpr bool operator==(transport_set, transport_set) noexcept = default;
-};
-inline constexpr transport_set all_transports = transport_set{} | transport::rdma | transport::shm;
-
-/// RDMAX_RPC_TRANSPORTS' parser: a comma list of rdma and shm, in any order
-/// (UCX_TLS's way). tcp is refused with its reason: not in this version.
+/// RDMAX_RPC_TRANSPORTS' parser: a comma list of rdma, shm and tcp, in any
+/// order (UCX_TLS's way).
 struct transport_list {
     template <class T>
         requires std::same_as<T, transport_set>
@@ -57,7 +36,7 @@ struct transport_list {
     }
     template <class T>
     [[nodiscard]] std::string range() const {
-        return "a comma list of rdma, shm";
+        return "a comma list of rdma, shm, tcp";
     }
     /// Throws rdmax::error naming the variable, the value and why.
     static transport_set parse_transports(const char* who, std::string_view name,
@@ -124,10 +103,11 @@ struct rpc_options {
     /// it first (RDMAX_RPC_LOCAL=0: always the device).
     bool local = true;
     /// The transports this endpoint may use, UCX_TLS's way: a set, and each
-    /// peer takes the best one both ends have, shm for a peer on this node
-    /// (with `local`), else rdma. rdma needs a protection domain: a server
-    /// or client built without one has shm alone (docs/rpc.md, "Without a
-    /// device"). tcp: not yet (RDMAX_RPC_TRANSPORTS refuses it).
+    /// peer takes the best one both ends have: shm for a peer on this node
+    /// (with `local`), else rdma, else tcp. rdma needs a protection domain:
+    /// a server or client built without one has shm and tcp (docs/rpc.md,
+    /// "Without a device"). A server with tcp also listens on TCP at its
+    /// address and port (the same number as its rdma_cm port).
     transport_set transports = all_transports;
     /// Whom a client lets read and write its memory by CMA where Yama's
     /// ptrace_scope is 1 (only descendants otherwise): the server on this
@@ -217,7 +197,7 @@ inline constexpr std::tuple rpc_knobs{
         "under Yama scope 1, whom a client lets use CMA on it: its first node-local "
         "server, `any`, `off`"},
     config::knob{"RDMAX_RPC_TRANSPORTS", &rpc_options::transports, transport_list{},
-                 "transports to use, comma list (`rdma`, `shm`); no device: shm alone"},
+                 "transports to use, comma list (`rdma`, `shm`, `tcp`); no device: no rdma"},
 };
 
 } // namespace rdmax::rpc

@@ -131,10 +131,10 @@ public:
     /// request on another device is refused). Throws rdmax::error.
     server(const verbs::protection_domain& pd, std::string_view addr, std::uint16_t port,
            rpc_options opts = rpc_options{}.with_env());
-    /// With no device: answers peers on this node only (transport::shm), on
-    /// addr:port as they name it (addr: an address of this node, or a
-    /// wildcard; port 0: a free one). Throws rdmax::error where opts leave
-    /// shm out, or another server on this node answers addr:port.
+    /// With no device: answers peers on this node (transport::shm) and over
+    /// TCP (transport::tcp) on addr:port as they name it (addr: an address
+    /// of this node, or a wildcard; port 0: a free one). Throws rdmax::error
+    /// where opts leave both out, or another server holds addr:port.
     server(std::string_view addr, std::uint16_t port, rpc_options opts = rpc_options{}.with_env());
     server(const server&) = delete;
     server& operator=(const server&) = delete;
@@ -204,9 +204,10 @@ private:
     server(detail::no_device_t none, detail::group_routes& group, std::size_t worker,
            rpc_options opts);
     void take_handoffs() noexcept;
-    /// A node-local client the group knows is another worker's: handed to it.
+    /// A client (node-local, or over `tcp`) the group knows is another
+    /// worker's: handed to it.
     bool forward_local(local::unix_channel& ch, std::span<const std::byte> hello,
-                       std::uint64_t client);
+                       std::uint64_t client, bool tcp = false);
     void publish_load() noexcept;
     detail::group_routes* group_ = nullptr;
     std::size_t worker_ = 0;
@@ -252,12 +253,13 @@ private:
     void accept_new(bool events) noexcept;
     void accept_pending();
     void accept_one(verbs::connection_request req);
-    /// Up to a round's worth of node-local connections from the listener.
+    /// Up to a round's worth of node-local (or TCP) connections from the listener.
     void accept_local_pending() noexcept;
+    void accept_tcp_pending() noexcept;
     /// Out of descriptors at accept: the listener is left alone a while.
     void pause_listener() noexcept;
-    /// A node-local connection: its hello is awaited in progress_handshakes().
-    void start_local(local::unix_channel ch) noexcept;
+    /// A node-local (or `tcp`) connection: its hello is awaited in progress_handshakes().
+    void start_handshake(local::unix_channel ch, bool tcp) noexcept;
     /// Room for another handshake from `uid`: each user gets a share
     /// (counted as refused if not).
     [[nodiscard]] bool handshake_room(uid_t uid) noexcept;
@@ -266,6 +268,7 @@ private:
     void progress_handshakes(bool readable) noexcept;
     void end_handshake(std::size_t i, local::message_reader::state st) noexcept;
     void accept_local(local::unix_channel ch, std::span<const std::byte> hello_bytes);
+    void accept_tcp(local::unix_channel ch, std::span<const std::byte> hello_bytes);
     /// The welcome's status for this hello (local_ok, or why not).
     std::uint32_t judge_hello(const local_hello& hello, std::size_t bytes,
                               const local::unix_channel& ch);
@@ -357,13 +360,18 @@ private:
     /// The node-local listener on addr:port (port 0: a free one); `needed`:
     /// throws if it cannot be made, else says why and goes on without.
     void listen_local(std::string_view addr, bool needed);
+    /// The TCP listener on addr:port (port 0: a free one, then port_), likewise.
+    void listen_tcp(std::string_view addr, bool needed);
+    int tcp_listener_ = -1; ///< peers with neither rdma nor shm to this server
     /// A node-local connection whose hello has not all come yet.
     struct handshake {
         local::unix_channel ch;
         local::message_reader hello;
         sched::coarse_clock::time_point deadline;
         uid_t uid = 0; ///< the peer's (SO_PEERCRED): each user gets a share of the handshakes
+        bool tcp = false; ///< over TCP: uid is tcp_peers (they share one user's share)
     };
+    static constexpr uid_t tcp_peers = static_cast<uid_t>(-1);
     std::vector<handshake> handshakes_; ///< at most max_peers
     /// Out of descriptors at accept: the node-local listener is not watched
     /// until listener_back_ (else its pending connection wakes every wait()).

@@ -32,13 +32,14 @@
 
 namespace rdmax::rpc::detail {
 
-/// A connection handed to a worker: an rdma_cm request, a node-local socket
+/// A connection handed to a worker: an rdma_cm request, a node-local (or TCP) socket
 /// whose hello is still to come, or one whose hello came (a reconnection
 /// another worker read, forwarded to the worker that has the client's replies).
 struct handoff_item {
     std::optional<verbs::connection_request> device;
     local::unix_channel local;
     std::vector<std::byte> hello; ///< empty: the hello is still to come
+    bool tcp = false;             ///< `local` is a TCP socket
 };
 
 /// One worker's mailbox.

@@ -8,11 +8,14 @@
 //              a call's buffers shown through memory windows;
 //   shm_link   between two processes on one node: the rings in a shared
 //              segment, the immediates in a message ring (they come out of
-//              poll()), bodies by CMA.
+//              poll()), bodies by CMA;
+//   tcp_link   over one TCP socket: slots, immediates and bodies in frames
+//              on the stream, the peer's reads and writes checked against
+//              this side's own keys.
 //
 // The endpoint never asks which one it holds: everything a caller does with
 // a connection is one of the ten operations below, each with a meaning on
-// both paths (a path where one has nothing to do says so in its answer).
+// every path (a path where one has nothing to do says so in its answer).
 // Rings and staging slots are plain memory, laid out by the implementation
 // and read without a call.
 
@@ -25,6 +28,7 @@
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/mem/rights.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
+#include <rdmax/rpc/transport.hpp>
 #include <rdmax/sched/priority.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
 #include <rdmax/status.hpp>
@@ -93,10 +97,10 @@ enum class access_end : std::uint8_t {
 
 class link {
 public:
-    link(std::uint16_t slots, std::uint32_t slot_bytes, bool node_local) noexcept
+    link(std::uint16_t slots, std::uint32_t slot_bytes, rpc::transport kind) noexcept
         : slots_(slots)
         , slot_bytes_(slot_bytes)
-        , node_local_(node_local) {}
+        , kind_(kind) {}
     link(const link&) = delete;
     link& operator=(const link&) = delete;
     virtual ~link() = default;
@@ -120,7 +124,9 @@ public:
     /// The queue pair whose receive completions are this link's, or 0.
     [[nodiscard]] std::uint32_t qp_num() const noexcept { return qp_num_; }
     /// Through the node's memory, not the device (for rpc::client::is_local).
-    [[nodiscard]] bool node_local() const noexcept { return node_local_; }
+    [[nodiscard]] bool node_local() const noexcept { return kind_ == rpc::transport::shm; }
+    /// Which way the bytes go (rpc::client::transport).
+    [[nodiscard]] rpc::transport kind() const noexcept { return kind_; }
     /// The priority scheduler's counters, where the link posts through one.
     [[nodiscard]] std::optional<sched::scheduler_counters> scheduler_counters() const noexcept {
         return counters_of_ != nullptr ? std::optional(counters_of_(this)) : std::nullopt;
@@ -205,7 +211,7 @@ protected:
 private:
     std::uint16_t slots_;
     std::uint32_t slot_bytes_;
-    bool node_local_;
+    rpc::transport kind_;
     std::byte* in_slots_ = nullptr;
     std::byte* out_slots_ = nullptr;
     int event_fd_ = -1;

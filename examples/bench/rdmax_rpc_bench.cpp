@@ -1,14 +1,17 @@
 // rdmax_rpc_bench: RPC echo latency and rate over rdmax::rpc, against the
 // same echo over send/receive on rdmax verbs and over TCP, in one run.
 //
-//   rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep size|outstanding|clients|api|all]
-//                   [--transports rdmax,local,sendrecv,tcp] [--json FILE]
+//   rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep size|outstanding|clients|api|tcp|all]
+//                   [--transports rdmax,local,rdmax-tcp,sendrecv,tcp] [--json FILE]
 //                   [--api poll,awaitable,callback] [--spin-us N] [--no-batch]
 //
 // "rdmax" is rdmax::rpc through the device, "local" the same calls through
-// the node's memory (both ends are on this node: shared rings, CMA); with
-// only local and tcp asked for, no device is opened (a machine without RDMA:
-// rpc::server and rpc::client built with no device, on 127.0.0.1). The
+// the node's memory (both ends are on this node: shared rings, CMA),
+// "rdmax-tcp" the same calls over rdmax's TCP transport (tcp alone in
+// rpc_options::transports), "tcp" a plain TCP echo (fixed-size messages, no
+// framing: the floor TCP gives); with only local, rdmax-tcp and tcp asked
+// for, no device is opened (a machine without RDMA: rpc::server and
+// rpc::client built with no device, on 127.0.0.1). The
 // server runs in a thread of this process (one thread for all clients,
 // spinning); the clients run in the main thread, each with K calls in
 // flight, each request carrying its own bytes, and every reply is checked
@@ -20,6 +23,8 @@
 //   clients      1 .. 16 clients, 16 in flight each, 64 B
 //   latency      64 B, 1 in flight, 1 client: one point, for rounds against the floor
 //   syscalls     64 B, 16 in flight, 1 client, rdmax: one point, for strace -c
+//   tcp          64 B x1, 64 B x16, 1 MiB x1 (1 client): rdmax-tcp against tcp,
+//                with the ratios of p50 and calls/s printed at the end
 //   api          64 B, 1, 16 and 64 in flight, 1 client, rdmax and local: each
 //                API of --api (built with Asio: rpc::async_client), with the
 //                ratio to poll's p50 and calls/s of the same point in this run
@@ -169,6 +174,10 @@ figures run_rpc(const verbs::protection_domain* pd, const std::string& addr, con
                 long calls, double per_us, bool local) {
     rpc::rpc_options o = rpc::rpc_options{}.with_env();
     o.local = local; // "rdmax": through the device; "local": through the node's memory
+    if (p.transport == "rdmax-tcp") {
+        pd = nullptr; // over TCP alone: no device, no node-local path
+        o.transports = rpc::transport_set{} | rpc::transport::tcp;
+    }
     o.slots = static_cast<std::uint16_t>(std::max(p.outstanding, 1));
     const std::unique_ptr<rpc::server> made = make_server(pd, addr, o);
     rpc::server& srv = *made;
@@ -714,6 +723,27 @@ figures run_writeimm(const verbs::protection_domain& pd, const std::string& addr
 
 // ---- TCP on the loopback -------------------------------------------------------------------
 
+/// rdmax-tcp against plain tcp at the points both ran, this run: the ratio
+/// of p50 (rdmax-tcp / tcp: lower is better) and of calls/s (higher is).
+void print_tcp_ratios(const std::vector<std::pair<point, figures>>& polled) {
+    for (const auto& [p, f] : polled) {
+        if (p.transport != "rdmax-tcp")
+            continue;
+        const auto base = std::find_if(polled.begin(), polled.end(), [&](const auto& b) {
+            return b.first.transport == "tcp" && b.first.bytes == p.bytes &&
+                   b.first.outstanding == p.outstanding && b.first.clients == p.clients;
+        });
+        if (base == polled.end())
+            continue;
+        fmt::print("rdmax-tcp/tcp {:>8} B x{:<3}: p50 {:.2f}x, calls/s {:.2f}x ({:.0f} MB/s "
+                   "echoed vs {:.0f})\n",
+                   p.bytes, p.outstanding, f.p50_us / base->second.p50_us,
+                   f.calls_per_s / base->second.calls_per_s,
+                   f.calls_per_s * static_cast<double>(p.bytes) * 2e-6,
+                   base->second.calls_per_s * static_cast<double>(p.bytes) * 2e-6);
+    }
+}
+
 int tcp_socket() {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -890,7 +920,8 @@ std::vector<std::string> split(const std::string& s) {
 } // namespace
 
 int main(int argc, char** argv) {
-    std::string addr = "192.0.2.1", sweep = "all", transports = "rdmax,local,sendrecv,tcp", json;
+    std::string addr = "192.0.2.1", sweep = "all",
+                transports = "rdmax,local,rdmax-tcp,sendrecv,tcp", json;
     std::string apis = "poll";
     long calls = 2000, spin_us = 0;
     bool batch = true; ///< --no-batch: async_options::batch_doorbells off
@@ -947,15 +978,20 @@ int main(int argc, char** argv) {
             add(64, 16, 1);
         if (sweep == "latency") // the 64 B point alone, for rounds against the floor (rpc-bench)
             add(64, 1, 1);
+        if (sweep == "tcp") // rdmax's TCP transport against plain TCP, same run
+            for (const auto& [b, k] : {std::pair<std::size_t, int>{64, 1}, {64, 16}, {1 << 20, 1}})
+                add(b, k, 1);
         if (sweep == "api") // poll against the async adapter, same run
             for (int k : {1, 16, 64})
                 add(64, k, 1);
         if (points.empty())
             throw bench_failure(
-                fmt::format("--sweep {}: size, outstanding, clients, api or all", sweep));
+                fmt::format("--sweep {}: size, outstanding, clients, api, tcp or all", sweep));
         // The device, where a transport needs it; "local" and "tcp" run without
         // one (natively, on a machine with no RDMA), then on 127.0.0.1 unless -a.
-        const auto needs_device = [](const std::string& t) { return t != "local" && t != "tcp"; };
+        const auto needs_device = [](const std::string& t) {
+            return t != "local" && t != "tcp" && t != "rdmax-tcp";
+        };
         const auto ts = split(transports);
         std::optional<verbs::context> ctx;
         std::optional<verbs::protection_domain> pd;
@@ -987,8 +1023,8 @@ int main(int argc, char** argv) {
                 f = run_async(dev, addr, p, n, per_us, p.transport == "local", spin_us, batch);
             else if (p.transport == "rdmax")
                 f = run_rpc(dev, addr, p, n, per_us, false);
-            else if (p.transport == "local")
-                f = run_rpc(dev, addr, p, n, per_us, true);
+            else if (p.transport == "local" || p.transport == "rdmax-tcp")
+                f = run_rpc(dev, addr, p, n, per_us, p.transport == "local");
             else if (p.transport == "sendrecv")
                 f = run_sendrecv(*pd, addr, p, n, per_us);
             else if (p.transport == "tcp")
@@ -997,7 +1033,8 @@ int main(int argc, char** argv) {
                 f = run_writeimm(*pd, addr, p, n, per_us);
             else
                 throw bench_failure(
-                    fmt::format("transport {}: rdmax, sendrecv or tcp", p.transport));
+                    fmt::format("transport {}: rdmax, local, rdmax-tcp, sendrecv, writeimm or tcp",
+                                p.transport));
             bad += f.bad;
             if (p.api == "poll")
                 polled.emplace_back(p, f);
@@ -1028,6 +1065,7 @@ int main(int argc, char** argv) {
         }
         if (out != nullptr)
             std::fclose(out);
+        print_tcp_ratios(polled);
         if (bad != 0)
             throw bench_failure(fmt::format("{} replies differed from their requests", bad));
         return 0;

@@ -77,7 +77,12 @@ sched::coarse_clock::time_point client::deadline_of(const call_options& o) const
         o.timeout.count() > 0
             ? o.timeout
             : std::chrono::duration_cast<std::chrono::microseconds>(opts_.call_timeout);
-    return ep_.now() + timeout;
+    // The coarse clock lags the time by up to a jiffy: without it, a call
+    // could end timed_out a few milliseconds before its timeout passed (a
+    // clock the tests inject has no lag).
+    const auto lag = ep_.clock == &sched::coarse_clock::now ? sched::coarse_clock::resolution()
+                                                            : sched::coarse_clock::duration{0};
+    return ep_.now() + timeout + lag;
 }
 
 call_status client::expose_call(peer& l, std::uint32_t slot, const call_options& o,

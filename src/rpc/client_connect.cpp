@@ -151,8 +151,7 @@ bool client::device_ok() const noexcept {
 
 void client::unreachable(std::string_view addr, std::uint16_t port) const {
     throw_error("rpc::client::connect", EHOSTUNREACH,
-                fmt::format("{}:{}: {}, {}, and tcp is left out (RDMAX_RPC_TRANSPORTS)", addr,
-                            port,
+                fmt::format("{}:{}: {}, {}, and tcp is left out (RDMAX_RPC_TRANSPORTS)", addr, port,
                             ep_.pd == nullptr ? "no RDMA device here"
                                               : "rdma is left out (RDMAX_RPC_TRANSPORTS)",
                             local_miss_));
@@ -218,19 +217,34 @@ std::unique_ptr<detail::link> client::finish_dial(detail::pending_dial& d, std::
                                                   std::uint16_t port) {
     if (!opts_.transports.has(transport::tcp))
         return finish_device(d, addr, port);
+    std::string rdma_miss;
     try {
         return finish_device(d, addr, port);
     } catch (const error& e) {
         if (!no_rdma_path(e))
             throw;
+        rdma_miss = fmt::format("no RDMA path ({})", e.what());
         rdmax::detail::notice(
-            fmt::format("rpc::client: {}:{}: no RDMA path ({}): over TCP", addr, port, e.what()));
+            fmt::format("rpc::client: {}:{}: {}: over TCP", addr, port, rdma_miss));
     }
-    return connect_tcp(addr, port);
+    return connect_tcp(addr, port, rdma_miss);
 }
 
-std::unique_ptr<detail::link> client::connect_tcp(std::string_view addr, std::uint16_t port) {
-    local::unix_channel ch(tcp_connect(addr, port, opts_.connect_timeout));
+std::unique_ptr<detail::link> client::connect_tcp(std::string_view addr, std::uint16_t port,
+                                                  std::string_view rdma_miss) {
+    local::unix_channel ch;
+    try {
+        ch = local::unix_channel(tcp_connect(addr, port, opts_.connect_timeout));
+    } catch (const error& e) {
+        // No path at all: every reason, as unreachable() gives them.
+        throw_error("rpc::client::connect", EHOSTUNREACH,
+                    fmt::format("{}:{}: {}, {}, and over tcp: {}", addr, port,
+                                !rdma_miss.empty() ? rdma_miss
+                                : ep_.pd == nullptr
+                                    ? std::string_view("no RDMA device here")
+                                    : std::string_view("rdma is left out (RDMAX_RPC_TRANSPORTS)"),
+                                local_miss_, e.what()));
+    }
     tcp_hello hello;
     hello.slots = opts_.slots;
     hello.slot_bytes = opts_.slot_bytes;
@@ -255,8 +269,8 @@ std::unique_ptr<detail::link> client::connect_tcp(std::string_view addr, std::ui
                                 addr, port));
     }
     if (!welcome || w.version != protocol_version || w.status != tcp_ok || w.slots == 0 ||
-        w.slots > opts_.slots || w.slot_bytes < min_slot_bytes ||
-        w.slot_bytes > opts_.slot_bytes || w.slot_bytes % 8 != 0 || w.incarnation == 0) {
+        w.slots > opts_.slots || w.slot_bytes < min_slot_bytes || w.slot_bytes > opts_.slot_bytes ||
+        w.slot_bytes % 8 != 0 || w.incarnation == 0) {
         ep_.counters.count_refusal(EPROTO, "the tcp server answered nonsense");
         throw_error("rpc::client::connect", EPROTO,
                     fmt::format("{}:{}: the tcp server answered nonsense", addr, port));

@@ -69,8 +69,9 @@ void rpc_options::check(const char* who) const {
     if (max_peers == 0)
         throw_error(who, EINVAL, "max_peers 0");
     if (transports.bits == 0 || (transports.bits & ~all_transports.bits) != 0)
-        throw_error(who, EINVAL,
-                    fmt::format("transports {:#x}: one or more of rdma, shm", transports.bits));
+        throw_error(
+            who, EINVAL,
+            fmt::format("transports {:#x}: one or more of rdma, shm, tcp", transports.bits));
     if (call_timeout.count() <= 0 || connect_timeout.count() <= 0 || housekeeping.count() <= 0)
         throw_error(who, EINVAL, "timeouts and the housekeeping interval must be positive");
     if (keepalive.count() <= 0 || keepalive_timeout < keepalive)

@@ -47,11 +47,12 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
     , cache_(cache_limits(opts_)) {
     if (listener_.fd() >= 0)
         ep_.in.watch(listener_.fd());
-    // Without rdma, TCP takes the port (a free one for port 0), and the
-    // node-local path has its number; one of the two must be made.
-    const bool no_rdma = listener_.fd() < 0;
-    listen_tcp(addr, no_rdma && !opts_.node_local());
-    listen_local(addr, no_rdma && tcp_listener_ < 0);
+    if (listener_.fd() < 0) {
+        listen_without_rdma(addr);
+    } else {
+        listen_tcp(addr, false);
+        listen_local(addr, false);
+    }
     ep_.peers.reserve(opts_.max_peers);
     ep_.by_qp.reserve(std::size_t{opts_.max_peers} * 2);
     housekept_ = ep_.now();
@@ -60,8 +61,7 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
 server::server(std::string_view addr, std::uint16_t port, rpc_options opts)
     : server(detail::no_device, opts) {
     port_ = port;
-    listen_tcp(addr, !opts_.node_local());
-    listen_local(addr, tcp_listener_ < 0);
+    listen_without_rdma(addr);
     housekept_ = ep_.now();
 }
 

@@ -13,6 +13,7 @@
 
 #include <rdmax/detail/rpc/tcp_link.hpp>
 #include <rdmax/error.hpp>
+#include <rdmax/local/node_address.hpp>
 #include <rdmax/rpc/server.hpp>
 
 #include "../notice.hpp"
@@ -45,6 +46,21 @@ void server::listen_tcp(std::string_view addr, bool needed) {
                                           "with neither rdma nor shm to it cannot connect",
                                           addr, port_, e.what()));
     }
+}
+
+void server::listen_without_rdma(std::string_view addr) {
+    if (!local::is_node_address(addr))
+        throw_error("rpc::server", EADDRNOTAVAIL,
+                    fmt::format("{}: not an address of this node (without rdma, a server "
+                                "listens on this node's addresses)",
+                                addr));
+    // TCP takes the port (a free one for port 0: reserved, unlike a name),
+    // the node-local name its number. A name that cannot be had is refused
+    // where shm is wanted (it may be another user's, taken first): a server
+    // that went on without it would leave this node's clients to whoever
+    // holds it.
+    listen_tcp(addr, !opts_.node_local());
+    listen_local(addr, opts_.node_local() || tcp_listener_ < 0);
 }
 
 void server::accept_tcp_pending() noexcept {
@@ -86,8 +102,7 @@ void server::accept_tcp(local::unix_channel ch, std::span<const std::byte> hello
     else if (draining_)
         refuse(EAGAIN, "tcp handshake: draining");
     else if (live_ >= opts_.max_peers)
-        ep_.counters.count_refusal_fmt(EBUSY, "tcp handshake: {} peers already (max_peers)",
-                                       live_);
+        ep_.counters.count_refusal_fmt(EBUSY, "tcp handshake: {} peers already (max_peers)", live_);
     else
         w.status = tcp_ok;
     if (w.status != tcp_ok) {

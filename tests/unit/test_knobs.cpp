@@ -118,17 +118,10 @@ TEST_CASE("knobs: a refused value names the variable, the value and the range") 
                           Catch::Matchers::Contains("RDMAX_RPC_PTRACER='all'") &&
                               Catch::Matchers::Contains("off, peer or any"));
     }
-    {
-        // Not in this version yet: refused, saying so, not skipped silently.
-        const scoped_env e("RDMAX_RPC_TRANSPORTS", "rdma,tcp");
-        CHECK_THROWS_WITH(rpc::rpc_options{}.with_env(),
-                          Catch::Matchers::Contains("RDMAX_RPC_TRANSPORTS='rdma,tcp'") &&
-                              Catch::Matchers::Contains("tcp is not in this version"));
-    }
-    for (const char* bad : {"rdma,,shm", "ib", "shm,"}) {
+    for (const char* bad : {"rdma,,shm", "ib", "shm,", "tcp,udp"}) {
         const scoped_env e("RDMAX_RPC_TRANSPORTS", bad);
         CHECK_THROWS_WITH(rpc::rpc_options{}.with_env(),
-                          Catch::Matchers::Contains("a comma list of rdma, shm"));
+                          Catch::Matchers::Contains("a comma list of rdma, shm, tcp"));
     }
     {
         const scoped_env e("RDMAX_RPC_TIMEOUT_MS", "86400001");
@@ -140,12 +133,16 @@ TEST_CASE("knobs: a refused value names the variable, the value and the range") 
 TEST_CASE("knobs: RDMAX_RPC_TRANSPORTS is a set, named in any order") {
     using rpc::transport;
     CHECK(rpc::rpc_options{}.transports == rpc::all_transports);
-    CHECK(rpc::transport_list{}.format<rpc::transport_set>(rpc::all_transports) == "rdma,shm");
+    CHECK(rpc::transport_list{}.format<rpc::transport_set>(rpc::all_transports) == "rdma,shm,tcp");
+    const rpc::transport_set device_and_node =
+        rpc::transport_set{} | transport::rdma | transport::shm;
     const std::pair<const char*, rpc::transport_set> cases[] = {
         {"shm", rpc::transport_set{} | transport::shm},
         {"rdma", rpc::transport_set{} | transport::rdma},
-        {"shm,rdma", rpc::all_transports},
-        {"rdma,shm,rdma", rpc::all_transports},
+        {"tcp", rpc::transport_set{} | transport::tcp},
+        {"shm,rdma", device_and_node},
+        {"rdma,shm,rdma", device_and_node},
+        {"tcp,shm,rdma", rpc::all_transports},
     };
     for (const auto& [text, want] : cases) {
         const scoped_env e("RDMAX_RPC_TRANSPORTS", text);
@@ -156,7 +153,8 @@ TEST_CASE("knobs: RDMAX_RPC_TRANSPORTS is a set, named in any order") {
     }
     rpc::rpc_options none;
     none.transports = {};
-    CHECK_THROWS_WITH(none.check("test"), Catch::Matchers::Contains("one or more of rdma, shm"));
+    CHECK_THROWS_WITH(none.check("test"),
+                      Catch::Matchers::Contains("one or more of rdma, shm, tcp"));
 }
 
 TEST_CASE("knobs: nothing is half-applied, the options given stay as they were") {

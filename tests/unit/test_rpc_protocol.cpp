@@ -434,7 +434,8 @@ TEST_CASE("a call's own timeout overrides call_timeout, and time short of it doe
     REQUIRE(r.start(echo, "b") == call_status::ok); // 10 s
     inside::advance(*r.cli, 1ms);
     CHECK(r.results().empty());
-    inside::advance(*r.cli, 2ms);
+    // Past it (the deadline's slack, the coarse clock's lag, included).
+    inside::advance(*r.cli, 2ms + sched::coarse_clock::resolution());
     auto got = r.results();
     REQUIRE(got.size() == 1);
     CHECK(got[0].status == call_status::timed_out);
@@ -452,9 +453,11 @@ TEST_CASE("a deadline by the real coarse clock", "[rpc-protocol][deadline]") {
     REQUIRE(r.start(echo, "a", {.timeout = 1000us}) == call_status::ok);
     // Waits for the clock itself (one jiffy or so), bounded: no sleep.
     const auto give_up = std::chrono::steady_clock::now() + 2s;
-    while (sched::coarse_clock::now() <= t0 + 1ms && std::chrono::steady_clock::now() < give_up)
+    // The deadline has a jiffy of slack (the clock's lag): never early.
+    const auto due = t0 + 1ms + sched::coarse_clock::resolution();
+    while (sched::coarse_clock::now() <= due && std::chrono::steady_clock::now() < give_up)
         std::this_thread::yield();
-    REQUIRE(sched::coarse_clock::now() > t0 + 1ms);
+    REQUIRE(sched::coarse_clock::now() > due);
     inside::housekeep_next_poll(*r.cli);
     const auto got = r.results();
     REQUIRE(got.size() == 1);

@@ -55,7 +55,9 @@
 namespace rdmax::rpc {
 
 struct local_welcome;
-namespace detail { struct pending_dial; } // NOLINT(readability-namespace-comments)
+namespace detail {
+struct pending_dial;
+} // namespace detail
 
 struct call_options {
     sched::priority priority = sched::normal;
@@ -223,11 +225,11 @@ private:
         std::shared_ptr<detail::pending_dial> dialing; ///< a reconnect under way (device)
     };
     // Connecting (client_connect.cpp).
-    /// A connection to addr:port: node-local if it can, else through the
-    /// device, else over TCP (connect_tcp; finish_dial: the device's, or TCP
-    /// where the device has no path to the server).
+    /// To addr:port: node-local if it can, else the device, else TCP (finish_dial:
+    /// the device's connect, or TCP where it found no RDMA path).
     std::unique_ptr<detail::link> dial(std::string_view addr, std::uint16_t port);
-    std::unique_ptr<detail::link> connect_tcp(std::string_view addr, std::uint16_t port);
+    std::unique_ptr<detail::link> connect_tcp(std::string_view addr, std::uint16_t port,
+                                              std::string_view rdma_miss = {});
     std::unique_ptr<detail::link> finish_dial(detail::pending_dial& d, std::string_view addr,
                                               std::uint16_t port);
     /// The node-local path to addr:port, or nullptr (take the device; why not in local_miss_).
@@ -244,8 +246,7 @@ private:
     std::unique_ptr<detail::link> map_segment(local::unix_channel ch, const local_welcome& w,
                                               std::vector<int>& fds, std::string_view addr,
                                               std::uint16_t port);
-    /// connect_local() turned down (handshake closed, refused, segment not
-    /// sealed): closes `fds`, counts, says why, returns nullptr (the device).
+    /// connect_local() turned down: closes `fds`, counts, says why, returns nullptr.
     std::unique_ptr<detail::link> refuse_local(std::vector<int>& fds, int err,
                                                std::string_view reason, std::string_view addr,
                                                std::uint16_t port, std::string_view what);

@@ -170,7 +170,8 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "unknown outcomes {} duplicates {} goaways {} "
             "bytes in {} out {} unknown method {} "
             "rejected {} (kind {} slot {} length {} malformed {} credit {} opcode {}) "
-            "stray {} connected {} (node-local {} tcp {}) refused {} (last: {}{}{}) disconnected {} link "
+            "stray {} connected {} (node-local {} tcp {}) refused {} (last: {}{}{}) disconnected "
+            "{} link "
             "failures {} "
             "(last: {}) "
             "last link event {} ({})",
@@ -181,8 +182,8 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             c.goaways, c.bytes_in, c.bytes_out, c.unknown_method, c.rejected(), c.rejected_kind,
             c.rejected_slot, c.rejected_length, c.rejected_malformed, c.rejected_credit,
             c.rejected_opcode, c.stray_completions, c.connected, c.connected_local, c.connected_tcp,
-            c.refused,
-            c.refused == 0 ? "none" : c.last_refusal.what(), c.last_refusal.error == 0 ? "" : ": ",
+            c.refused, c.refused == 0 ? "none" : c.last_refusal.what(),
+            c.last_refusal.error == 0 ? "" : ": ",
             c.last_refusal.error == 0 ? std::string_view{}
                                       : std::string_view{std::strerror(c.last_refusal.error)},
             c.disconnected, c.link_failures,

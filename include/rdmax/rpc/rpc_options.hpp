@@ -14,9 +14,9 @@
 #include <tuple>
 
 #include <rdmax/config/knob.hpp>
-#include <rdmax/rpc/transport.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/rcache_options.hpp>
+#include <rdmax/rpc/transport.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
 
 namespace rdmax::rpc {

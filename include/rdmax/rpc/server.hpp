@@ -362,13 +362,15 @@ private:
     void listen_local(std::string_view addr, bool needed);
     /// The TCP listener on addr:port (port 0: a free one, then port_), likewise.
     void listen_tcp(std::string_view addr, bool needed);
+    /// Without rdma: TCP (which takes the port) and the node-local name.
+    void listen_without_rdma(std::string_view addr);
     int tcp_listener_ = -1; ///< peers with neither rdma nor shm to this server
     /// A node-local connection whose hello has not all come yet.
     struct handshake {
         local::unix_channel ch;
         local::message_reader hello;
         sched::coarse_clock::time_point deadline;
-        uid_t uid = 0; ///< the peer's (SO_PEERCRED): each user gets a share of the handshakes
+        uid_t uid = 0;    ///< the peer's (SO_PEERCRED): each user gets a share of the handshakes
         bool tcp = false; ///< over TCP: uid is tcp_peers (they share one user's share)
     };
     static constexpr uid_t tcp_peers = static_cast<uid_t>(-1);

@@ -23,6 +23,16 @@ struct coarse_clock {
         ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
         return time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
     }
+    /// How far now() may lag the time (one jiffy): a deadline that must not
+    /// pass early adds it.
+    [[nodiscard]] static duration resolution() noexcept {
+        static const duration res = [] {
+            timespec ts{};
+            ::clock_getres(CLOCK_MONOTONIC_COARSE, &ts);
+            return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+        }();
+        return res;
+    }
 };
 
 } // namespace rdmax::sched

@@ -120,7 +120,6 @@ public:
         abandon = 6
     };
 
-private:
     /// Every frame's first 8 bytes; all but slot and abandon carry an
     /// extension after it.
     struct head {
@@ -137,16 +136,17 @@ private:
     };
     static constexpr std::size_t full_head = sizeof(head) + sizeof(ext);
 
+private:
     /// What waits to go: a frame (header and payload) or a body in chunks.
     struct entry {
         std::array<std::byte, full_head> hdr;
         std::uint8_t hdr_len = 0;
-        bool stream = false;   ///< a body in chunks (answer or write)
-        bool answer = false;   ///< a read answer (client side), from a granted buffer
-        bool failing = false;  ///< answer revoked: its end (next) says failed
-        bool dead = false;     ///< withdrawn: skipped
+        bool stream = false;       ///< a body in chunks (answer or write)
+        bool answer = false;       ///< a read answer (client side), from a granted buffer
+        bool failing = false;      ///< answer revoked: its end (next) says failed
+        bool dead = false;         ///< withdrawn: skipped
         bool revoke_after = false; ///< revoked mid-chunk: failing after this chunk
-        bool slot_msg = false; ///< a request in `slot` (abandon withdraws it)
+        bool slot_msg = false;     ///< a request in `slot` (abandon withdraws it)
         std::uint16_t slot = 0;
         const std::byte* src = nullptr; ///< payload (or the body's start)
         std::uint32_t len = 0;          ///< payload (or the body's) bytes

@@ -189,7 +189,7 @@ std::unique_ptr<detail::link> client::dial(std::string_view addr, std::uint16_t 
             return local;
     if (!device_ok()) {
         if (opts_.transports.has(transport::tcp))
-            return connect_tcp(addr, port);
+            return finish_tcp(*begin_tcp(addr, port), addr, port); // waits for the thread
         unreachable(addr, port);
     }
     const std::shared_ptr<detail::pending_dial> d = begin_device(addr, port);
@@ -215,6 +215,8 @@ bool no_rdma_path(const error& e) noexcept {
 
 std::unique_ptr<detail::link> client::finish_dial(detail::pending_dial& d, std::string_view addr,
                                                   std::uint16_t port) {
+    if (d.tcp.valid())
+        return finish_tcp(d, addr, port);
     if (!opts_.transports.has(transport::tcp))
         return finish_device(d, addr, port);
     std::string rdma_miss;
@@ -227,14 +229,41 @@ std::unique_ptr<detail::link> client::finish_dial(detail::pending_dial& d, std::
         rdmax::detail::notice(
             fmt::format("rpc::client: {}:{}: {}: over TCP", addr, port, rdma_miss));
     }
-    return connect_tcp(addr, port, rdma_miss);
+    // Waited for here (a reconnect's fallback too: a device that found no
+    // path to a server answers quickly, and so does TCP, or it times out).
+    return finish_tcp(*begin_tcp(addr, port), addr, port, rdma_miss);
 }
 
-std::unique_ptr<detail::link> client::connect_tcp(std::string_view addr, std::uint16_t port,
-                                                  std::string_view rdma_miss) {
-    local::unix_channel ch;
+std::shared_ptr<detail::pending_dial> client::begin_tcp(std::string_view addr, std::uint16_t port) {
+    auto d = std::make_shared<detail::pending_dial>();
+    tcp_hello hello;
+    hello.slots = opts_.slots;
+    hello.slot_bytes = opts_.slot_bytes;
+    hello.incarnation = ep_.incarnation;
+    hello.first_call = next_call_id_;
+    // The thread touches nothing of this client: what it reads is copied.
+    d->tcp = std::async(std::launch::async, [where = std::string(addr), port, hello,
+                                             timeout = opts_.connect_timeout] {
+        detail::tcp_dialed r;
+        r.ch = local::unix_channel(tcp_connect(where, port, timeout)); // throws: no path
+        try {
+            r.ch.send(std::as_bytes(std::span(&hello, 1)));
+            std::vector<int> fds; // none comes over TCP
+            r.bytes = r.ch.receive(std::as_writable_bytes(std::span(&r.welcome, 1)), fds, timeout);
+        } catch (const error& e) {
+            r.handshake_error = e.what();
+            r.handshake_errno = e.code().value();
+        }
+        return r;
+    });
+    return d;
+}
+
+std::unique_ptr<detail::link> client::finish_tcp(detail::pending_dial& d, std::string_view addr,
+                                                 std::uint16_t port, std::string_view rdma_miss) {
+    detail::tcp_dialed r;
     try {
-        ch = local::unix_channel(tcp_connect(addr, port, opts_.connect_timeout));
+        r = d.tcp.get();
     } catch (const error& e) {
         // No path at all: every reason, as unreachable() gives them.
         throw_error("rpc::client::connect", EHOSTUNREACH,
@@ -245,22 +274,12 @@ std::unique_ptr<detail::link> client::connect_tcp(std::string_view addr, std::ui
                                     : std::string_view("rdma is left out (RDMAX_RPC_TRANSPORTS)"),
                                 local_miss_, e.what()));
     }
-    tcp_hello hello;
-    hello.slots = opts_.slots;
-    hello.slot_bytes = opts_.slot_bytes;
-    hello.incarnation = ep_.incarnation;
-    hello.first_call = next_call_id_;
-    tcp_welcome w;
-    std::vector<int> fds; // none comes over TCP
-    std::size_t n = 0;
-    try {
-        ch.send(std::as_bytes(std::span(&hello, 1)));
-        n = ch.receive(std::as_writable_bytes(std::span(&w, 1)), fds, opts_.connect_timeout);
-    } catch (const error& e) {
-        throw_error("rpc::client::connect", e.code().value(),
-                    fmt::format("{}:{}: the tcp handshake failed: {}", addr, port, e.what()));
-    }
-    const bool welcome = n == sizeof w && w.magic == protocol_magic;
+    if (!r.handshake_error.empty())
+        throw_error(
+            "rpc::client::connect", r.handshake_errno,
+            fmt::format("{}:{}: the tcp handshake failed: {}", addr, port, r.handshake_error));
+    const tcp_welcome& w = r.welcome;
+    const bool welcome = r.bytes == sizeof w && w.magic == protocol_magic;
     if (welcome && w.status == tcp_refused) {
         ep_.counters.count_refusal(ECONNREFUSED, "the tcp server refused the connection");
         throw_error("rpc::client::connect", ECONNREFUSED,
@@ -275,6 +294,7 @@ std::unique_ptr<detail::link> client::connect_tcp(std::string_view addr, std::ui
         throw_error("rpc::client::connect", EPROTO,
                     fmt::format("{}:{}: the tcp server answered nonsense", addr, port));
     }
+    local::unix_channel& ch = r.ch;
     auto wire = std::make_unique<detail::tcp_link>(ch.fd(), false, w.slots, w.slot_bytes);
     (void)ch.release(); // the link's now
     wire->peer_incarnation = w.incarnation;

@@ -245,7 +245,7 @@ void client::try_reconnect(std::uint32_t s, sched::coarse_clock::time_point now)
             // The node-local path first (a Unix handshake, bounded by
             // connect_timeout), then the device, whose connect runs on a
             // thread: this one goes on serving its other connections; with
-            // no device, TCP (bounded as the node-local path is).
+            // no device, TCP, on a thread too.
             local_miss_ = "shm is left out (RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL)";
             if (opts_.node_local())
                 wire = connect_local(ss.addr, ss.port);
@@ -255,8 +255,10 @@ void client::try_reconnect(std::uint32_t s, sched::coarse_clock::time_point now)
             }
             if (!wire && !opts_.transports.has(transport::tcp))
                 unreachable(ss.addr, ss.port); // counted as a failed attempt
-            if (!wire)
-                wire = connect_tcp(ss.addr, ss.port); // bounded by connect_timeout
+            if (!wire) {
+                ss.dialing = begin_tcp(ss.addr, ss.port); // on its thread, as the device's
+                return;
+            }
         }
         attach(s, std::move(wire));
     } catch (...) {

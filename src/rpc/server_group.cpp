@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <system_error>
 #include <unistd.h>
 
@@ -14,7 +15,9 @@
 
 #include <rdmax/detail/rpc/handoff.hpp>
 #include <rdmax/detail/rpc/shm_link.hpp>
+#include <rdmax/detail/rpc/tcp_link.hpp>
 #include <rdmax/error.hpp>
+#include <rdmax/local/node_address.hpp>
 #include <rdmax/rpc/server_group.hpp>
 
 #include "../notice.hpp"
@@ -86,17 +89,6 @@ void add_counters(rpc_counters& a, const rpc_counters& b) noexcept {
         a.last_link_event_status = b.last_link_event_status;
     }
 }
-/// The node-local listener of a group without rdma (no device, or left
-/// out): the only way in, so it must be made (throws why not).
-local::unix_listener listen_no_device(std::string_view addr, std::uint16_t& port,
-                                      const rpc_options& o) {
-    if (!o.node_local())
-        throw_error("rpc::server_group", EINVAL,
-                    fmt::format("{}:{}: no transport: shm is left out (RDMAX_RPC_TRANSPORTS or "
-                                "RDMAX_RPC_LOCAL), and rdma has no device or is left out too",
-                                addr, port));
-    return listen_without_device(addr, port);
-}
 /// A round of node-local accepts at most: a flood does not hold the acceptor.
 constexpr int local_round = 64;
 } // namespace
@@ -112,10 +104,13 @@ server_group::server_group(const verbs::protection_domain& pd, std::string_view 
     for (std::size_t w = 0; w < threads; ++w)
         workers_.push_back(std::unique_ptr<server>(new server(
             pd, *routes_, w, opts_))); // NOLINT(modernize-make-unique): a private constructor
-    if (listener_.fd() < 0)
-        local_listener_.emplace(listen_no_device(addr, port_, opts_));
-    else if (opts_.node_local())
+    if (listener_.fd() < 0) {
+        listen_without_rdma(addr);
+        return;
+    }
+    if (opts_.node_local())
         listen_local(addr);
+    listen_tcp(addr, false);
 }
 
 server_group::server_group(std::string_view addr, std::uint16_t port, std::size_t threads,
@@ -123,11 +118,52 @@ server_group::server_group(std::string_view addr, std::uint16_t port, std::size_
     : opts_((opts.check("rpc::server_group"), opts))
     , routes_(std::make_unique<detail::group_routes>(checked_threads(threads),
                                                      std::size_t{4} * opts_.max_peers * threads))
-    , local_listener_(listen_no_device(addr, port, opts_))
-    , port_(port) { // as listen_no_device picked it (port_ comes after local_listener_)
+    , port_(port) {
     for (std::size_t w = 0; w < threads; ++w)
         workers_.push_back(std::unique_ptr<server>(new server(
             detail::no_device, *routes_, w, opts_))); // NOLINT(modernize-make-unique): private
+    listen_without_rdma(addr);
+}
+
+void server_group::listen_without_rdma(std::string_view addr) {
+    // As rpc::server does (server_tcp.cpp): TCP takes the port, the
+    // node-local name its number, and a name that cannot be had is refused
+    // where shm is wanted.
+    if (!local::is_node_address(addr))
+        throw_error("rpc::server_group", EADDRNOTAVAIL,
+                    fmt::format("{}: not an address of this node (without rdma, a group "
+                                "listens on this node's addresses)",
+                                addr));
+    listen_tcp(addr, !opts_.node_local());
+    if (opts_.node_local())
+        local_listener_.emplace(listen_without_device(addr, port_));
+    else if (tcp_listener_ < 0)
+        throw_error("rpc::server_group", EINVAL,
+                    fmt::format("{}:{}: no transport: shm and tcp are left out "
+                                "(RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), and rdma has no "
+                                "device or is left out too",
+                                addr, port_));
+}
+
+void server_group::listen_tcp(std::string_view addr, bool needed) {
+    if (!opts_.transports.has(transport::tcp)) {
+        if (needed)
+            throw_error("rpc::server_group", EINVAL,
+                        fmt::format("{}:{}: no transport: shm and tcp are left out "
+                                    "(RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), and rdma has no "
+                                    "device or is left out too",
+                                    addr, port_));
+        return;
+    }
+    try {
+        tcp_listener_ = tcp_listen(addr, port_);
+    } catch (const error& e) {
+        if (needed)
+            throw;
+        rdmax::detail::notice(fmt::format("rpc::server_group on {}:{}: no TCP listener ({}); "
+                                          "peers with neither rdma nor shm to it cannot connect",
+                                          addr, port_, e.what()));
+    }
 }
 
 server_group::server_group(detail::no_device_t none, std::string_view addr, std::uint16_t port,
@@ -164,6 +200,8 @@ server_group::~server_group() {
             t.join();
     if (acceptor_wake_ >= 0)
         ::close(acceptor_wake_);
+    if (tcp_listener_ >= 0)
+        ::close(tcp_listener_);
 }
 
 void server_group::on(std::uint16_t method, const server::handler& h) {
@@ -245,17 +283,25 @@ void server_group::worker_main(std::size_t w) noexcept {
 }
 
 void server_group::acceptor_main() noexcept {
-    pollfd fds[3] = {{acceptor_wake_, POLLIN, 0},
+    pollfd fds[4] = {{acceptor_wake_, POLLIN, 0},
                      {listener_.fd(), POLLIN, 0},
-                     {local_listener_ ? local_listener_->fd() : -1, POLLIN, 0}};
+                     {local_listener_ ? local_listener_->fd() : -1, POLLIN, 0},
+                     {tcp_listener_, POLLIN, 0}};
     auto paused_until = std::chrono::steady_clock::time_point{};
     while (!stop_acceptor_.load(std::memory_order_acquire)) {
         // Out of descriptors at accept: the local listener stays readable,
         // so it is left out of the poll a while (as rpc::server does).
         const bool paused = std::chrono::steady_clock::now() < paused_until;
         fds[2].fd = paused || !local_listener_ ? -1 : local_listener_->fd();
-        if (::poll(fds, 3, paused ? 50 : 1000) < 0 && errno != EINTR)
+        fds[3].fd = paused ? -1 : tcp_listener_;
+        if (::poll(fds, 4, paused ? 50 : 1000) < 0 && errno != EINTR)
             break;
+        if ((fds[3].revents & POLLIN) != 0) {
+            accept_tcp();
+            if (tcp_paused_)
+                paused_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+            tcp_paused_ = false;
+        }
         if ((fds[1].revents & POLLIN) != 0)
             accept_device();
         if ((fds[2].revents & POLLIN) != 0) {
@@ -304,6 +350,37 @@ void server_group::accept_local() {
         detail::handoff_item item;
         item.local = std::move(ch);
         routes_->box(routes_->least_loaded()).post(std::move(item));
+    }
+}
+
+void server_group::accept_tcp() noexcept {
+    for (int k = 0; k < local_round; ++k) {
+        const int fd = accept4(tcp_listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            const int err = errno;
+            if (err == EINTR || err == ECONNABORTED)
+                continue;
+            if (err != EAGAIN && err != EWOULDBLOCK)
+                acceptor_refused_.fetch_add(1, std::memory_order_relaxed);
+            // Out of descriptors: the listener stays readable, left out a while.
+            tcp_paused_ = err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+            return;
+        }
+        if (!tcp_tune(fd)) {
+            ::close(fd);
+            acceptor_refused_.fetch_add(1, std::memory_order_relaxed);
+            continue;
+        }
+        // Its hello, which the worker reads, says whose client it is, as
+        // for node-local ones.
+        try {
+            detail::handoff_item item;
+            item.local = local::unix_channel(fd);
+            item.tcp = true;
+            routes_->box(routes_->least_loaded()).post(std::move(item));
+        } catch (...) {
+            acceptor_refused_.fetch_add(1, std::memory_order_relaxed); // closed as it goes
+        }
     }
 }
 

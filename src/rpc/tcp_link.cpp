@@ -52,7 +52,7 @@ tcp_link::tcp_link(int fd, bool server, std::uint16_t slots, std::uint32_t slot_
         grants_.resize(slots);
         events_.reserve(pool_.size() + 256);
     } catch (...) {
-        ::close(fd_);
+        fd_ = -1; // still the caller's: it closes it
         throw;
     }
     for (std::size_t i = pool_.size(); i-- > 0;) {
@@ -69,7 +69,7 @@ tcp_link::tcp_link(int fd, bool server, std::uint16_t slots, std::uint32_t slot_
         const int err = errno;
         if (epoll_fd_ >= 0)
             ::close(epoll_fd_);
-        ::close(fd_);
+        fd_ = -1; // still the caller's: it closes it
         throw_error("epoll_ctl(ADD)", err, "a TCP RPC connection");
     }
     lay_out(in_.data(), out_.data());
@@ -174,8 +174,7 @@ bool tcp_link::cancel(std::uint64_t wr_id) noexcept {
             entry& e = pool_[static_cast<std::size_t>(i)];
             if (e.dead || e.answer || e.wr_id != wr_id || (!e.stream && e.hdr_len != full_head))
                 continue;
-            const bool partial = partial_level_ == level && i == q_head_[level];
-            if (partial || (e.stream && e.done != 0))
+            if (i == partial_entry_ || (e.stream && e.done != 0))
                 return false; // begun: it completes
             e.dead = true;
             if (pending_read* r = find_read(wr_id))
@@ -243,7 +242,8 @@ std::size_t tcp_link::gather(batch& b) noexcept {
     std::size_t total = 0;
     const auto add = [&](std::uint8_t level, std::int32_t i, bool partial) {
         entry& e = pool_[static_cast<std::size_t>(i)];
-        const std::size_t chunk = current_chunk(e);
+        // A frame partly sent keeps the size it started with.
+        const std::size_t chunk = partial ? partial_chunk_ : current_chunk(e);
         if (!partial)
             build_frame(e, chunk);
         const std::size_t skip = partial ? partial_sent_ : 0;
@@ -258,13 +258,9 @@ std::size_t tcp_link::gather(batch& b) noexcept {
         total += bytes;
         return e.stream;
     };
-    std::int32_t skip_entry = -1;
-    if (partial_level_ >= 0) {
-        const auto level = static_cast<std::uint8_t>(partial_level_);
-        skip_entry = first_live(level);
-        if (add(level, skip_entry, true))
-            return total;
-    }
+    const std::int32_t skip_entry = partial_entry_;
+    if (partial_entry_ >= 0 && add(partial_level_, partial_entry_, true))
+        return total;
     for (std::uint8_t level = 0; level < sched::priority_levels; ++level) {
         for (std::int32_t i = first_live(level); i >= 0 && b.n + 2 <= b.iov.size();
              i = pool_[static_cast<std::size_t>(i)].next) {
@@ -314,14 +310,16 @@ void tcp_link::after_send(const batch& b, std::size_t sent) noexcept {
     for (std::size_t k = 0; k < b.count; ++k) {
         const batch::frame_sent& f = b.frames[k];
         if (sent < f.bytes) {
-            if (partial_level_ < 0)
+            if (partial_entry_ != f.entry)
                 partial_sent_ = 0;
+            partial_entry_ = f.entry;
             partial_level_ = f.level;
+            partial_chunk_ = f.chunk;
             partial_sent_ += sent;
             return;
         }
         sent -= f.bytes;
-        partial_level_ = -1;
+        partial_entry_ = -1;
         partial_sent_ = 0;
         spilled_ = false;
         frame_done(f.level, f.entry, f.chunk);
@@ -358,11 +356,13 @@ bool tcp_link::answer_faulted(const batch& b) noexcept {
     entry& e = pool_[static_cast<std::size_t>(b.frames[0].entry)];
     if (!e.answer || e.failing || spilled_ || b.frames[0].chunk == 0)
         return false;
-    const std::size_t sent = partial_level_ >= 0 ? partial_sent_ : 0;
+    const std::size_t sent = partial_entry_ >= 0 ? partial_sent_ : 0;
     const std::size_t from = sent > e.hdr_len ? sent - e.hdr_len : 0;
     std::memset(spill_.data() + from, 0, b.frames[0].chunk - from);
-    if (partial_level_ < 0) { // the header went whole in no earlier send: none of it went
+    if (partial_entry_ < 0) { // nothing of it went yet: partial from its first byte
+        partial_entry_ = b.frames[0].entry;
         partial_level_ = b.frames[0].level;
+        partial_chunk_ = b.frames[0].chunk;
         partial_sent_ = 0;
     }
     spilled_ = true;
@@ -373,10 +373,10 @@ bool tcp_link::answer_faulted(const batch& b) noexcept {
 void tcp_link::spill_partial() noexcept {
     // The frame partly on the wire has a source that goes now: the rest of
     // its payload is copied (one chunk or slot at most), and goes from here.
-    if (partial_level_ < 0 || spilled_)
+    if (partial_entry_ < 0 || spilled_)
         return;
-    entry& e = pool_[static_cast<std::size_t>(q_head_[partial_level_])];
-    const std::size_t chunk = current_chunk(e);
+    const entry& e = pool_[static_cast<std::size_t>(partial_entry_)];
+    const std::size_t chunk = partial_chunk_;
     const std::size_t from = partial_sent_ > e.hdr_len ? partial_sent_ - e.hdr_len : 0;
     if (chunk > from)
         std::memcpy(spill_.data() + from, e.src + e.done + from, chunk - from);
@@ -452,7 +452,8 @@ bool tcp_link::read_in() noexcept {
 bool tcp_link::parse() noexcept {
     // Stops with room left for every write's completion (event() never drops one).
     const std::size_t room = events_.capacity() - pool_.size();
-    while (events_.size() < room) {
+    full_ = false;
+    while (!(full_ = events_.size() >= room)) {
         if (pay_kind_ != pay::none) {
             const std::size_t take = std::min<std::size_t>(rend_ - rpos_, pay_left_);
             if (pay_dst_ != nullptr && take != 0) {
@@ -531,14 +532,18 @@ bool tcp_link::start_payload(const head& h, const ext& x) noexcept {
             return false;
         pay_kind_ = pay::write;
         pay_left_ = h.value;
+        pay_slot_ = UINT32_MAX;
         // Into the call's reply buffer while the call lasts; a late chunk
         // (the call ended) is read and dropped.
         const std::uint32_t s = x.key & (max_slots - 1);
         if (x.key != 0 && s < grants_.size() && grants_[s].reply_key == x.key) {
             const grant& g = grants_[s];
             const auto base = reinterpret_cast<std::uintptr_t>(g.reply);
-            if (x.addr >= base && h.value <= g.reply_len && x.addr - base <= g.reply_len - h.value)
+            if (x.addr >= base && h.value <= g.reply_len &&
+                x.addr - base <= g.reply_len - h.value) {
                 pay_dst_ = g.reply + (x.addr - base);
+                pay_slot_ = s;
+            }
         }
         return true;
     }
@@ -640,7 +645,9 @@ bool tcp_link::sleep(bool going) noexcept {
         return true;
     if (queued())
         want_out(true); // woken when the socket has room
-    return ev_head_ == events_.size() && !closed_ && !corrupt_;
+    // Not with events to hand out, nor with whole frames read and left for
+    // want of room: nothing on the socket would wake it for those.
+    return ev_head_ == events_.size() && !full_ && !closed_ && !corrupt_;
 }
 
 void tcp_link::close() noexcept {
@@ -675,12 +682,12 @@ access tcp_link::grant_access(std::uint32_t slot, std::span<const std::byte> bod
     reply_key = 0;
     if (!body.empty()) {
         g.body = body.data();
-        g.body_len = static_cast<std::uint32_t>(body.size());
+        g.body_len = static_cast<std::uint32_t>(std::min<std::size_t>(body.size(), UINT32_MAX));
         g.body_key = body_key = next_key();
     }
     if (!reply.empty()) {
         g.reply = reply.data();
-        g.reply_len = static_cast<std::uint32_t>(reply.size());
+        g.reply_len = static_cast<std::uint32_t>(std::min<std::size_t>(reply.size(), UINT32_MAX));
         g.reply_key = reply_key = next_key();
     }
     return access::ok;
@@ -693,8 +700,10 @@ bool tcp_link::end_access(std::uint32_t slot, access_end how) noexcept {
         return true;
     const bool had_body = grants_[slot].body_key != 0;
     grants_[slot] = grant{};
-    const std::int32_t partial_i =
-        partial_level_ >= 0 ? q_head_[static_cast<std::size_t>(partial_level_)] : -1;
+    const std::int32_t partial_i = partial_entry_;
+    // A reply chunk arriving into the call's buffer: its rest is dropped.
+    if (pay_kind_ == pay::write && pay_slot_ == slot)
+        pay_dst_ = nullptr;
     // Answers still queued from the call's body end at once (failed);
     // one partly sent finishes its chunk from a copy.
     for (std::uint8_t level = 0; level < sched::priority_levels; ++level) {

@@ -222,17 +222,18 @@ private:
         sched::coarse_clock::time_point next_attempt{};
         sched::coarse_clock::time_point lost_at{};
         std::deque<waiting_call> waiting;
-        std::shared_ptr<detail::pending_dial> dialing; ///< a reconnect under way (device)
+        std::shared_ptr<detail::pending_dial> dialing; ///< a reconnect under way (device, tcp)
     };
     // Connecting (client_connect.cpp).
     /// To addr:port: node-local if it can, else the device, else TCP (finish_dial:
     /// the device's connect, or TCP where it found no RDMA path).
     std::unique_ptr<detail::link> dial(std::string_view addr, std::uint16_t port);
-    std::unique_ptr<detail::link> connect_tcp(std::string_view addr, std::uint16_t port,
-                                              std::string_view rdma_miss = {});
+    std::shared_ptr<detail::pending_dial> begin_tcp(std::string_view addr, std::uint16_t port);
+    std::unique_ptr<detail::link> finish_tcp(detail::pending_dial& d, std::string_view addr,
+                                             std::uint16_t port, std::string_view rdma_miss = {});
     std::unique_ptr<detail::link> finish_dial(detail::pending_dial& d, std::string_view addr,
                                               std::uint16_t port);
-    /// The node-local path to addr:port, or nullptr (take the device; why not in local_miss_).
+    /// The node-local path to addr:port, or nullptr (why not in local_miss_).
     std::unique_ptr<detail::link> connect_local(std::string_view addr, std::uint16_t port);
     std::string local_miss_;
     /// The device may carry connections (a protection domain, and rdma in transports).
@@ -286,8 +287,7 @@ private:
                               slot_ref& taken) noexcept;
     /// Sends session s's waiting calls, in order, while its connection has room.
     void send_waiting(std::uint32_t s) noexcept;
-    /// Housekeeping of the sessions: waiting calls past their deadline, and
-    /// the connection attempts that are due.
+    /// Housekeeping of the sessions: waiting calls past their deadline, attempts due.
     void tend_sessions(sched::coarse_clock::time_point now) noexcept;
     void try_reconnect(std::uint32_t s, sched::coarse_clock::time_point now) noexcept;
     /// The server restarted: calls sent before, not idempotent, end unknown_outcome.

@@ -55,7 +55,7 @@ public:
     /// Nothing runs until start(). Throws rdmax::error.
     server_group(const verbs::protection_domain& pd, std::string_view addr, std::uint16_t port,
                  std::size_t threads, rpc_options opts = rpc_options{}.with_env());
-    /// With no device: the workers serve peers on this node only, as
+    /// With no device: the workers serve peers on this node and over TCP, as
     /// rpc::server(addr, port, opts) does (docs/rpc.md, "Without a device").
     server_group(std::string_view addr, std::uint16_t port, std::size_t threads,
                  rpc_options opts = rpc_options{}.with_env());
@@ -130,6 +130,11 @@ private:
     server_group(detail::no_device_t none, std::string_view addr, std::uint16_t port,
                  std::size_t threads, rpc_options opts);
     void listen_local(std::string_view addr);
+    /// TCP on addr:port_ (port_ 0: a free one); `needed`: throws, else says why not.
+    void listen_tcp(std::string_view addr, bool needed);
+    /// Without rdma: TCP (which takes the port) and the node-local name.
+    void listen_without_rdma(std::string_view addr);
+    void accept_tcp() noexcept;
     void worker_main(std::size_t w) noexcept;
     void acceptor_main() noexcept;
     void accept_device() noexcept;
@@ -145,6 +150,8 @@ private:
     std::vector<std::unique_ptr<server>> workers_;
     verbs::listener listener_;
     std::optional<local::unix_listener> local_listener_;
+    int tcp_listener_ = -1;   ///< peers with neither rdma nor shm to the group
+    bool tcp_paused_ = false; ///< the acceptor's: out of descriptors at accept
     std::uint16_t port_ = 0;
     std::function<void(std::size_t)> on_start_;
     std::function<void(worker_loop_context)> loop_;

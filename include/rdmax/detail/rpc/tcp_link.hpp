@@ -224,12 +224,17 @@ private:
     std::uint32_t pay_left_ = 0;
     enum class pay : std::uint8_t { none, slot, read, write, drop } pay_kind_ = pay::none;
     std::uint32_t pay_imm_ = 0;
+    std::uint32_t pay_slot_ = UINT32_MAX; ///< write: the call whose reply buffer it lands in
+    bool full_ = false; ///< parse stopped for want of room for events (whole frames wait)
     bool pay_last_ = false;
     std::vector<entry> pool_;
     std::int32_t free_ = -1;
     std::array<std::int32_t, sched::priority_levels> q_head_{}, q_tail_{};
-    /// The frame partly on the wire (its level), and its bytes sent.
-    std::int32_t partial_level_ = -1;
+    /// The frame partly on the wire (its entry, level and payload bytes), and
+    /// its bytes sent: it goes on before anything else.
+    std::int32_t partial_entry_ = -1;
+    std::uint8_t partial_level_ = 0;
+    std::size_t partial_chunk_ = 0;
     std::size_t partial_sent_ = 0;
     std::vector<std::byte> spill_; ///< a partial frame's rest, when its source goes
     bool spilled_ = false;         ///< the partial frame's payload is in spill_

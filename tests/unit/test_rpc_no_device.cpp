@@ -444,7 +444,7 @@ TEST_CASE("no device: what a server is given decides what it builds", "[no-devic
     CHECK_THROWS_WITH(rpc::client(none), Contains("transports"));
 }
 
-TEST_CASE("no device: a server group serves clients on this node from its workers",
+TEST_CASE("no device: a server group serves clients on this node and over TCP from its workers",
           "[no-device][group]") {
     rpc::server_group g("127.0.0.1", 0, 2, options());
     REQUIRE(g.port() != 0);
@@ -468,12 +468,30 @@ TEST_CASE("no device: a server group serves clients on this node from its worker
                     ++good;
             }
         });
+    // And one over TCP (as a client on another node would come).
+    callers.emplace_back([&] {
+        rpc::rpc_options o = options();
+        o.transports = rpc::transport_set{} | rpc::transport::tcp;
+        rpc::client cli(o);
+        const rpc::peer_id p = cli.connect("127.0.0.1", g.port());
+        if (cli.transport(p) != rpc::transport::tcp)
+            return;
+        for (unsigned i = 0; i < 50; ++i) {
+            const std::vector<std::byte> req = patterned(5000 + i, 300 + i); // over a slot
+            std::vector<std::byte> into(req.size());
+            const rpc::call_result r = cli.call(p, m_echo, req, {.reply_into = into});
+            if (r.status == rpc::call_status::ok &&
+                std::equal(r.reply.begin(), r.reply.end(), req.begin(), req.end()))
+                ++good;
+        }
+    });
     for (std::thread& t : callers)
         t.join();
-    CHECK(good.load() == 100);
+    CHECK(good.load() == 150);
     const rpc::rpc_counters c = g.counters();
-    CHECK(c.calls == 100);
-    CHECK(c.connected == 2);
+    CHECK(c.calls == 150);
+    CHECK(c.connected == 3);
     CHECK(c.connected_local == 2);
+    CHECK(c.connected_tcp == 1);
     CHECK(g.drain(std::chrono::seconds(5)));
 }

@@ -112,11 +112,14 @@ struct link_and_raw {
 std::vector<std::byte> frame_bytes(tcp_link::frame type, std::uint32_t value,
                                    const tcp_link::ext* x = nullptr, std::size_t payload = 0) {
     const tcp_link::head h{type, 0, 0, value};
-    std::vector<std::byte> out(sizeof h + (x != nullptr ? sizeof *x : 0) + payload,
-                               std::byte{0x5a});
-    std::memcpy(out.data(), &h, sizeof h);
-    if (x != nullptr)
-        std::memcpy(out.data() + sizeof h, x, sizeof *x);
+    std::vector<std::byte> out;
+    const auto hb = std::as_bytes(std::span(&h, 1));
+    out.insert(out.end(), hb.begin(), hb.end());
+    if (x != nullptr) {
+        const auto xb = std::as_bytes(std::span(x, 1));
+        out.insert(out.end(), xb.begin(), xb.end());
+    }
+    out.resize(out.size() + payload, std::byte{0x5a});
     return out;
 }
 
@@ -304,6 +307,30 @@ TEST_CASE("tcp link: a peer that breaks the stream's rules ends that link, and n
         const tcp_link::head h{tcp_link::frame::abandon, 0, 1, 0};
         s.send(std::as_bytes(std::span(&h, 1)));
         CHECK(s.rejects());
+    }
+    SECTION("a reply chunk half in when its call ends: the rest is dropped, not written") {
+        link_and_raw c(false);
+        std::vector<std::byte> reply(64 * 1024, std::byte{0});
+        std::uint32_t body_key = 0, reply_key = 0;
+        REQUIRE(c.link->grant_access(2, {}, reply, body_key, reply_key) == rpc::detail::access::ok);
+        const tcp_link::ext x{0, reinterpret_cast<std::uint64_t>(reply.data()), reply_key, 0};
+        auto f = frame_bytes(tcp_link::frame::write_data, static_cast<std::uint32_t>(reply.size()),
+                             &x, reply.size());
+        const std::size_t half = tcp_link::full_head + reply.size() / 2;
+        c.send(std::span(f).first(half));
+        link_event ev[8];
+        const auto until = clock_type::now() + std::chrono::seconds(2);
+        while (reply[reply.size() / 2 - 1] == std::byte{0} && clock_type::now() < until)
+            REQUIRE(c.link->poll(ev, true) >= 0);
+        REQUIRE(reply[reply.size() / 2 - 1] == std::byte{0x5a}); // the first half landed
+        // The call ends (timed out, say): the buffer is the caller's again.
+        (void)c.link->end_access(2, rpc::detail::access_end::abandon);
+        c.send(std::span(f).subspan(half));
+        for (int k = 0; k < 50; ++k)
+            REQUIRE(c.link->poll(ev, true) >= 0);
+        CHECK(std::all_of(reply.begin() + static_cast<std::ptrdiff_t>(reply.size() / 2),
+                          reply.end(), [](std::byte b) { return b == std::byte{0}; }));
+        CHECK_FALSE(c.link->ended(rpc::detail::look::failure));
     }
     SECTION("a peer that closes half-way into a message: the link ends, no event") {
         link_and_raw s(true);

@@ -336,8 +336,11 @@ void tcp_link::frame_done(std::uint8_t level, std::int32_t i, std::size_t chunk)
             return; // more to go (an answer's end at least): it stays at the front
         event(link_event{e.wr_id, 0, IBV_WC_SUCCESS, link_event::kind::transfer});
     } else if (!e.stream && e.hdr_len == full_head) {
-        if (pending_read* r = find_read(e.wr_id))
+        if (pending_read* r = find_read(e.wr_id)) {
             r->queued = -1; // on the wire: it cannot be withdrawn any more
+            if (reads_out_++ == 0)
+                read_moved_ = sched::coarse_clock::now();
+        }
     }
     // It is the first live frame of its level.
     (void)first_live(level);
@@ -516,6 +519,7 @@ bool tcp_link::start_payload(const head& h, const ext& x) noexcept {
         pay_dst_ = r->dst + r->got;
         pay_left_ = h.value;
         r->got += h.value;
+        read_moved_ = sched::coarse_clock::now();
         return true;
     }
     case frame::read_end: {
@@ -523,6 +527,8 @@ bool tcp_link::start_payload(const head& h, const ext& x) noexcept {
         if (r == nullptr || r->queued >= 0 || x.last > 1 || (x.last == 1 && r->got != r->len))
             return false;
         r->used = false;
+        --reads_out_;
+        read_moved_ = sched::coarse_clock::now();
         event(link_event{x.wr_id, 0, x.last == 1 ? IBV_WC_SUCCESS : IBV_WC_REM_ACCESS_ERR,
                          link_event::kind::transfer});
         return true;
@@ -618,6 +624,9 @@ int tcp_link::poll(std::span<link_event> out, bool) noexcept {
         if (!ok || n == out.size() || taken_ >= poll_budget || !read_in())
             break;
     }
+    if (ok && reads_out_ != 0 && read_stall_.count() > 0 &&
+        sched::coarse_clock::now() - read_moved_ > read_stall_)
+        fail_io(ETIMEDOUT); // the peer holds this side's blocks and answers nothing
     if (!ok) {
         // The peer broke the stream's rules: what came before is handed
         // out, the next poll says so.

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include <rdmax/detail/rpc/link.hpp>
+#include <rdmax/sched/coarse_clock.hpp>
 
 namespace rdmax::rpc {
 
@@ -92,6 +93,10 @@ public:
     ~tcp_link() override;
     /// The connection's socket (for the handshake's last message).
     [[nodiscard]] int socket() const noexcept { return fd_; }
+    /// A server's reads of a peer's bodies must move: one with no byte for
+    /// `limit` ends the link (a peer that never answers would otherwise hold
+    /// the server's blocks for as long as it keeps the connection). 0: never.
+    void set_read_stall(std::chrono::nanoseconds limit) noexcept { read_stall_ = limit; }
 
     [[nodiscard]] status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
                                    sched::priority p, bool epoch) noexcept override;
@@ -243,7 +248,10 @@ private:
     std::uint32_t key_gen_ = 0;
     std::vector<link_event> events_; ///< made by the stream, handed out by poll()
     std::size_t ev_head_ = 0;
-    std::size_t taken_ = 0; ///< bytes read in this poll
+    std::size_t taken_ = 0;       ///< bytes read in this poll
+    std::uint32_t reads_out_ = 0; ///< read_req on the wire, not yet ended
+    std::chrono::nanoseconds read_stall_{0};
+    sched::coarse_clock::time_point read_moved_{}; ///< when a read last moved
 };
 
 } // namespace detail

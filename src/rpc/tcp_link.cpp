@@ -492,67 +492,11 @@ bool tcp_link::start_payload(const head& h, const ext& x) noexcept {
     pay_left_ = 0;
     pay_dst_ = nullptr;
     switch (h.type) {
-    case frame::slot: {
-        const imm_fields f = decode_imm(h.value);
-        // Requests come to the server, replies to the client.
-        if ((f.kind == message_kind::request) != server_)
-            return false;
-        if (is_control(f)) {
-            event(link_event::of_imm(h.value));
-            return true;
-        }
-        if (f.slot >= slots() || f.bytes > slot_bytes())
-            return false;
-        pay_kind_ = pay::slot;
-        pay_imm_ = h.value;
-        pay_dst_ = in_.data() + std::size_t{f.slot} * slot_bytes();
-        pay_left_ = f.bytes;
-        return true;
-    }
+    case frame::slot: return start_slot(h);
     case frame::read_req: return !server_ && answer_read(h, x);
-    case frame::read_data: {
-        pending_read* r = server_ ? find_read(x.wr_id) : nullptr;
-        if (r == nullptr || r->queued >= 0 || x.addr != r->got || h.value > chunk_bytes ||
-            h.value > r->len - r->got || x.last != 0)
-            return false;
-        pay_kind_ = pay::read;
-        pay_dst_ = r->dst + r->got;
-        pay_left_ = h.value;
-        r->got += h.value;
-        read_moved_ = sched::coarse_clock::now();
-        return true;
-    }
-    case frame::read_end: {
-        pending_read* r = server_ ? find_read(x.wr_id) : nullptr;
-        if (r == nullptr || r->queued >= 0 || x.last > 1 || (x.last == 1 && r->got != r->len))
-            return false;
-        r->used = false;
-        --reads_out_;
-        read_moved_ = sched::coarse_clock::now();
-        event(link_event{x.wr_id, 0, x.last == 1 ? IBV_WC_SUCCESS : IBV_WC_REM_ACCESS_ERR,
-                         link_event::kind::transfer});
-        return true;
-    }
-    case frame::write_data: {
-        if (server_ || h.value > chunk_bytes)
-            return false;
-        pay_kind_ = pay::write;
-        pay_left_ = h.value;
-        pay_slot_ = UINT32_MAX;
-        // Into the call's reply buffer while the call lasts; a late chunk
-        // (the call ended) is read and dropped.
-        const std::uint32_t s = x.key & (max_slots - 1);
-        if (x.key != 0 && s < grants_.size() && grants_[s].reply_key == x.key) {
-            const grant& g = grants_[s];
-            const auto base = reinterpret_cast<std::uintptr_t>(g.reply);
-            if (x.addr >= base && h.value <= g.reply_len &&
-                x.addr - base <= g.reply_len - h.value) {
-                pay_dst_ = g.reply + (x.addr - base);
-                pay_slot_ = s;
-            }
-        }
-        return true;
-    }
+    case frame::read_data: return start_read_data(h, x);
+    case frame::read_end: return end_read(x);
+    case frame::write_data: return start_write(h, x);
     case frame::abandon:
         if (!server_ || h.value >= slots())
             return false;
@@ -564,6 +508,69 @@ bool tcp_link::start_payload(const head& h, const ext& x) noexcept {
         return true;
     }
     return false;
+}
+
+bool tcp_link::start_slot(const head& h) noexcept {
+    const imm_fields f = decode_imm(h.value);
+    // Requests come to the server, replies to the client.
+    if ((f.kind == message_kind::request) != server_)
+        return false;
+    if (is_control(f)) {
+        event(link_event::of_imm(h.value));
+        return true;
+    }
+    if (f.slot >= slots() || f.bytes > slot_bytes())
+        return false;
+    pay_kind_ = pay::slot;
+    pay_imm_ = h.value;
+    pay_dst_ = in_.data() + std::size_t{f.slot} * slot_bytes();
+    pay_left_ = f.bytes;
+    return true;
+}
+
+bool tcp_link::start_read_data(const head& h, const ext& x) noexcept {
+    pending_read* r = server_ ? find_read(x.wr_id) : nullptr;
+    if (r == nullptr || r->queued >= 0 || x.addr != r->got || h.value > chunk_bytes ||
+        h.value > r->len - r->got || x.last != 0)
+        return false;
+    pay_kind_ = pay::read;
+    pay_dst_ = r->dst + r->got;
+    pay_left_ = h.value;
+    r->got += h.value;
+    read_moved_ = sched::coarse_clock::now();
+    return true;
+}
+
+bool tcp_link::end_read(const ext& x) noexcept {
+    pending_read* r = server_ ? find_read(x.wr_id) : nullptr;
+    if (r == nullptr || r->queued >= 0 || x.last > 1 || (x.last == 1 && r->got != r->len))
+        return false;
+    r->used = false;
+    --reads_out_;
+    read_moved_ = sched::coarse_clock::now();
+    event(link_event{x.wr_id, 0, x.last == 1 ? IBV_WC_SUCCESS : IBV_WC_REM_ACCESS_ERR,
+                     link_event::kind::transfer});
+    return true;
+}
+
+bool tcp_link::start_write(const head& h, const ext& x) noexcept {
+    if (server_ || h.value > chunk_bytes)
+        return false;
+    pay_kind_ = pay::write;
+    pay_left_ = h.value;
+    pay_slot_ = UINT32_MAX;
+    // Into the call's reply buffer while the call lasts; a late chunk (the
+    // call ended) is read and dropped.
+    const std::uint32_t s = x.key & (max_slots - 1);
+    if (x.key != 0 && s < grants_.size() && grants_[s].reply_key == x.key) {
+        const grant& g = grants_[s];
+        const auto base = reinterpret_cast<std::uintptr_t>(g.reply);
+        if (x.addr >= base && h.value <= g.reply_len && x.addr - base <= g.reply_len - h.value) {
+            pay_dst_ = g.reply + (x.addr - base);
+            pay_slot_ = s;
+        }
+    }
+    return true;
 }
 
 void tcp_link::finish_payload() noexcept {

@@ -206,6 +206,10 @@ private:
     [[nodiscard]] bool read_in() noexcept;
     [[nodiscard]] bool parse() noexcept;
     [[nodiscard]] bool start_payload(const head& h, const ext& x) noexcept;
+    [[nodiscard]] bool start_slot(const head& h) noexcept;
+    [[nodiscard]] bool start_read_data(const head& h, const ext& x) noexcept;
+    [[nodiscard]] bool end_read(const ext& x) noexcept;
+    [[nodiscard]] bool start_write(const head& h, const ext& x) noexcept;
     [[nodiscard]] bool answer_read(const head& h, const ext& x) noexcept;
     [[nodiscard]] pending_read* find_read(std::uint64_t wr_id) noexcept;
     void event(link_event e) noexcept;
@@ -231,7 +235,6 @@ private:
     std::uint32_t pay_imm_ = 0;
     std::uint32_t pay_slot_ = UINT32_MAX; ///< write: the call whose reply buffer it lands in
     bool full_ = false; ///< parse stopped for want of room for events (whole frames wait)
-    bool pay_last_ = false;
     std::vector<entry> pool_;
     std::int32_t free_ = -1;
     std::array<std::int32_t, sched::priority_levels> q_head_{}, q_tail_{};

@@ -99,7 +99,7 @@ struct link_and_raw {
         REQUIRE(::send(raw, b.data(), b.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(b.size()));
     }
     /// Polls until the link says -1 (or 2 s): true if it did.
-    bool rejects() const {
+    [[nodiscard]] bool rejects() const {
         link_event ev[32];
         const auto until = clock_type::now() + std::chrono::seconds(2);
         while (clock_type::now() < until)

@@ -402,8 +402,14 @@ void tcp_link::fail_io(int err) noexcept {
 }
 
 void tcp_link::event(link_event e) noexcept {
-    if (events_.size() < events_.capacity())
+    if (events_.size() < events_.capacity()) {
         events_.push_back(e); // room made with the link: never reallocates
+        return;
+    }
+    // More completions waiting than the link made room for (a caller that
+    // posts and never polls): like a completion queue that overruns, the link
+    // fails rather than lose one silently.
+    fail_io(ENOBUFS);
 }
 
 // ---- receiving -------------------------------------------------------------------------------
@@ -615,12 +621,11 @@ int tcp_link::poll(std::span<link_event> out, bool) noexcept {
         flush();
     std::size_t n = 0;
     const auto hand_out = [&] {
-        while (n < out.size() && ev_head_ < events_.size())
-            out[n++] = events_[ev_head_++];
-        if (ev_head_ == events_.size()) {
-            events_.clear();
-            ev_head_ = 0;
-        }
+        const std::size_t k = std::min(out.size() - n, events_.size());
+        std::copy_n(events_.begin(), k, out.begin() + static_cast<std::ptrdiff_t>(n));
+        n += k;
+        // Only what is left to hand out keeps its room (erase never reallocates).
+        events_.erase(events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(k));
     };
     hand_out();
     taken_ = 0;
@@ -663,7 +668,7 @@ bool tcp_link::sleep(bool going) noexcept {
         want_out(true); // woken when the socket has room
     // Not with events to hand out, nor with whole frames read and left for
     // want of room: nothing on the socket would wake it for those.
-    return ev_head_ == events_.size() && !full_ && !closed_ && !corrupt_;
+    return events_.empty() && !full_ && !closed_ && !corrupt_;
 }
 
 void tcp_link::close() noexcept {

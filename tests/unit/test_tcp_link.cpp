@@ -443,3 +443,37 @@ TEST_CASE("a server over TCP refuses a bad hello, drops a peer that breaks the s
     }
     CHECK(echo_ok()); // the good client never noticed
 }
+
+TEST_CASE("tcp link: completions past the link's room end the link; none is lost silently",
+          "[tcp]") {
+    // A server posting small writes and never polling: each is done once its
+    // bytes are on the stream, so completions pile up past what the link
+    // made room for. As a completion queue that overruns, the link must fail
+    // rather than drop one.
+    pair_of_links p;
+    std::vector<std::byte> body(64), reply(64 * 1024);
+    std::uint32_t body_key = 0, reply_key = 0;
+    REQUIRE(p.client->grant_access(1, body, reply, body_key, reply_key) == rpc::detail::access::ok);
+    auto out = patterned(64, 1);
+    std::size_t started = 0;
+    link_event ev[32];
+    for (std::uint64_t id = 1; id <= 2000; ++id) {
+        if (p.server->move_body(rpc::detail::body_way::write, sched::normal, local_of(out),
+                                remote_of(reply.data() + (id % 1000) * 64, 64, reply_key),
+                                id) != rpc::detail::transfer::started)
+            break;
+        ++started;
+        if (id % 32 == 0)
+            (void)p.client->poll(ev, true); // the client drains the stream
+    }
+    // More than the link's room for events: its pool (8 a slot + 64) and 256.
+    REQUIRE(started > std::size_t{slots} * 8 + 64 + 256);
+    std::vector<link_event> at_server, at_client;
+    (void)pump(p, at_server, at_client, [&] {
+        return at_server.size() == started || p.server->ended(rpc::detail::look::failure);
+    });
+    if (p.server->ended(rpc::detail::look::failure))
+        SUCCEED("the link failed: the overrun is said, not hidden");
+    else
+        CHECK(at_server.size() == started);
+}

@@ -250,9 +250,8 @@ private:
     std::vector<grant> grants_;
     std::uint32_t key_gen_ = 0;
     std::vector<link_event> events_; ///< made by the stream, handed out by poll()
-    std::size_t ev_head_ = 0;
-    std::size_t taken_ = 0;       ///< bytes read in this poll
-    std::uint32_t reads_out_ = 0; ///< read_req on the wire, not yet ended
+    std::size_t taken_ = 0;          ///< bytes read in this poll
+    std::uint32_t reads_out_ = 0;    ///< read_req on the wire, not yet ended
     std::chrono::nanoseconds read_stall_{0};
     sched::coarse_clock::time_point read_moved_{}; ///< when a read last moved
 };

@@ -116,7 +116,7 @@ void server::accept_tcp(local::unix_channel ch, std::span<const std::byte> hello
     // closes the connection, and the client is not told it is connected.
     auto wire = std::make_unique<detail::tcp_link>(ch.fd(), true, w.slots, w.slot_bytes);
     (void)ch.release(); // the link's now
-    wire->set_read_stall(opts_.keepalive_timeout);
+    wire->set_stall(opts_.keepalive_timeout);
     const std::span<const std::byte> welcome = std::as_bytes(std::span(&w, 1));
     const auto n = static_cast<std::uint32_t>(welcome.size());
     std::array<std::byte, sizeof n + sizeof w> framed{};

@@ -99,6 +99,8 @@ std::int32_t tcp_link::take_entry(sched::priority p) noexcept {
 }
 
 void tcp_link::link_entry(std::int32_t i, std::uint8_t level) noexcept {
+    if (stall_.count() > 0 && !queued())
+        sent_moved_ = sched::coarse_clock::now(); // the send stall counts from here
     pool_[static_cast<std::size_t>(i)].next = -1;
     if (q_tail_[level] < 0)
         q_head_[level] = i;
@@ -298,6 +300,8 @@ void tcp_link::flush() noexcept {
                 fail_io(errno);
             return;
         }
+        if (r > 0)
+            sent_moved_ = sched::coarse_clock::now();
         after_send(b, static_cast<std::size_t>(r));
         if (static_cast<std::size_t>(r) < total) {
             want_out(true); // the socket is full: the rest when it has room
@@ -334,7 +338,7 @@ void tcp_link::frame_done(std::uint8_t level, std::int32_t i, std::size_t chunk)
         e.failing = e.failing || e.revoke_after; // revoked: its end says failed
         if (e.answer || e.done < e.len)
             return; // more to go (an answer's end at least): it stays at the front
-        event(link_event{e.wr_id, 0, IBV_WC_SUCCESS, link_event::kind::transfer});
+        event(link_event{e.wr_id, 0, IBV_WC_SUCCESS, link_event::kind::transfer, false});
     } else if (!e.stream && e.hdr_len == full_head) {
         if (pending_read* r = find_read(e.wr_id)) {
             r->queued = -1; // on the wire: it cannot be withdrawn any more
@@ -536,8 +540,11 @@ bool tcp_link::start_slot(const head& h) noexcept {
 
 bool tcp_link::start_read_data(const head& h, const ext& x) noexcept {
     pending_read* r = server_ ? find_read(x.wr_id) : nullptr;
-    if (r == nullptr || r->queued >= 0 || x.addr != r->got || h.value > chunk_bytes ||
-        h.value > r->len - r->got || x.last != 0)
+    // Chunks of exactly the size a sender cuts (a whole chunk, or the rest):
+    // a peer cannot keep a read alive, and the server's block held, with a
+    // trickle of empty or one-byte frames.
+    if (r == nullptr || r->queued >= 0 || x.addr != r->got || r->got == r->len ||
+        h.value != std::min<std::uint32_t>(chunk_bytes, r->len - r->got) || x.last != 0)
         return false;
     pay_kind_ = pay::read;
     pay_dst_ = r->dst + r->got;
@@ -554,8 +561,9 @@ bool tcp_link::end_read(const ext& x) noexcept {
     r->used = false;
     --reads_out_;
     read_moved_ = sched::coarse_clock::now();
+    // A refused read fails its call alone: the stream is whole.
     event(link_event{x.wr_id, 0, x.last == 1 ? IBV_WC_SUCCESS : IBV_WC_REM_ACCESS_ERR,
-                     link_event::kind::transfer});
+                     link_event::kind::transfer, x.last != 1});
     return true;
 }
 
@@ -630,15 +638,19 @@ int tcp_link::poll(std::span<link_event> out, bool) noexcept {
     hand_out();
     taken_ = 0;
     bool ok = true;
+    bool drained = false; // everything the socket had is parsed
     while (n < out.size() && !closed_) {
         ok = parse();
         hand_out();
-        if (!ok || n == out.size() || taken_ >= poll_budget || !read_in())
+        if (!ok || n == out.size() || taken_ >= poll_budget)
             break;
+        if (!read_in()) {
+            drained = true;
+            break;
+        }
     }
-    if (ok && reads_out_ != 0 && read_stall_.count() > 0 &&
-        sched::coarse_clock::now() - read_moved_ > read_stall_)
-        fail_io(ETIMEDOUT); // the peer holds this side's blocks and answers nothing
+    if (ok && stalled(drained))
+        fail_io(ETIMEDOUT); // the peer holds this side's blocks and moves nothing
     if (!ok) {
         // The peer broke the stream's rules: what came before is handed
         // out, the next poll says so.
@@ -649,6 +661,18 @@ int tcp_link::poll(std::span<link_event> out, bool) noexcept {
     if (!held_ && queued())
         flush();
     return static_cast<int>(n);
+}
+
+bool tcp_link::stalled(bool drained) const noexcept {
+    if (stall_.count() <= 0)
+        return false;
+    const auto now = sched::coarse_clock::now();
+    // A read is judged only with the socket drained: a chunk may wait unread
+    // behind a poll that stopped at its budget, or a server that was busy.
+    if (drained && reads_out_ != 0 && now - read_moved_ > stall_)
+        return true;
+    // Frames waiting and not one byte taken by the peer: it stopped reading.
+    return queued() && now - sent_moved_ > stall_;
 }
 
 // ---- the rest of the ten ---------------------------------------------------------------------
@@ -722,6 +746,7 @@ bool tcp_link::end_access(std::uint32_t slot, access_end how) noexcept {
     const bool had_body = grants_[slot].body_key != 0;
     grants_[slot] = grant{};
     const std::int32_t partial_i = partial_entry_;
+    bool withdrawn = false;
     // A reply chunk arriving into the call's buffer: its rest is dropped.
     if (pay_kind_ == pay::write && pay_slot_ == slot)
         pay_dst_ = nullptr;
@@ -743,13 +768,14 @@ bool tcp_link::end_access(std::uint32_t slot, access_end how) noexcept {
             } else if (how == access_end::abandon && e.slot_msg) {
                 if (!partial) {
                     e.dead = true; // the request never went
-                    return true;
+                    withdrawn = true;
+                    continue; // answers to the call's body may be queued at other levels
                 }
                 spill_partial(); // it went in part: the rest from a copy
             }
         }
     }
-    if (how != access_end::abandon)
+    if (how != access_end::abandon || withdrawn)
         return true;
     // The request is on its way or there: the server drops it unread.
     const std::int32_t i = take_entry(sched::urgent);

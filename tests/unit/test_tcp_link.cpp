@@ -294,6 +294,18 @@ TEST_CASE("tcp link: a peer that breaks the stream's rules ends that link, and n
         s.send(frame_bytes(tcp_link::frame::read_end, 0, &x));
         CHECK(s.rejects());
     }
+    SECTION("a read's chunk of another size than a sender cuts (a trickle)") {
+        link_and_raw s(true);
+        std::vector<std::byte> into(1 << 20);
+        REQUIRE(s.link->move_body(rpc::detail::body_way::read, sched::normal, local_of(into),
+                                  remote_of(nullptr, into.size(), 1),
+                                  5) == rpc::detail::transfer::started);
+        std::array<std::byte, 64> req{};
+        REQUIRE(::recv(s.raw, req.data(), req.size(), 0) == tcp_link::full_head);
+        const tcp_link::ext x{5, 0, 0, 0};
+        s.send(frame_bytes(tcp_link::frame::read_data, 1, &x, 1));
+        CHECK(s.rejects());
+    }
     SECTION("a write longer than a chunk, to a key never granted") {
         link_and_raw c(false);
         std::vector<std::byte> mine(1 << 20, std::byte{0});
@@ -476,4 +488,107 @@ TEST_CASE("tcp link: completions past the link's room end the link; none is lost
         SUCCEED("the link failed: the overrun is said, not hidden");
     else
         CHECK(at_server.size() == started);
+}
+
+TEST_CASE("tcp link: a call given up before its request went sends none of its body, whatever "
+          "level the peer asked for it at",
+          "[tcp]") {
+    // A hostile server predicts the call's body key and asks for the body at
+    // the least urgent level, behind the request still queued at `normal`.
+    // The call is given up: its request is withdrawn, and the answer queued
+    // at the other level must end failed, not carry the caller's bytes.
+    link_and_raw c(false);
+    std::vector<std::byte> body(8192, std::byte{0xc3}), reply(64);
+    std::uint32_t body_key = 0, reply_key = 0;
+    REQUIRE(c.link->grant_access(0, body, reply, body_key, reply_key) == rpc::detail::access::ok);
+    REQUIRE(c.link->hold_doorbell(true)); // the request waits in the link's queue
+    REQUIRE(c.link->send_slot(rpc::message_kind::request, 0, 64, sched::normal, false) ==
+            status::ok);
+    tcp_link::head h{tcp_link::frame::read_req,
+                     static_cast<std::uint8_t>(sched::priority_levels - 1), 0,
+                     static_cast<std::uint32_t>(body.size())};
+    const tcp_link::ext x{77, reinterpret_cast<std::uint64_t>(body.data()), body_key, 0};
+    std::vector<std::byte> req(tcp_link::full_head);
+    std::memcpy(req.data(), &h, sizeof h);
+    std::memcpy(req.data() + sizeof h, &x, sizeof x);
+    c.send(req);
+    link_event ev[8];
+    const auto until = clock_type::now() + std::chrono::milliseconds(200);
+    while (clock_type::now() < until)
+        (void)c.link->poll(ev, true); // takes the read_req; the hold keeps its answer queued
+    (void)c.link->end_access(0, rpc::detail::access_end::abandon);
+    (void)c.link->hold_doorbell(false); // what is left goes now
+    // Whatever comes is frames, not the body: no 0xc3 run, no frame longer
+    // than a read's end.
+    std::vector<std::byte> got(64 * 1024);
+    std::size_t n = 0;
+    const auto stop = clock_type::now() + std::chrono::milliseconds(300);
+    while (clock_type::now() < stop) {
+        const ssize_t r = ::recv(c.raw, got.data() + n, got.size() - n, MSG_DONTWAIT);
+        if (r > 0)
+            n += static_cast<std::size_t>(r);
+    }
+    CHECK(std::count(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n), std::byte{0xc3}) ==
+          0);
+    CHECK(n <= tcp_link::full_head); // at most the read's failed end
+}
+
+TEST_CASE("tcp link: a server's transfer the peer stops moving ends the link after the stall "
+          "limit, either way",
+          "[tcp]") {
+    using std::chrono::milliseconds;
+    const auto ends_within = [](link_and_raw& s, clock_type::duration limit) {
+        link_event ev[8];
+        const auto t0 = clock_type::now();
+        while (clock_type::now() - t0 < limit)
+            if (s.link->poll(ev, true) < 0 || s.link->ended(rpc::detail::look::failure))
+                return clock_type::now() - t0;
+        return clock_type::duration::max();
+    };
+    SECTION("a body read the peer never answers") {
+        link_and_raw s(true);
+        s.link->set_stall(milliseconds(200));
+        std::vector<std::byte> into(4096);
+        REQUIRE(s.link->move_body(rpc::detail::body_way::read, sched::normal, local_of(into),
+                                  remote_of(nullptr, 4096, 1),
+                                  5) == rpc::detail::transfer::started);
+        const auto took = ends_within(s, std::chrono::seconds(3));
+        CHECK(took >= milliseconds(200) - sched::coarse_clock::resolution());
+        CHECK(took < std::chrono::seconds(3));
+    }
+    SECTION("a reply the peer never reads") {
+        link_and_raw s(true);
+        s.link->set_stall(milliseconds(200));
+        std::vector<std::byte> out(8 << 20, std::byte{1}); // more than the socket holds
+        REQUIRE(s.link->move_body(rpc::detail::body_way::write, sched::normal, local_of(out),
+                                  remote_of(nullptr, out.size(), 1),
+                                  9) == rpc::detail::transfer::started);
+        const auto took = ends_within(s, std::chrono::seconds(3));
+        CHECK(took >= milliseconds(200) - sched::coarse_clock::resolution());
+        CHECK(took < std::chrono::seconds(3));
+    }
+    SECTION("a peer that reads, slowly: the link lives") {
+        link_and_raw s(true);
+        s.link->set_stall(milliseconds(200));
+        std::vector<std::byte> out(2 << 20, std::byte{1});
+        REQUIRE(s.link->move_body(rpc::detail::body_way::write, sched::normal, local_of(out),
+                                  remote_of(nullptr, out.size(), 1),
+                                  9) == rpc::detail::transfer::started);
+        std::vector<std::byte> sink(64 * 1024);
+        link_event ev[8];
+        std::size_t got = 0;
+        bool done = false;
+        const auto until = clock_type::now() + std::chrono::seconds(20);
+        while (!done && clock_type::now() < until) {
+            const int n = s.link->poll(ev, true);
+            REQUIRE(n >= 0);
+            done = n > 0 && ev[0].wr_id == 9;
+            const ssize_t r = ::recv(s.raw, sink.data(), sink.size(), MSG_DONTWAIT);
+            got += r > 0 ? static_cast<std::size_t>(r) : 0;
+            std::this_thread::sleep_for(milliseconds(20)); // 3 MB/s at most
+        }
+        CHECK(done);
+        CHECK(got > out.size() / 2); // the peer took it, at its pace
+        CHECK_FALSE(s.link->ended(rpc::detail::look::failure));
+    }
 }

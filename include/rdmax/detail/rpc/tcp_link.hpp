@@ -93,10 +93,12 @@ public:
     ~tcp_link() override;
     /// The connection's socket (for the handshake's last message).
     [[nodiscard]] int socket() const noexcept { return fd_; }
-    /// A server's reads of a peer's bodies must move: one with no byte for
-    /// `limit` ends the link (a peer that never answers would otherwise hold
-    /// the server's blocks for as long as it keeps the connection). 0: never.
-    void set_read_stall(std::chrono::nanoseconds limit) noexcept { read_stall_ = limit; }
+    /// A server's transfers with a peer must move, both ways: a body read
+    /// with no chunk for `limit` (at least 128 KiB per `limit`), or frames
+    /// queued and not one byte taken by the peer for `limit`, end the link.
+    /// Otherwise a peer that stops answering or reading holds the server's
+    /// blocks for as long as it keeps the connection. 0: never.
+    void set_stall(std::chrono::nanoseconds limit) noexcept { stall_ = limit; }
 
     [[nodiscard]] status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
                                    sched::priority p, bool epoch) noexcept override;
@@ -216,6 +218,8 @@ private:
     void finish_payload() noexcept;
     void want_out(bool on) noexcept;
     void fail_io(int err) noexcept;
+    /// Has the peer stopped moving a transfer for longer than the stall limit?
+    [[nodiscard]] bool stalled(bool drained) const noexcept;
 
     int fd_ = -1;
     int epoll_fd_ = -1;
@@ -252,8 +256,9 @@ private:
     std::vector<link_event> events_; ///< made by the stream, handed out by poll()
     std::size_t taken_ = 0;          ///< bytes read in this poll
     std::uint32_t reads_out_ = 0;    ///< read_req on the wire, not yet ended
-    std::chrono::nanoseconds read_stall_{0};
+    std::chrono::nanoseconds stall_{0};
     sched::coarse_clock::time_point read_moved_{}; ///< when a read last moved
+    sched::coarse_clock::time_point sent_moved_{}; ///< when the peer last took bytes
 };
 
 } // namespace detail

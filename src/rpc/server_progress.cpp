@@ -85,10 +85,9 @@ void server::transfer_ended(peer& l, std::uint32_t index, const detail::link_eve
     const std::uint64_t tag = c.wr_id >> 56;
     const auto at = static_cast<std::uint16_t>((c.wr_id >> 16) & 0xffffU);
     const auto slot = static_cast<std::uint32_t>(c.wr_id & 0xffffU);
-    // Over TCP a body that could not be read fails its call alone (the
-    // caller's memory, or the call ended): the stream goes on. On the device
-    // an error completion leaves the queue pair in error.
-    const bool call_only = !c.ok() && tag == tag_read && l.wire->kind() == transport::tcp;
+    // A failure the link says is the call's alone (tcp: a body the caller
+    // no longer grants) leaves the link whole; any other leaves it broken.
+    const bool call_only = !c.ok() && c.call_only;
     if (!c.ok() && !call_only)
         l.wire->broken = true;
     // The transfer is over (done or flushed): its block is free again, once

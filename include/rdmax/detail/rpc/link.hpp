@@ -56,19 +56,23 @@ struct link_event {
     std::uint32_t value; ///< imm: the immediate (host order); fenced: the slot
     ibv_wc_status status;
     kind what;
+    /// transfer, failed: the call alone fails, the link goes on (tcp: the
+    /// peer refused a read it was not granted). On the device an error
+    /// completion leaves the queue pair in error.
+    bool call_only;
 
     [[nodiscard]] bool ok() const noexcept { return status == IBV_WC_SUCCESS; }
     [[nodiscard]] std::uint32_t imm() const noexcept { return value; }
     [[nodiscard]] std::uint32_t slot() const noexcept { return value; }
 
     [[nodiscard]] static link_event of_imm(std::uint32_t imm) noexcept {
-        return {0, imm, IBV_WC_SUCCESS, kind::imm};
+        return {0, imm, IBV_WC_SUCCESS, kind::imm, false};
     }
     [[nodiscard]] static link_event of_transfer(const verbs::completion& c) noexcept {
-        return {c.wr_id, 0, c.status, kind::transfer};
+        return {c.wr_id, 0, c.status, kind::transfer, false};
     }
     [[nodiscard]] static link_event of_fenced(std::uint32_t slot) noexcept {
-        return {0, slot, IBV_WC_SUCCESS, kind::fenced};
+        return {0, slot, IBV_WC_SUCCESS, kind::fenced, false};
     }
 };
 

@@ -226,12 +226,15 @@ std::unique_ptr<detail::link> client::finish_dial(detail::pending_dial& d, std::
         if (!no_rdma_path(e))
             throw;
         rdma_miss = fmt::format("no RDMA path ({})", e.what());
-        rdmax::detail::notice(
-            fmt::format("rpc::client: {}:{}: {}: over TCP", addr, port, rdma_miss));
     }
     // Waited for here (a reconnect's fallback too: a device that found no
     // path to a server answers quickly, and so does TCP, or it times out).
-    return finish_tcp(*begin_tcp(addr, port), addr, port, rdma_miss);
+    auto link = finish_tcp(*begin_tcp(addr, port), addr, port, rdma_miss);
+    // Said once it connected: an attempt that fails throws with every reason,
+    // and a reconnect loop through an outage would repeat it each time.
+    rdmax::detail::notice(
+        fmt::format("rpc::client: {}:{}: {}: connected over TCP", addr, port, rdma_miss));
+    return link;
 }
 
 std::shared_ptr<detail::pending_dial> client::begin_tcp(std::string_view addr, std::uint16_t port) {

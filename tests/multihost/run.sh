@@ -197,12 +197,18 @@ link_health() {
         echo "link: no ping here to ask the peer (install iputils-ping), $dev tx timeouts $to"
         return 0
     fi
+    # The NIC's packet counters across the ping: a transmit side frozen while
+    # frames still arrive is the emulated NIC's stall (docs/vm.md).
+    local stats=/sys/class/net/$dev/statistics tx0 rx0 moved
+    tx0=$(cat "$stats/tx_packets" 2>/dev/null || echo '?')
+    rx0=$(cat "$stats/rx_packets" 2>/dev/null || echo '?')
     # -w: ping's own deadline; timeout: ours, should it block anyway.
     if timeout 5 "${pinger[@]}" -c 2 -W 1 -w 3 "$peer" >/dev/null 2>&1; then
-        echo "link: the peer answers ping, $dev tx timeouts $to"
+        moved="the peer answers ping"
     else
-        echo "link: the peer does NOT answer ping (the emulated link is down), $dev tx timeouts $to"
+        moved="the peer does NOT answer ping (the emulated link is down)"
     fi
+    echo "link: $moved, $dev tx timeouts $to, tx packets $tx0 -> $(cat "$stats/tx_packets" 2>/dev/null || echo '?'), rx packets $rx0 -> $(cat "$stats/rx_packets" 2>/dev/null || echo '?') across the ping"
 }
 
 # record STEP OK|FAIL|SKIP SECONDS [NOTE]

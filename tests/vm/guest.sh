@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs inside the test VM, as root in the host's root filesystem (overlaid, so
 # writable). Brings up soft-RoCE on a dummy netdev (or, as one of two hosts, on
-# the virtio NIC joining it to the other: RDMAX_VM_NET=virtio), loads the rdmax module when
+# the emulated NIC joining it to the other: RDMAX_VM_NIC), loads the rdmax module when
 # one has been built for this kernel, then runs the job the host wrote and
 # leaves its exit status in the results share.
 set -u
@@ -39,12 +39,16 @@ if [ -n "${RDMAX_HOSTS:-}" ]; then
 else
     echo "$RDMAX_TEST_ADDR $vm_hostname" >>/etc/hosts
 fi
-if [ "${RDMAX_VM_NET:-dummy}" = virtio ]; then
-    # One of two hosts (tests/vm/run --hosts 2): the virtio NIC with the MAC the
-    # host gave it carries the link to the other guest. No udev here: load the
-    # driver (built in on some kernels) and find the interface by its MAC.
-    modprobe virtio_net >"$results/setup.log" 2>&1 || [ -d /sys/bus/virtio/drivers/virtio_net ] ||
-        { echo "rdmax-vm: setup failed: modprobe virtio_net"; cat "$results/setup.log"; echo 125 >"$results/status"; exit 125; }
+if [ -n "${RDMAX_VM_NIC:-}" ]; then
+    # One of two hosts (tests/vm/run --hosts 2): the NIC with the MAC the host
+    # gave it carries the link to the other guest. No udev here: load its driver
+    # (built in on some kernels) and find the interface by its MAC.
+    case $RDMAX_VM_NIC in
+    virtio) driver=virtio_net driver_dir=/sys/bus/virtio/drivers/virtio_net ;;
+    *) driver=$RDMAX_VM_NIC driver_dir=/sys/bus/pci/drivers/$RDMAX_VM_NIC ;;
+    esac
+    modprobe "$driver" >"$results/setup.log" 2>&1 || [ -d "$driver_dir" ] ||
+        { echo "rdmax-vm: setup failed: modprobe $driver"; cat "$results/setup.log"; echo 125 >"$results/status"; exit 125; }
     netdev_by_mac() {
         local d
         for d in /sys/class/net/*; do

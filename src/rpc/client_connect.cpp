@@ -214,9 +214,17 @@ bool no_rdma_path(const error& e) noexcept {
 } // namespace
 
 std::unique_ptr<detail::link> client::finish_dial(detail::pending_dial& d, std::string_view addr,
-                                                  std::uint16_t port) {
-    if (d.tcp.valid())
-        return finish_tcp(d, addr, port);
+                                                  std::uint16_t port,
+                                                  std::shared_ptr<detail::pending_dial>* then) {
+    if (d.tcp.valid()) {
+        auto link = finish_tcp(d, addr, port);
+        // Said once it connected: an attempt that fails throws with every
+        // reason, and a reconnect loop through an outage would repeat it.
+        if (!d.rdma_miss.empty())
+            rdmax::detail::notice(
+                fmt::format("rpc::client: {}:{}: {}: connected over TCP", addr, port, d.rdma_miss));
+        return link;
+    }
     if (!opts_.transports.has(transport::tcp))
         return finish_device(d, addr, port);
     std::string rdma_miss;
@@ -227,14 +235,15 @@ std::unique_ptr<detail::link> client::finish_dial(detail::pending_dial& d, std::
             throw;
         rdma_miss = fmt::format("no RDMA path ({})", e.what());
     }
-    // Waited for here (a reconnect's fallback too: a device that found no
-    // path to a server answers quickly, and so does TCP, or it times out).
-    auto link = finish_tcp(*begin_tcp(addr, port), addr, port, rdma_miss);
-    // Said once it connected: an attempt that fails throws with every reason,
-    // and a reconnect loop through an outage would repeat it each time.
-    rdmax::detail::notice(
-        fmt::format("rpc::client: {}:{}: {}: connected over TCP", addr, port, rdma_miss));
-    return link;
+    // TCP on its thread: a reconnect goes on serving its other connections
+    // meanwhile (`then`); connect() waits for it here.
+    std::shared_ptr<detail::pending_dial> tcp = begin_tcp(addr, port);
+    tcp->rdma_miss = std::move(rdma_miss);
+    if (then != nullptr) {
+        *then = std::move(tcp);
+        return nullptr;
+    }
+    return finish_dial(*tcp, addr, port);
 }
 
 std::shared_ptr<detail::pending_dial> client::begin_tcp(std::string_view addr, std::uint16_t port) {
@@ -263,7 +272,8 @@ std::shared_ptr<detail::pending_dial> client::begin_tcp(std::string_view addr, s
 }
 
 std::unique_ptr<detail::link> client::finish_tcp(detail::pending_dial& d, std::string_view addr,
-                                                 std::uint16_t port, std::string_view rdma_miss) {
+                                                 std::uint16_t port) {
+    const std::string_view rdma_miss = d.rdma_miss;
     detail::tcp_dialed r;
     try {
         r = d.tcp.get();

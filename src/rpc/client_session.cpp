@@ -240,7 +240,9 @@ void client::try_reconnect(std::uint32_t s, sched::coarse_clock::time_point now)
             if (!ss.dialing->ready())
                 return; // rdma_cm is still at it, on its thread
             const std::shared_ptr<detail::pending_dial> d = std::move(ss.dialing);
-            wire = finish_dial(*d, ss.addr, ss.port);
+            wire = finish_dial(*d, ss.addr, ss.port, &ss.dialing);
+            if (!wire)
+                return; // no RDMA path: TCP is dialling, on its thread
         } else {
             // The node-local path first (a Unix handshake, bounded by
             // connect_timeout), then the device, whose connect runs on a

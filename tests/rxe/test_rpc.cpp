@@ -749,6 +749,45 @@ TEST_CASE("a client without a device reaches a server with one over TCP, large b
     CHECK(b.reply == big);
 }
 
+TEST_CASE("a client with a device reaches a server without one over TCP, and again after "
+          "the server restarts (the fallback dialled on its thread)",
+          "[device][tcp]") {
+    test_domain pd;
+    const test_domain none{test_domain::none_t{}};
+    rpc::rpc_options so = small_options();
+    so.local = false;
+    so.transports = rpc::transport_set{} | rpc::transport::tcp;
+    // A server cannot move: make_unique could not take make_server's result.
+    auto s = std::unique_ptr<rpc::server>( // NOLINT(modernize-make-unique)
+        new rpc::server(make_server(none, test_addr(), 0, so)));
+    handlers h;
+    h.install(*s);
+    rpc::rpc_options co = small_options();
+    co.local = false; // every transport but the node's memory: the device first
+    connected_client c(pd, *s, co);
+    REQUIRE(c.cli.transport(c.peer) == rpc::transport::tcp);
+    std::vector<std::byte> req(64);
+    fill_pattern(req, 3);
+    CHECK(call_once(*s, c, m_echo, req).status == rpc::call_status::ok);
+    // The server restarts on its port: the client's device again finds no
+    // listener, and the reconnect goes on over TCP.
+    const std::uint16_t port = s->port();
+    s.reset();
+    s = std::unique_ptr<rpc::server>( // NOLINT(modernize-make-unique)
+        new rpc::server(make_server(none, test_addr(), port, so)));
+    h.install(*s);
+    std::vector<rpc::call_result> results;
+    // Idempotent: it may go out on the old connection before the client
+    // sees it closed, and is sent again after the reconnect.
+    REQUIRE(c.cli.start(c.peer, m_echo, req,
+                        {.timeout = std::chrono::seconds(20), .idempotent = true}) ==
+            rpc::call_status::ok);
+    REQUIRE(pump(*s, {&c.cli}, results, [&] { return results.size() == 1; }));
+    CHECK(results[0].status == rpc::call_status::ok);
+    CHECK(c.cli.counters().reconnects >= 1);
+    CHECK(c.cli.transport(c.peer) == rpc::transport::tcp);
+}
+
 TEST_CASE("priorities: an urgent call overtakes bulk calls on the same connection",
           "[priorities]") {
     test_domain pd;

@@ -225,14 +225,15 @@ private:
         std::shared_ptr<detail::pending_dial> dialing; ///< a reconnect under way (device, tcp)
     };
     // Connecting (client_connect.cpp).
-    /// To addr:port: node-local if it can, else the device, else TCP (finish_dial:
-    /// the device's connect, or TCP where it found no RDMA path).
+    /// To addr:port: node-local, else the device, else TCP (finish_dial: where the
+    /// device found no path; with `then` that dial is started there, not waited for).
     std::unique_ptr<detail::link> dial(std::string_view addr, std::uint16_t port);
     std::shared_ptr<detail::pending_dial> begin_tcp(std::string_view addr, std::uint16_t port);
     std::unique_ptr<detail::link> finish_tcp(detail::pending_dial& d, std::string_view addr,
-                                             std::uint16_t port, std::string_view rdma_miss = {});
-    std::unique_ptr<detail::link> finish_dial(detail::pending_dial& d, std::string_view addr,
-                                              std::uint16_t port);
+                                             std::uint16_t port);
+    std::unique_ptr<detail::link>
+    finish_dial(detail::pending_dial& d, std::string_view addr, std::uint16_t port,
+                std::shared_ptr<detail::pending_dial>* then = nullptr);
     /// The node-local path to addr:port, or nullptr (why not in local_miss_).
     std::unique_ptr<detail::link> connect_local(std::string_view addr, std::uint16_t port);
     std::string local_miss_;
@@ -382,8 +383,7 @@ private:
     bool holding_ = false;
     std::array<std::uint32_t, held_links> held_{};
     std::size_t held_count_ = 0;
-    /// Connection `index` holds its doorbell for the call about to go, if it
-    /// can and the list has room.
+    /// Connection `index` holds its doorbell for the next call, if it can and the list has room.
     void hold_link(peer& l, std::uint32_t index) noexcept;
     // Sessions: what peer_ids name.
     std::vector<session> sessions_;

@@ -36,6 +36,7 @@ struct pending_dial {
     ring_offer mine;
     std::future<verbs::connection> conn; ///< through the device, or
     std::future<tcp_dialed> tcp;         ///< over TCP (a connect error: thrown)
+    std::string rdma_miss;               ///< tcp: why not the device, if it was tried
 
     [[nodiscard]] bool ready() const {
         return (conn.valid() ? conn.wait_for(std::chrono::seconds(0))

@@ -68,11 +68,8 @@ server::server(std::string_view addr, std::uint16_t port, rpc_options opts)
 void server::listen_local(std::string_view addr, bool needed) {
     if (!opts_.node_local()) {
         if (needed)
-            throw_error("rpc::server", EINVAL,
-                        fmt::format("{}:{}: no transport: shm and tcp are left out "
-                                    "(RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), and {}",
-                                    addr, port_,
-                                    ep_.pd != nullptr ? "so is rdma" : "there is no device"));
+            throw_no_transport("rpc::server", addr, port_,
+                               ep_.pd != nullptr ? "so is rdma" : "there is no device");
         return;
     }
     try {

@@ -25,6 +25,9 @@
 namespace rdmax::rpc {
 
 namespace {
+/// Why a group is not reached over rdma, in its "no transport" error.
+constexpr std::string_view group_rdma_why = "rdma has no device or is left out too";
+
 std::size_t checked_threads(std::size_t threads) {
     if (threads == 0 || threads > 1024)
         throw_error("rpc::server_group", EINVAL,
@@ -138,32 +141,16 @@ void server_group::listen_without_rdma(std::string_view addr) {
     if (opts_.node_local())
         local_listener_.emplace(listen_without_device(addr, port_));
     else if (tcp_listener_ < 0)
-        throw_error("rpc::server_group", EINVAL,
-                    fmt::format("{}:{}: no transport: shm and tcp are left out "
-                                "(RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), and rdma has no "
-                                "device or is left out too",
-                                addr, port_));
+        throw_no_transport("rpc::server_group", addr, port_, group_rdma_why);
 }
 
 void server_group::listen_tcp(std::string_view addr, bool needed) {
     if (!opts_.transports.has(transport::tcp)) {
         if (needed)
-            throw_error("rpc::server_group", EINVAL,
-                        fmt::format("{}:{}: no transport: shm and tcp are left out "
-                                    "(RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), and rdma has no "
-                                    "device or is left out too",
-                                    addr, port_));
+            throw_no_transport("rpc::server_group", addr, port_, group_rdma_why);
         return;
     }
-    try {
-        tcp_listener_ = tcp_listen(addr, port_);
-    } catch (const error& e) {
-        if (needed)
-            throw;
-        rdmax::detail::notice(fmt::format("rpc::server_group on {}:{}: no TCP listener ({}); "
-                                          "peers with neither rdma nor shm to it cannot connect",
-                                          addr, port_, e.what()));
-    }
+    tcp_listener_ = tcp_listen_for("rpc::server_group", addr, port_, needed);
 }
 
 server_group::server_group(detail::no_device_t none, std::string_view addr, std::uint16_t port,

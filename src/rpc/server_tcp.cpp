@@ -23,29 +23,20 @@ namespace rdmax::rpc {
 void server::listen_tcp(std::string_view addr, bool needed) {
     if (!opts_.transports.has(transport::tcp)) {
         if (needed)
-            throw_error("rpc::server", EINVAL,
-                        fmt::format("{}:{}: no transport: shm and tcp are left out "
-                                    "(RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), and {}",
-                                    addr, port_,
-                                    ep_.pd != nullptr ? "so is rdma" : "there is no device"));
+            throw_no_transport("rpc::server", addr, port_,
+                               ep_.pd != nullptr ? "so is rdma" : "there is no device");
         return;
     }
+    const int fd = tcp_listen_for("rpc::server", addr, port_, needed);
+    if (fd < 0)
+        return;
     try {
-        const int fd = tcp_listen(addr, port_);
-        try {
-            ep_.in.watch(fd);
-        } catch (...) {
-            ::close(fd);
-            throw;
-        }
-        tcp_listener_ = fd;
-    } catch (const error& e) {
-        if (needed)
-            throw;
-        rdmax::detail::notice(fmt::format("rpc::server on {}:{}: no TCP listener ({}); peers "
-                                          "with neither rdma nor shm to it cannot connect",
-                                          addr, port_, e.what()));
+        ep_.in.watch(fd);
+    } catch (...) {
+        ::close(fd);
+        throw;
     }
+    tcp_listener_ = fd;
 }
 
 void server::listen_without_rdma(std::string_view addr) {

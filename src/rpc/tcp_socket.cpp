@@ -18,6 +18,8 @@
 #include <rdmax/detail/rpc/tcp_link.hpp>
 #include <rdmax/error.hpp>
 
+#include "../notice.hpp"
+
 namespace rdmax::rpc {
 
 namespace {
@@ -106,6 +108,27 @@ int tcp_connect(std::string_view addr, std::uint16_t port, std::chrono::millisec
         ::close(fd);
     }
     throw_error("connect(tcp)", err, fmt::format("{}:{}", addr, port));
+}
+
+int tcp_listen_for(std::string_view who, std::string_view addr, std::uint16_t& port, bool needed) {
+    try {
+        return tcp_listen(addr, port);
+    } catch (const error& e) {
+        if (needed)
+            throw;
+        rdmax::detail::notice(fmt::format("{} on {}:{}: no TCP listener ({}); peers with "
+                                          "neither rdma nor shm to it cannot connect",
+                                          who, addr, port, e.what()));
+        return -1;
+    }
+}
+
+void throw_no_transport(std::string_view who, std::string_view addr, std::uint16_t port,
+                        std::string_view rdma) {
+    throw_error(who, EINVAL,
+                fmt::format("{}:{}: no transport: shm and tcp are left out "
+                            "(RDMAX_RPC_TRANSPORTS or RDMAX_RPC_LOCAL), and {}",
+                            addr, port, rdma));
 }
 
 } // namespace rdmax::rpc

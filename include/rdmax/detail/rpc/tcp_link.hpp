@@ -73,6 +73,13 @@ inline constexpr std::uint32_t tcp_ok = 0, tcp_refused = 2;
 /// A non-blocking TCP listener on addr:port (port 0: the kernel picks one,
 /// written back). Throws rdmax::error naming the call and the address.
 [[nodiscard]] int tcp_listen(std::string_view addr, std::uint16_t& port);
+/// A server's (`who`'s) TCP listener: tcp_listen's, or where it is not
+/// `needed` (another transport listens), -1 and a notice saying who cannot connect.
+[[nodiscard]] int tcp_listen_for(std::string_view who, std::string_view addr, std::uint16_t& port,
+                                 bool needed);
+/// Refuses a server (`who`) left with no transport; `rdma`: why not that one.
+[[noreturn]] void throw_no_transport(std::string_view who, std::string_view addr,
+                                     std::uint16_t port, std::string_view rdma);
 /// A connected TCP socket to addr:port within `timeout` (non-blocking, with
 /// TCP_NODELAY). Throws rdmax::error.
 [[nodiscard]] int tcp_connect(std::string_view addr, std::uint16_t port,

@@ -300,8 +300,6 @@ void tcp_link::flush() noexcept {
                 fail_io(errno);
             return;
         }
-        if (r > 0)
-            sent_moved_ = sched::coarse_clock::now();
         after_send(b, static_cast<std::size_t>(r));
         if (static_cast<std::size_t>(r) < total) {
             want_out(true); // the socket is full: the rest when it has room
@@ -326,6 +324,9 @@ void tcp_link::after_send(const batch& b, std::size_t sent) noexcept {
         partial_entry_ = -1;
         partial_sent_ = 0;
         spilled_ = false;
+        // Whole frames (a chunk at most 128 KiB) count as the peer taking
+        // bytes: one that reads a segment at a time does not keep a reply alive.
+        sent_moved_ = sched::coarse_clock::now();
         frame_done(f.level, f.entry, f.chunk);
     }
 }
@@ -664,12 +665,14 @@ int tcp_link::poll(std::span<link_event> out, bool) noexcept {
 }
 
 bool tcp_link::stalled(bool drained) const noexcept {
-    if (stall_.count() <= 0)
-        return false;
+    if (stall_.count() <= 0 || closed_)
+        return false; // (a peer that closed its end is an event, not a stall)
     const auto now = sched::coarse_clock::now();
-    // A read is judged only with the socket drained: a chunk may wait unread
+    // A read is judged with the socket drained: a chunk may wait unread
     // behind a poll that stopped at its budget, or a server that was busy.
-    if (drained && reads_out_ != 0 && now - read_moved_ > stall_)
+    // Not drained, at twice the limit: a peer flooding other frames must not
+    // keep its reads from being judged at all.
+    if (reads_out_ != 0 && now - read_moved_ > (drained ? stall_ : 2 * stall_))
         return true;
     // Frames waiting and not one byte taken by the peer: it stopped reading.
     return queued() && now - sent_moved_ > stall_;

@@ -484,10 +484,10 @@ TEST_CASE("tcp link: completions past the link's room end the link; none is lost
     (void)pump(p, at_server, at_client, [&] {
         return at_server.size() == started || p.server->ended(rpc::detail::look::failure);
     });
-    if (p.server->ended(rpc::detail::look::failure))
-        SUCCEED("the link failed: the overrun is said, not hidden");
-    else
-        CHECK(at_server.size() == started);
+    // The overrun is said (the link fails), not hidden: every completion up
+    // to it was handed out, none after it made up.
+    CHECK(p.server->ended(rpc::detail::look::failure));
+    CHECK(at_server.size() <= started);
 }
 
 TEST_CASE("tcp link: a call given up before its request went sends none of its body, whatever "
@@ -537,9 +537,10 @@ TEST_CASE("tcp link: a server's transfer the peer stops moving ends the link aft
           "limit, either way",
           "[tcp]") {
     using std::chrono::milliseconds;
-    const auto ends_within = [](link_and_raw& s, clock_type::duration limit) {
+    // From t0, taken before the transfer started (its stall clock starts there).
+    const auto ends_within = [](link_and_raw& s, clock_type::time_point t0,
+                                clock_type::duration limit) {
         link_event ev[8];
-        const auto t0 = clock_type::now();
         while (clock_type::now() - t0 < limit)
             if (s.link->poll(ev, true) < 0 || s.link->ended(rpc::detail::look::failure))
                 return clock_type::now() - t0;
@@ -549,10 +550,11 @@ TEST_CASE("tcp link: a server's transfer the peer stops moving ends the link aft
         link_and_raw s(true);
         s.link->set_stall(milliseconds(200));
         std::vector<std::byte> into(4096);
+        const auto t0 = clock_type::now();
         REQUIRE(s.link->move_body(rpc::detail::body_way::read, sched::normal, local_of(into),
                                   remote_of(nullptr, 4096, 1),
                                   5) == rpc::detail::transfer::started);
-        const auto took = ends_within(s, std::chrono::seconds(3));
+        const auto took = ends_within(s, t0, std::chrono::seconds(3));
         CHECK(took >= milliseconds(200) - sched::coarse_clock::resolution());
         CHECK(took < std::chrono::seconds(3));
     }
@@ -560,10 +562,11 @@ TEST_CASE("tcp link: a server's transfer the peer stops moving ends the link aft
         link_and_raw s(true);
         s.link->set_stall(milliseconds(200));
         std::vector<std::byte> out(8 << 20, std::byte{1}); // more than the socket holds
+        const auto t0 = clock_type::now();
         REQUIRE(s.link->move_body(rpc::detail::body_way::write, sched::normal, local_of(out),
                                   remote_of(nullptr, out.size(), 1),
                                   9) == rpc::detail::transfer::started);
-        const auto took = ends_within(s, std::chrono::seconds(3));
+        const auto took = ends_within(s, t0, std::chrono::seconds(3));
         CHECK(took >= milliseconds(200) - sched::coarse_clock::resolution());
         CHECK(took < std::chrono::seconds(3));
     }

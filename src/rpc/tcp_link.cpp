@@ -324,7 +324,7 @@ void tcp_link::after_send(const batch& b, std::size_t sent) noexcept {
         partial_entry_ = -1;
         partial_sent_ = 0;
         spilled_ = false;
-        // Whole frames (a chunk at most 128 KiB) count as the peer taking
+        // Whole frames (a chunk at most 512 KiB) count as the peer taking
         // bytes: one that reads a segment at a time does not keep a reply alive.
         sent_moved_ = sched::coarse_clock::now();
         frame_done(f.level, f.entry, f.chunk);

@@ -159,7 +159,7 @@ TEST_CASE("tcp link: a body is read and a reply written only under the call's ke
           "[tcp]") {
     pair_of_links p;
     std::vector<link_event> at_server, at_client;
-    const auto body = patterned(1 << 20, 3); // 8 chunks
+    const auto body = patterned(1 << 20, 3); // 2 chunks
     std::vector<std::byte> reply(300 * 1024);
     std::uint32_t body_key = 0, reply_key = 0;
     REQUIRE(p.client->grant_access(3, body, reply, body_key, reply_key) == rpc::detail::access::ok);

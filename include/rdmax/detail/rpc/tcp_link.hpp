@@ -92,7 +92,7 @@ namespace detail {
 class tcp_link final : public link {
 public:
     /// Payload bytes of one body chunk: a more urgent frame waits at most this long.
-    static constexpr std::uint32_t chunk_bytes = 128 * 1024;
+    static constexpr std::uint32_t chunk_bytes = 512 * 1024;
 
     /// Takes the connected socket `fd` (closed with the link); `server`:
     /// this side answers requests. Throws rdmax::error (no memory, no epoll).
@@ -101,7 +101,7 @@ public:
     /// The connection's socket (for the handshake's last message).
     [[nodiscard]] int socket() const noexcept { return fd_; }
     /// A server's transfers with a peer must move, both ways: a body read
-    /// with no chunk for `limit` (at least 128 KiB per `limit`), or frames
+    /// with no chunk for `limit` (at least 512 KiB per `limit`), or frames
     /// queued and not one byte taken by the peer for `limit`, end the link.
     /// Otherwise a peer that stops answering or reading holds the server's
     /// blocks for as long as it keeps the connection. 0: never.

@@ -19,6 +19,7 @@
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
+#include <rdmax/stats/stat_options.hpp>
 
 namespace rdmax::config {
 
@@ -100,6 +101,7 @@ std::vector<knob_row> knobs_from_env() {
     describe_env(rpc::rpc_knobs, rows);
     describe_env(local::mapping_knobs, rows);
     describe_env(local::team_knobs, rows);
+    describe_env(stats::stat_knobs, rows);
     return rows;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -120,6 +121,7 @@ local::unix_channel find_local_server(std::string_view addr, std::uint16_t port,
 client::client(const verbs::protection_domain& pd, rpc_options opts)
     : opts_((opts.check("rpc::client"), opts))
     , ep_(pd, opts_, inbox_depth(opts_)) {
+    open_stats();
     if (!opts_.node_local() && !opts_.transports.has(transport::rdma) &&
         !opts_.transports.has(transport::tcp))
         throw_error("rpc::client", EINVAL,
@@ -129,7 +131,15 @@ client::client(const verbs::protection_domain& pd, rpc_options opts)
 
 client::client(detail::no_device_t none, rpc_options opts)
     : opts_((opts.check("rpc::client"), opts))
-    , ep_(none, opts_) {}
+    , ep_(none, opts_) {
+    open_stats();
+}
+
+void client::open_stats() {
+    // Clients have no address of their own: numbered in the process.
+    static std::atomic<std::uint64_t> clients{0};
+    ep_.open_stats("rpc_client", fmt::format("#{}", clients.fetch_add(1) + 1));
+}
 
 client::client(rpc_options opts)
     : client(detail::no_device, opts) {

@@ -252,6 +252,7 @@ void client::fail_link(peer& l, std::uint32_t index) noexcept {
 
 void client::housekeeping() noexcept {
     const auto now = ep_.start_housekeeping();
+    ep_.publish_stats(now, in_flight_);
     // Connection events are read only when a channel has one (one epoll_wait).
     const bool events = ep_.in.events_pending();
     for (std::uint32_t i = 0; i < ep_.peers.size(); ++i) {

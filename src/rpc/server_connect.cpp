@@ -56,6 +56,7 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
     ep_.peers.reserve(opts_.max_peers);
     ep_.by_qp.reserve(std::size_t{opts_.max_peers} * 2);
     housekept_ = ep_.now();
+    ep_.open_stats("rpc_server", fmt::format("{}:{}", addr, port_));
 }
 
 server::server(std::string_view addr, std::uint16_t port, rpc_options opts)
@@ -63,6 +64,7 @@ server::server(std::string_view addr, std::uint16_t port, rpc_options opts)
     port_ = port;
     listen_without_rdma(addr);
     housekept_ = ep_.now();
+    ep_.open_stats("rpc_server", fmt::format("{}:{}", addr, port_));
 }
 
 void server::listen_local(std::string_view addr, bool needed) {
@@ -108,6 +110,7 @@ server::server(const verbs::protection_domain& pd, detail::group_routes& group, 
     ep_.peers.reserve(opts_.max_peers);
     ep_.by_qp.reserve(std::size_t{opts_.max_peers} * 2);
     housekept_ = ep_.now();
+    ep_.open_stats("rpc_server", fmt::format("group worker {}", worker));
 }
 
 server::server(detail::no_device_t none, detail::group_routes& group, std::size_t worker,
@@ -120,6 +123,7 @@ server::server(detail::no_device_t none, detail::group_routes& group, std::size_
     ep_.in.watch(group.box(worker).fd());
     ep_.peers.reserve(opts_.max_peers);
     housekept_ = ep_.now();
+    ep_.open_stats("rpc_server", fmt::format("group worker {}", worker));
 }
 
 server::~server() {

@@ -142,6 +142,7 @@ void server::reject(peer& l, violation v) noexcept {
 void server::housekeeping() noexcept {
     const auto now = ep_.start_housekeeping();
     housekept_ = now;
+    ep_.publish_stats(now, 0);
     // The rdma_cm channels (new requests, peers that left) are read only when
     // one has something: otherwise this costs one epoll_wait.
     const bool events = ep_.in.events_pending();

@@ -17,6 +17,8 @@
 # Package sets, named by what needs them.
 RDMAX_PKGS_BUILD="meson ninja-build g++ pkg-config libibverbs-dev librdmacm-dev libboost-dev libasio-dev libfmt-dev catch2 clang-format-16 clang-tidy-16"
 RDMAX_PKGS_RDMA="ibverbs-providers ibverbs-utils rdmacm-utils iproute2"
+# The Python bindings (python/) and rdmax-stat's OpenMetrics check (test_stat).
+RDMAX_PKGS_PYTHON="python3-dev pybind11-dev python3-mesonpy python3-pytest python3-numpy python3-venv python3-prometheus-client"
 # tests/run's fuzz suite: clang with libFuzzer and the sanitizer runtimes.
 RDMAX_PKGS_FUZZ="clang-16 libclang-rt-16-dev"
 RDMAX_PKGS_VM="qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod"

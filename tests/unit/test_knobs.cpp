@@ -73,7 +73,7 @@ TEST_CASE("knobs: every default reads back as itself; names are unique") {
     std::map<std::string, int> seen;
     for (const config::knob_row& r : config::knobs_from_env())
         CHECK(++seen[std::string(r.name)] == 1);
-    CHECK(seen.size() == 41);
+    CHECK(seen.size() == 43);
 }
 
 TEST_CASE("knobs: sizes take suffixes, print with the largest that divides") {

@@ -10,6 +10,7 @@ namespace rdmax {
 
 template <registrar Registrar>
 inline basic_registered_arena<Registrar>::~basic_registered_arena() {
+    stat_ = {};        // the stat thread reads counters() no more
     pressure_.reset(); // no pressure call from here on
     {
         std::lock_guard g(trim_mutex_);

@@ -48,6 +48,8 @@
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/rights.hpp>
+#include <rdmax/stats/counter_fields.hpp>
+#include <rdmax/stats/publisher.hpp>
 
 namespace rdmax {
 
@@ -74,6 +76,10 @@ public:
         trimmer_ = std::thread([this] { trim_loop(); });
         if (opt_.trim_under_pressure)
             pressure_.emplace([this] { trim_for_pressure(); });
+        stat_ =
+            stats::pulled("arena", {}, stats::arena_fields(), [this](std::span<std::uint64_t> v) {
+                stats::arena_values(counters(), v);
+            });
     }
     basic_registered_arena(const basic_registered_arena&) = delete;
     basic_registered_arena& operator=(const basic_registered_arena&) = delete;
@@ -314,6 +320,7 @@ private:
     std::atomic<bool> trim_requested_{false};
     std::thread trimmer_;
     std::optional<memory_pressure_subscription> pressure_;
+    stats::pulled stat_; ///< dropped first thing in the destructor
 
     std::uint64_t allocations_ = 0, frees_ = 0, allocated_bytes_ = 0; ///< under lock_
     std::atomic<std::uint64_t> areas_registered_{0}, areas_released_{0}, huge_areas_{0}, trims_{0},

@@ -10,6 +10,7 @@ namespace rdmax {
 
 template <registrar Registrar, monitor Monitor>
 inline registration_cache<Registrar, Monitor>::~registration_cache() {
+    stat_ = {}; // the stat thread reads counters() no more
     // In a forked child the mutex may have been held by a parent thread
     // at fork (inside ibv_reg_mr in a miss, say), and stays locked there
     // for good: never wait for it.

@@ -63,6 +63,8 @@
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registrar.hpp>
 #include <rdmax/mem/rights.hpp>
+#include <rdmax/stats/counter_fields.hpp>
+#include <rdmax/stats/publisher.hpp>
 
 namespace rdmax {
 
@@ -98,6 +100,12 @@ public:
             opt_.max_count = SIZE_MAX;
         if (opt_.max_bytes == 0)
             opt_.max_bytes = SIZE_MAX;
+        // rdmax-stat reads the counters from the stat thread: counters() is
+        // any thread's to call, so a hit gains nothing for it.
+        stat_ =
+            stats::pulled("rcache", {}, stats::rcache_fields(), [this](std::span<std::uint64_t> v) {
+                stats::rcache_values(counters(), v);
+            });
     }
 
     registration_cache(const registration_cache&) = delete;
@@ -321,6 +329,7 @@ private:
     /// The ranges of the last evictions ({0, 0}: none yet), for thrash_. Under mutex_.
     std::array<std::pair<std::uintptr_t, std::uintptr_t>, 64> recently_evicted_{};
     std::size_t evicted_next_ = 0;
+    stats::pulled stat_; ///< dropped first thing in the destructor
 };
 
 } // namespace rdmax

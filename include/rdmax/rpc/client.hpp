@@ -224,7 +224,7 @@ private:
         std::deque<waiting_call> waiting;
         std::shared_ptr<detail::pending_dial> dialing; ///< a reconnect under way (device, tcp)
     };
-    // Connecting (client_connect.cpp).
+    void open_stats(); ///< its stat records, numbered in the process (client_connect.cpp)
     /// To addr:port: node-local, else the device, else TCP (finish_dial: where the
     /// device found no path; with `then` that dial is started there, not waited for).
     std::unique_ptr<detail::link> dial(std::string_view addr, std::uint16_t port);

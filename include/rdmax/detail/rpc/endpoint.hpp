@@ -12,13 +12,18 @@
 
 #include <algorithm>
 #include <arpa/inet.h>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <infiniband/verbs.h>
 
 #include <rdmax/detail/no_device.hpp>
@@ -30,6 +35,8 @@
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
+#include <rdmax/stats/counter_fields.hpp>
+#include <rdmax/stats/publisher.hpp>
 
 namespace rdmax::rpc::detail {
 
@@ -328,6 +335,39 @@ public:
         return poll_once();
     }
 
+    /// Names this endpoint's stat records (kind "rpc_client" or "rpc_server",
+    /// and "scheduler" for its connections' schedulers, summed).
+    void open_stats(std::string_view kind, std::string_view name) noexcept {
+        stat_slot = stats::slot(kind, name, stats::rpc_fields());
+        try {
+            sched_stat_slot = stats::slot("scheduler", fmt::format("{} {}", kind, name),
+                                          stats::scheduler_fields());
+        } catch (...) { // no memory for the name: published without it
+            sched_stat_slot = stats::slot("scheduler", {}, stats::scheduler_fields());
+        }
+    }
+    /// Copies the counters into the stat records, once an interval (the
+    /// owner's housekeeping, at `t`): plain copies, no lock, no atomic add.
+    void publish_stats(sched::coarse_clock::time_point t, std::uint64_t in_flight) noexcept {
+        if (!stat_slot.due(t))
+            return;
+        std::array<std::uint64_t, stats::max_fields> v{};
+        std::array<std::uint64_t, stats::max_fields> s{};
+        std::uint64_t live = 0;
+        for (const Peer& p : peers) {
+            if (!p.wire)
+                continue;
+            ++live;
+            if (const std::optional<sched::scheduler_counters> c = p.wire->scheduler_counters())
+                stats::add_scheduler_values(*c, s);
+        }
+        const auto n = std::min(stats::rpc_fields().size(), v.size());
+        stats::rpc_values(counters, in_flight, live, std::span(v.data(), n));
+        stat_slot.publish(std::span(v.data(), n));
+        sched_stat_slot.publish(
+            std::span(s.data(), std::min(stats::scheduler_fields().size(), s.size())));
+    }
+
     const verbs::protection_domain* pd;
     registered_arena arena; ///< the rings and staging slots
     handle_issuer issuer;   ///< the rings' keys
@@ -338,6 +378,8 @@ public:
     /// This side's incarnation, sent in every handshake.
     std::uint64_t incarnation = new_incarnation();
     clock_fn clock = &sched::coarse_clock::now;
+    stats::slot stat_slot;       ///< rpc_counters for rdmax-stat
+    stats::slot sched_stat_slot; ///< the connections' schedulers, summed
 
 private:
     void wake_all() noexcept {

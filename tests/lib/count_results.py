@@ -14,6 +14,7 @@ reader of CI gets) says what broke: the record's "note" (the multi-host suite
 writes one) or the last lines of the test's output from meson's log.
 """
 import json
+import os
 import sys
 
 PASS = {"OK", "EXPECTEDFAIL"}
@@ -35,6 +36,19 @@ def why(rec):
         return [note[:600]]
     tail = text(rec.get("stdout"))[-WHY_LINES * 4096:]
     lines = [l.rstrip()[:300] for l in tail.splitlines() if l.strip()]
+    return lines[-WHY_LINES:]
+
+
+def phase_stderr(path):
+    """What a phase that wrote no test log said last: the stderr.log tests/run
+    keeps beside where the log should be (a VM's boot or kernel fetch failing)."""
+    try:
+        with open(os.path.join(os.path.dirname(path), "stderr.log"), encoding="utf-8",
+                  errors="replace") as f:
+            tail = f.read()[-WHY_LINES * 4096:]
+    except OSError:
+        return []
+    lines = [l.rstrip()[:300] for l in tail.replace("\r", "").splitlines() if l.strip()]
     return lines[-WHY_LINES:]
 
 
@@ -80,6 +94,7 @@ def main(argv):
             records, garbled = [], []
             counts["failed"] += 1
             problems.append(f"no test log ({err.__class__.__name__}): the phase did not run its tests")
+            problems.extend("| " + l for l in phase_stderr(path))
         for number in garbled:
             counts["failed"] += 1
             problems.append(f"line {number} of the test log is not a test record (cut short or garbled)")

@@ -225,12 +225,14 @@ record() {
 }
 
 # run_step STEP COMMAND...: records OK when COMMAND exits 0, else FAIL with its status.
+# A step's function may set step_why to say, in the record, why it failed.
 run_step() {
     local step=$1 start=$SECONDS status=0
     shift
     say "$step: $*"
+    step_why=
     "$@" || status=$?
-    if [ "$status" = 0 ]; then record "$step" OK $((SECONDS - start)); else record "$step" FAIL $((SECONDS - start)) "exit $status"; fi
+    if [ "$status" = 0 ]; then record "$step" OK $((SECONDS - start)); else record "$step" FAIL $((SECONDS - start)) "exit $status${step_why:+; $step_why}"; fi
 }
 
 # retry SECONDS COMMAND...: runs COMMAND until it succeeds, for SECONDS at most
@@ -411,13 +413,19 @@ loss_clients() {
             tc qdisc replace dev "$RDMAX_VM_NETDEV" root netem loss "$loss%" || { status=1; break; }
         fi
         say "resilience-loss: $loss % loss on $RDMAX_VM_NETDEV's egress ($(tc qdisc show dev "$RDMAX_VM_NETDEV" | head -1))"
+        local errs=/tmp/loss-client$tag.err s=0
         timeout 150 "$res_client" --addr "$RDMAX_PEER_ADDR" --port 7482 --tag "$tag" --inflight 16 \
             --seconds 10 --connect-seconds 120 --json "$out/loss-client$tag.json" \
-            --outcomes "$out/loss-client$tag.outcomes.txt" | grep -v progress || status=1
+            --outcomes "$out/loss-client$tag.outcomes.txt" 2>"$errs" | grep -v progress || s=$?
+        cat "$errs" >&2
+        if [ "$s" != 0 ]; then
+            status=1
+            step_why="${step_why:+$step_why; }at $loss % loss the client ended $s: $(tail -n 3 "$errs" | tr '\n' ' ')"
+        fi
     done
     tc qdisc del dev "$RDMAX_VM_NETDEV" root 2>/dev/null
     times_json loss
-    finish_server 7482 || status=1
+    finish_server 7482 || { status=1; step_why="${step_why:+$step_why; }the server's finish call failed"; }
     return "$status"
 }
 
@@ -444,17 +452,24 @@ linkdown_clients() {
         say "resilience-linkdown: $RDMAX_VM_NETDEV up"
         # Resumed after the outage began (not after t_up: `ip link set up`
         # returns after the port is active, and a client may resume first).
-        poll_until 120 clients_reconnected_after "$(awk -v t="$t_down" 'BEGIN { printf "%.3f", t + 1 }')" || { say "resilience-linkdown: a client did not resume within 120 s"; status=1; }
+        poll_until 120 clients_reconnected_after "$(awk -v t="$t_down" 'BEGIN { printf "%.3f", t + 1 }')" || { step_why="a client did not resume within 120 s"; say "resilience-linkdown: $step_why"; status=1; }
         times_json linkdown "t_down=$t_down" "t_up=$t_up"
     else
-        say "resilience-linkdown: the clients did not reach 1000 ok calls each within 180 s"
+        step_why="the clients did not reach 1000 ok calls each within 180 s"
+        say "resilience-linkdown: $step_why"
         status=1
     fi
     for p in "${client_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${client_pids[@]}"; do wait "$p" || status=1; done
+    for c in 0 1; do
+        local s=0
+        wait "${client_pids[c]}" || s=$?
+        [ "$s" != 0 ] || continue
+        status=1
+        step_why="${step_why:+$step_why; }client $((c + 1)) ended $s: $(grep -v progress "${client_outs[c]}" | tail -n 2 | tr '\n' ' ')"
+    done
     grep -hv progress "${client_outs[@]}"
     rm -rf "$scratch"
-    finish_server 7481 || status=1
+    finish_server 7481 || { status=1; step_why="${step_why:+$step_why; }the server's finish call failed"; }
     return "$status"
 }
 

@@ -1,0 +1,58 @@
+"""rdmax.devices() and rdmax.Arena: an empty list and an rdmax.Error where
+there is no device (checked everywhere); registered memory where there is one
+(skipped without: tests/vm runs it on soft-RoCE)."""
+
+import numpy as np
+import pytest
+
+import rdmax
+
+DEVICES = rdmax.devices()
+needs_device = pytest.mark.skipif(not DEVICES, reason="no RDMA device on this machine "
+                                  "(rdmax.devices() is empty): the VM suite runs this")
+
+
+def test_devices_is_a_list():
+    assert isinstance(DEVICES, list)
+    for d in DEVICES:
+        assert d["name"]
+        assert d["max_mr_size"] > 0
+        assert d["max_qp_wr"] > 0
+        assert len(d["ports"]) == d["phys_port_cnt"]
+        for p in d["ports"]:
+            assert p["state"] in ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")
+
+
+@pytest.mark.skipif(bool(DEVICES), reason="this machine has an RDMA device")
+def test_arena_without_device_raises():
+    with pytest.raises(rdmax.Error) as e:
+        rdmax.Arena()
+    assert "no RDMA device" in str(e.value)
+    assert e.value.verb
+
+
+@needs_device
+def test_arena_blocks_are_registered_writable_memory():
+    arena = rdmax.Arena()
+    block = arena.allocate(1 << 16)
+    assert block.lkey != 0 and block.rkey != 0 and block.address != 0
+    view = memoryview(block)
+    assert not view.readonly and len(view) == 1 << 16
+    a = np.frombuffer(block, dtype=np.float32)
+    a[:] = np.arange(a.size, dtype=np.float32)
+    assert np.frombuffer(bytes(view[:16]), dtype=np.float32).tolist() == [0, 1, 2, 3]
+    del a, view
+    block.release()
+
+
+@needs_device
+def test_rpc_with_device():
+    name = DEVICES[0]["name"]
+    with rdmax.rpc.Server("0.0.0.0", 0, device=name) as srv:
+        srv.on(1, lambda b: bytes(b))
+        srv.start()
+        with rdmax.rpc.Client(device=name, transports=["rdma"]) as cli:
+            import socket
+            addr = socket.gethostbyname(socket.gethostname())
+            p = cli.connect(addr, srv.port)
+            assert cli.call(p, 1, b"x" * 100000, reply_into=bytearray(100000)) == b"x" * 100000

@@ -72,7 +72,7 @@ buffer_view::buffer_view(py::handle obj, bool writable) {
 }
 
 py::object byte_view(const buffer_view& b, std::size_t n) {
-    py::object mv = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(b.object().ptr()));
+    auto mv = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(b.object().ptr()));
     if (!mv)
         throw py::error_already_set();
     return mv.attr("cast")("B")[py::slice(0, static_cast<py::ssize_t>(n), 1)];
@@ -94,7 +94,7 @@ using namespace rdmax::python;
 
 PYBIND11_MODULE(_rdmax, m) {
     m.doc() = "rdmax's C++ core (use the rdmax package, not this module)";
-    py::object runtime_error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+    auto runtime_error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
     PyObject* err = PyErr_NewExceptionWithDoc(
         "rdmax.Error",
         "An rdmax operation failed: the message names the call and the reason "
@@ -117,6 +117,8 @@ PYBIND11_MODULE(_rdmax, m) {
     py::setattr(py::handle(err), "errno", py::int_(0));
     py::setattr(py::handle(rpc_err), "status", py::str(""));
 
+    // pybind11 takes a void(*)(std::exception_ptr): the pointer by value.
+    // NOLINTNEXTLINE(performance-unnecessary-value-param)
     py::register_exception_translator([](std::exception_ptr p) {
         try {
             if (p)

@@ -511,7 +511,7 @@ private:
         // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): a read-only view
         char* const data = const_cast<char*>(reinterpret_cast<const char*>(body.data()));
         try {
-            py::object mv = py::reinterpret_steal<py::object>(
+            auto mv = py::reinterpret_steal<py::object>(
                 PyMemoryView_FromMemory(data, static_cast<py::ssize_t>(body.size()), PyBUF_READ));
             if (!mv)
                 throw py::error_already_set();

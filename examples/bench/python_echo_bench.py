@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""64 B echo from Python: rdmax.rpc on the node-local path (shm) and over
+rdmax's TCP, against asyncio's own TCP streams on loopback, in one run.
+
+    PYTHONPATH=build/python python3 examples/bench/python_echo_bench.py [-n CALLS] [--rounds R]
+        [--cxx build/examples/bench/rdmax_rpc_bench]
+
+Each server runs in a process of its own (this script with --serve), its
+handler a Python function, spinning (rdmax: poll(0) in a loop; asyncio: its
+loop); the client runs here, one call in flight, and every reply is checked.
+Rows:
+  rdmax-shm sync     Client.call (spins on the reply, GIL released)
+  rdmax-shm async    await Client.call_async, 1 and 64 in flight (the loop sleeps on fd())
+  rdmax-tcp sync     Client.call over rdmax's TCP transport
+  asyncio-tcp        asyncio streams: 4-byte length + body each way, 1 in flight
+With --cxx, rdmax_rpc_bench --sweep latency (C++ client and server, local and
+rdmax-tcp rows) runs too, for the C++ figures of the same run. Medians of
+the rounds are printed, with the ratios.
+"""
+
+import argparse
+import asyncio
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+BODY = bytes(range(64))
+
+
+def serve(kind: str, transport: str) -> None:
+    """The server process: prints its port, serves until stdin closes."""
+    import threading
+
+    def watch_stdin(stop):
+        sys.stdin.read()
+        stop()
+
+    if kind == "rdmax":
+        import rdmax
+        srv = rdmax.rpc.Server("127.0.0.1", 0, transports=[transport], housekeeping=0.001)
+        srv.on(1, lambda body: bytes(body))
+        done = threading.Event()
+        threading.Thread(target=watch_stdin, args=(done.set,), daemon=True).start()
+        print(srv.port, flush=True)
+        while not done.is_set():
+            for _ in range(1000):
+                srv.poll(0)  # spinning, as the C++ bench's server does
+        srv.close()
+        return
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                n = struct.unpack("!I", await reader.readexactly(4))[0]
+                body = await reader.readexactly(n)
+                writer.write(struct.pack("!I", n) + body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        print(port, flush=True)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        threading.Thread(target=watch_stdin, args=(lambda: loop.call_soon_threadsafe(stop.set),),
+                         daemon=True).start()
+        await stop.wait()
+        server.close()
+
+    asyncio.run(main())
+
+
+class server_process:
+    def __init__(self, kind: str, transport: str = "shm") -> None:
+        self.p = subprocess.Popen([sys.executable, __file__, "--serve", kind, transport],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{kind} server did not start")
+        self.port = int(line)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.p.stdin.close()
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+
+def summary(lat_ns: list, seconds: float, calls: int) -> tuple:
+    lat_ns.sort()
+    return (lat_ns[len(lat_ns) // 2] / 1000.0, calls / seconds)
+
+
+def rdmax_sync(transport: str, n: int) -> tuple:
+    import rdmax
+    with server_process("rdmax", transport) as s, \
+            rdmax.rpc.Client(transports=[transport], housekeeping=0.001) as cli:
+        peer = cli.connect("127.0.0.1", s.port)
+        assert cli.transport(peer) == transport
+        for _ in range(1000):  # warm up
+            cli.call(peer, 1, BODY)
+        lat = []
+        call = cli.call
+        clock = time.perf_counter_ns
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a = clock()
+            r = call(peer, 1, BODY)
+            lat.append(clock() - a)
+            if r != BODY:
+                raise AssertionError("wrong reply")
+        return summary(lat, time.perf_counter() - t0, n)
+
+
+def rdmax_async(n: int, inflight: int) -> tuple:
+    import rdmax
+
+    async def main(cli, peer):
+        lat = []
+        clock = time.perf_counter_ns
+
+        async def one(k):
+            for _ in range(k):
+                a = clock()
+                r = await cli.call_async(peer, 1, BODY)
+                lat.append(clock() - a)
+                if r != BODY:
+                    raise AssertionError("wrong reply")
+
+        await one(200)  # warm up
+        lat.clear()
+        t0 = time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(*(one(n // inflight) for _ in range(inflight))), 300)
+        return summary(lat, time.perf_counter() - t0, (n // inflight) * inflight)
+
+    with server_process("rdmax", "shm") as s, \
+            rdmax.rpc.Client(transports=["shm"], housekeeping=0.001) as cli:
+        peer = cli.connect("127.0.0.1", s.port)
+        return asyncio.run(main(cli, peer))
+
+
+def asyncio_tcp(n: int) -> tuple:
+    async def main(port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sock = writer.get_extra_info("socket")
+        import socket
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        msg = struct.pack("!I", len(BODY)) + BODY
+
+        async def call():
+            writer.write(msg)
+            n = struct.unpack("!I", await reader.readexactly(4))[0]
+            return await reader.readexactly(n)
+
+        for _ in range(1000):
+            await call()
+        lat = []
+        clock = time.perf_counter_ns
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a = clock()
+            r = await call()
+            lat.append(clock() - a)
+            if r != BODY:
+                raise AssertionError("wrong reply")
+        s = summary(lat, time.perf_counter() - t0, n)
+        writer.close()
+        return s
+
+    with server_process("asyncio") as s:
+        return asyncio.run(main(s.port))
+
+
+def cxx_rows(path: str, n: int) -> dict:
+    """rdmax_rpc_bench --sweep latency: {transport: (p50 us, calls/s)}."""
+    out = subprocess.run([path, "--sweep", "latency", "--transports", "local,rdmax-tcp,tcp",
+                          "-n", str(n)], capture_output=True, text=True, timeout=600)
+    rows = {}
+    for line in out.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 6 and f[0] in ("local", "rdmax-tcp", "tcp"):
+            rows[f[0]] = line
+    if not rows:
+        rows["output"] = out.stdout + out.stderr
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-n", type=int, default=20000, help="calls per row and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cxx", help="rdmax_rpc_bench to run for the C++ rows")
+    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve:
+        serve(*a.serve)
+        return
+    rows = {
+        "rdmax-shm sync": lambda: rdmax_sync("shm", a.n),
+        "rdmax-shm async x1": lambda: rdmax_async(a.n // 2, 1),
+        "rdmax-shm async x64": lambda: rdmax_async(a.n, 64),
+        "rdmax-tcp sync": lambda: rdmax_sync("tcp", a.n),
+        "asyncio-tcp": lambda: asyncio_tcp(a.n),
+    }
+    got = {k: [] for k in rows}
+    for r in range(a.rounds):
+        for name, run in rows.items():
+            got[name].append(run())
+            print(f"round {r + 1}: {name}: p50 {got[name][-1][0]:.1f} us, "
+                  f"{got[name][-1][1]:.0f} calls/s", file=sys.stderr)
+    base = statistics.median(x[0] for x in got["asyncio-tcp"]), \
+        statistics.median(x[1] for x in got["asyncio-tcp"])
+    print(f"64 B echo from Python, median of {a.rounds} rounds of {a.n} calls "
+          f"(x64: 64 calls in flight)")
+    print(f"{'row':<22} {'p50 us':>8} {'calls/s':>10} {'p50 vs asyncio':>15} "
+          f"{'calls/s vs asyncio':>19}")
+    for name in rows:
+        p50 = statistics.median(x[0] for x in got[name])
+        rate = statistics.median(x[1] for x in got[name])
+        print(f"{name:<22} {p50:8.1f} {rate:10.0f} {p50 / base[0]:14.2f}x {rate / base[1]:18.2f}x")
+    if a.cxx:
+        print(f"\nC++ (rdmax_rpc_bench --sweep latency -n {a.n}, same run):")
+        for line in cxx_rows(a.cxx, a.n).values():
+            print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -39,11 +39,17 @@ class Pump:
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop and self._loop.is_closed():
+            # The last loop ended (asyncio.run returned): its calls went with it
+            # (their results, if they come, are dropped); this loop takes over.
+            self.close()
+            self._loop = None
         if self._loop is None:
             self._loop = loop
             self._fd = self._c.fd()
         elif self._loop is not loop:
-            raise RuntimeError("rdmax.rpc.Client.call_async: the client serves one event loop")
+            raise RuntimeError("rdmax.rpc.Client.call_async: one event loop at a time per "
+                               "client (another one is running its calls)")
         return loop
 
     async def call(self, peer, method: int, body: Any, timeout: Optional[float],
@@ -161,6 +167,7 @@ class Pump:
         """Ends the pump: its calls' futures are cancelled."""
         if self._loop is None:
             return
+        self._soon = False
         if self._reading and not self._loop.is_closed():
             self._loop.remove_reader(self._fd)
         self._reading = False

@@ -171,6 +171,26 @@ def test_async_large_and_timeout(client, peer):
     asyncio.run(main())
 
 
+def test_async_on_a_second_loop(client, peer):
+    # asyncio.run twice with one client: the second loop takes over.
+    for k in range(2):
+        got = asyncio.run(asyncio.wait_for(client.call_async(peer, ECHO, bytes([k])), 30))
+        assert got == bytes([k])
+
+
+def test_async_cancel(client, peer):
+    async def main():
+        task = asyncio.ensure_future(client.call_async(peer, SLOW, b"0.3", timeout=5))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The client goes on.
+        assert await asyncio.wait_for(client.call_async(peer, ECHO, b"on"), 30) == b"on"
+    asyncio.run(main())
+    assert client.counters()["cancelled"] == 1
+
+
 def test_threads_share_a_client(client, peer):
     errors = []
 

@@ -6,10 +6,13 @@ rdmax's TCP, against asyncio's own TCP streams on loopback, in one run.
         [--cxx build/examples/bench/rdmax_rpc_bench]
 
 Each server runs in a process of its own (this script with --serve), its
-handler a Python function, spinning (rdmax: poll(0) in a loop; asyncio: its
-loop); the client runs here, one call in flight, and every reply is checked.
+handler a Python function: rdmax's sleeps on its fd() when idle, as
+Server.serve_forever() does (poll(0.05)), except in the "spin" row (poll(0)
+in a loop, as rdmax_rpc_bench's C++ server does); asyncio's is its loop. The
+client runs here, one call in flight unless said, and every reply is checked.
 Rows:
   rdmax-shm sync     Client.call (spins on the reply, GIL released)
+  rdmax-shm sync spin  the same against a spinning server
   rdmax-shm async    await Client.call_async, 1 and 64 in flight (the loop sleeps on fd())
   rdmax-tcp sync     Client.call over rdmax's TCP transport
   asyncio-tcp        asyncio streams: 4-byte length + body each way, 1 in flight
@@ -30,7 +33,7 @@ import time
 BODY = bytes(range(64))
 
 
-def serve(kind: str, transport: str) -> None:
+def serve(kind: str, transport: str, mode: str = "wait") -> None:
     """The server process: prints its port, serves until stdin closes."""
     import threading
 
@@ -46,8 +49,11 @@ def serve(kind: str, transport: str) -> None:
         threading.Thread(target=watch_stdin, args=(done.set,), daemon=True).start()
         print(srv.port, flush=True)
         while not done.is_set():
-            for _ in range(1000):
-                srv.poll(0)  # spinning, as the C++ bench's server does
+            if mode == "spin":
+                for _ in range(1000):
+                    srv.poll(0)  # spinning, as the C++ bench's server does
+            else:
+                srv.poll(0.05)  # sleeping on fd() when idle, as serve_forever() does
         srv.close()
         return
 
@@ -75,8 +81,8 @@ def serve(kind: str, transport: str) -> None:
 
 
 class server_process:
-    def __init__(self, kind: str, transport: str = "shm") -> None:
-        self.p = subprocess.Popen([sys.executable, __file__, "--serve", kind, transport],
+    def __init__(self, kind: str, transport: str = "shm", mode: str = "wait") -> None:
+        self.p = subprocess.Popen([sys.executable, __file__, "--serve", kind, transport, mode],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.p.stdout.readline()
         if not line:
@@ -100,9 +106,9 @@ def summary(lat_ns: list, seconds: float, calls: int) -> tuple:
     return (lat_ns[len(lat_ns) // 2] / 1000.0, calls / seconds)
 
 
-def rdmax_sync(transport: str, n: int) -> tuple:
+def rdmax_sync(transport: str, n: int, mode: str = "wait") -> tuple:
     import rdmax
-    with server_process("rdmax", transport) as s, \
+    with server_process("rdmax", transport, mode) as s, \
             rdmax.rpc.Client(transports=[transport], housekeeping=0.001) as cli:
         peer = cli.connect("127.0.0.1", s.port)
         assert cli.transport(peer) == transport
@@ -181,16 +187,16 @@ def asyncio_tcp(n: int) -> tuple:
 
 
 def cxx_rows(path: str, n: int) -> dict:
-    """rdmax_rpc_bench --sweep latency: {transport: (p50 us, calls/s)}."""
+    """rdmax_rpc_bench --sweep latency: {transport: its output line}, and its header."""
     out = subprocess.run([path, "--sweep", "latency", "--transports", "local,rdmax-tcp,tcp",
                           "-n", str(n)], capture_output=True, text=True, timeout=600)
     rows = {}
     for line in out.stdout.splitlines():
         f = line.split()
-        if len(f) >= 6 and f[0] in ("local", "rdmax-tcp", "tcp"):
-            rows[f[0]] = line
-    if not rows:
-        rows["output"] = out.stdout + out.stderr
+        if len(f) >= 7 and f[0] in ("transport", "local", "rdmax-tcp", "tcp"):
+            rows[f[0]] = line.rstrip()
+    if len(rows) < 2:
+        raise RuntimeError(f"{path}: no rows\n{out.stdout}{out.stderr}")
     return rows
 
 
@@ -199,13 +205,14 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=20000, help="calls per row and round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cxx", help="rdmax_rpc_bench to run for the C++ rows")
-    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
         serve(*a.serve)
         return
     rows = {
         "rdmax-shm sync": lambda: rdmax_sync("shm", a.n),
+        "rdmax-shm sync spin": lambda: rdmax_sync("shm", a.n, "spin"),
         "rdmax-shm async x1": lambda: rdmax_async(a.n // 2, 1),
         "rdmax-shm async x64": lambda: rdmax_async(a.n, 64),
         "rdmax-tcp sync": lambda: rdmax_sync("tcp", a.n),
@@ -228,9 +235,18 @@ def main() -> None:
         rate = statistics.median(x[1] for x in got[name])
         print(f"{name:<22} {p50:8.1f} {rate:10.0f} {p50 / base[0]:14.2f}x {rate / base[1]:18.2f}x")
     if a.cxx:
-        print(f"\nC++ (rdmax_rpc_bench --sweep latency -n {a.n}, same run):")
-        for line in cxx_rows(a.cxx, a.n).values():
+        rows = cxx_rows(a.cxx, a.n)
+        print(f"\nC++ client and spinning C++ server (rdmax_rpc_bench --sweep latency -n {a.n}, "
+              f"same run, after the rounds above):")
+        for line in rows.values():
             print(line)
+        for py_row, cxx_row in (("rdmax-shm sync spin", "local"), ("rdmax-tcp sync", "rdmax-tcp")):
+            if cxx_row in rows:
+                f = rows[cxx_row].split()
+                p50 = statistics.median(x[0] for x in got[py_row])
+                rate = statistics.median(x[1] for x in got[py_row])
+                print(f"Python {py_row} / C++ {cxx_row}: p50 {p50 / float(f[4]):.2f}x, "
+                      f"calls/s {rate / float(f[6]):.2f}x")
 
 
 if __name__ == "__main__":

@@ -69,7 +69,11 @@ class Client:
              idempotent: bool = False, reply_into: Any = None):
         """Calls `method` (1..65535) of `peer` with `body` and waits for the reply.
 
-        timeout: seconds (None: the client's call_timeout). Raises
+        The client spins on the reply (as rpc::client::call does; the GIL
+        released), up to the deadline: a core busy while the call waits.
+        call_async sleeps on the descriptor instead.
+
+        timeout: seconds, > 0 (None: the client's call_timeout). Raises
         rdmax.RpcError (.status: "timed_out", "unknown_method",
         "handler_failed", ...) when the call did not end ok, TypeError for a
         body that is not a C-contiguous buffer.

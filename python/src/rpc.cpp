@@ -115,6 +115,14 @@ struct device_state {
     }
 };
 
+/// A call's timeout: None is the client's call_timeout; else over 0 (at
+/// least 1 us: 0 would mean the default to rdmax).
+microseconds call_deadline(const std::optional<double>& timeout) {
+    if (timeout && !(*timeout > 0))
+        throw py::value_error("timeout: a number of seconds > 0 expected (None: call_timeout)");
+    return std::max(microseconds{timeout ? 1 : 0}, seconds_to<microseconds>(timeout, "timeout"));
+}
+
 std::uint16_t method_id(int method) {
     if (method < 1 || method > 65535)
         throw py::value_error("method: 1..65535 expected, not " + std::to_string(method));
@@ -207,7 +215,7 @@ public:
         if (!reply_into.is_none())
             into.emplace(reply_into, true);
         rpc::call_options o;
-        o.timeout = seconds_to<microseconds>(timeout, "timeout");
+        o.timeout = call_deadline(timeout);
         o.idempotent = idempotent;
         if (into)
             o.reply_into = into->writable();
@@ -239,7 +247,7 @@ public:
         if (!reply_into.is_none())
             call.into.emplace(reply_into, true);
         rpc::call_options o;
-        o.timeout = seconds_to<microseconds>(timeout, "timeout");
+        o.timeout = call_deadline(timeout);
         o.idempotent = idempotent;
         if (call.into)
             o.reply_into = call.into->writable();

@@ -103,6 +103,8 @@ def test_timeout(client, peer):
         client.call(peer, SLOW, b"0.5", timeout=0.1)
     assert e.value.status == "timed_out"
     assert client.counters()["timed_out"] == 1
+    with pytest.raises(ValueError):
+        client.call(peer, ECHO, b"x", timeout=0)
     # The next call goes through once the server is free again.
     assert client.call(peer, ECHO, b"next", timeout=5) == b"next"
 

@@ -123,6 +123,9 @@ void bind_devices(py::module_& m) {
                  arena_options o = arena_options{}.with_env();
                  if (area_bytes)
                      o.area_bytes = *area_bytes;
+                 // Opening the device and the first area's registration may
+                 // take milliseconds: without the GIL.
+                 py::gil_scoped_release nogil;
                  verbs::context ctx = open_device(device);
                  return std::make_shared<arena_state>(std::move(ctx), o);
              }),
@@ -133,7 +136,11 @@ void bind_devices(py::module_& m) {
             "allocate",
             [](const std::shared_ptr<arena_state>& s, std::size_t bytes) {
                 auto blk = std::make_shared<arena_block>();
-                blk->b = s->arena.allocate(bytes);
+                {
+                    // A new area is mapped and registered (ibv_reg_mr): without the GIL.
+                    py::gil_scoped_release nogil;
+                    blk->b = s->arena.allocate(bytes);
+                }
                 blk->owner = s;
                 blk->asked = bytes;
                 return blk;

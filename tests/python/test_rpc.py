@@ -89,6 +89,20 @@ def test_handler_raises(client, peer, server, caplog):
     assert server.counters()["handler_errors"] == 1
 
 
+def test_handler_replies(client, peer, server):
+    server.on(10, lambda body: (np.frombuffer(body, dtype=np.uint8) * 2).astype(np.uint8))
+    server.on(11, lambda body: None)
+    server.on(12, lambda body: "a str is not a reply")
+    server.on(13, lambda body: memoryview(bytes(body)[::-1]))
+    assert client.call(peer, 10, bytes([1, 2, 3])) == bytes([2, 4, 6])
+    assert client.call(peer, 11, b"ignored") == b""
+    with pytest.raises(rdmax.RpcError) as e:
+        client.call(peer, 12, b"")
+    assert e.value.status == "handler_failed"
+    assert isinstance(server.last_handler_error, TypeError)
+    assert client.call(peer, 13, b"abc") == b"cba"
+
+
 def test_unknown_method(client, peer, server):
     with pytest.raises(rdmax.RpcError) as e:
         client.call(peer, 999, b"x")

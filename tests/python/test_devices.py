@@ -68,3 +68,13 @@ def test_rpc_with_device():
             assert cli.call(p, 1, body, reply_into=out) == body.tobytes()
             assert out == body.tobytes()
             assert cli.call(p, 1, b"small") == b"small"
+
+
+def test_no_such_device_is_error():
+    with pytest.raises(rdmax.Error) as e:
+        rdmax.rpc.Client(device="no_such_device0")
+    assert "no_such_device0" in str(e.value)
+    with pytest.raises(rdmax.Error):
+        rdmax.rpc.Server("127.0.0.1", 0, device="no_such_device0")
+    with pytest.raises(rdmax.Error):
+        rdmax.Arena("no_such_device0")

@@ -36,6 +36,7 @@ class Pump:
         self._soon = False
         self._interval = max(self._c.housekeeping(), 0.001)
         self._default_timeout = None
+        self._spin = client._async_spin
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
@@ -100,6 +101,8 @@ class Pump:
         self._soon = False
         if self._c.closed:
             return
+        delivered = False
+        spin_until = None
         while True:
             got = self._c.poll(64, 0.0)
             for cookie, value in got:
@@ -114,8 +117,19 @@ class Pump:
                 else:
                     fut.set_result(value)
             self._start_waiting()
-            if not got:
-                break
+            if got:
+                delivered = True
+                continue
+            # Nothing came. With async_spin, and nothing delivered yet (whose
+            # callers run only once this returns to the loop), poll on a while
+            # before sleeping: the loop waits meanwhile.
+            if self._spin > 0 and not delivered and self._futures:
+                now = time.perf_counter()
+                if spin_until is None:
+                    spin_until = now + self._spin
+                if now < spin_until:
+                    continue
+            break
         if not self._futures and not self._waiting:
             self._idle()
             return

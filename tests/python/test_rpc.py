@@ -187,6 +187,21 @@ def test_async_large_and_timeout(client, peer):
     asyncio.run(main())
 
 
+def test_async_spin(server, transport):
+    with rdmax.rpc.Client(transports=[transport], async_spin=50e-6, **OPTS) as cli:
+        peer = cli.connect("127.0.0.1", server.port)
+
+        async def main():
+            bodies = [pattern(i + 1) for i in range(100)]
+            for b in bodies[:20]:  # one at a time: the pump spins for each reply
+                assert await asyncio.wait_for(cli.call_async(peer, ECHO, b), 30) == b
+            assert await asyncio.wait_for(
+                asyncio.gather(*(cli.call_async(peer, ECHO, b) for b in bodies)), 30) == bodies
+        asyncio.run(main())
+    with pytest.raises(ValueError):
+        rdmax.rpc.Client(async_spin=-1)
+
+
 def test_async_on_a_second_loop(client, peer):
     # asyncio.run twice with one client: the second loop takes over.
     for k in range(2):

@@ -538,15 +538,17 @@ private:
             const buffer_view reply(result, false);
             c.reply(reply.bytes());
         } catch (py::error_already_set& e) {
+            // Reported (kept, logged) before the caller is answered: a caller
+            // that sees handler_failed finds last_handler_error set.
             ++handler_errors_;
-            c.fail(rpc::call_status::handler_failed);
             report(e);
+            c.fail(rpc::call_status::handler_failed);
         } catch (const std::exception& e) {
             ++handler_errors_;
-            c.fail(rpc::call_status::handler_failed);
             PyErr_SetString(PyExc_TypeError, e.what());
             py::error_already_set err;
             report(err);
+            c.fail(rpc::call_status::handler_failed);
         }
     }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from typing import Any, Callable, Iterable, Optional
 
 from . import _rdmax
@@ -157,6 +158,40 @@ class Client:
         self.close()
 
 
+def _stop_at_exit(stop: "weakref.WeakMethod") -> None:
+    def at_exit() -> None:
+        f = stop()
+        if f is not None:
+            f()
+    # Run before threads are joined at shutdown (as concurrent.futures does);
+    # atexit callbacks would run too late for a daemon thread.
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(at_exit)
+            return
+    except RuntimeError:  # registered while shutting down: nothing to do
+        return
+    import atexit
+    atexit.register(at_exit)
+
+
+def _copying(handler: Handler) -> Handler:
+    """The handler, given its body as bytes: nothing it keeps can see the ring."""
+    def copy_then(body):
+        return handler(bytes(body))
+    return copy_then
+
+
+def _weak_hook(method: "weakref.WeakMethod") -> Callable[[BaseException], None]:
+    """Calls the method while its object lives (the Server's error hook)."""
+    def hook(exc: BaseException) -> None:
+        f = method()
+        if f is not None:
+            f(exc)
+    return hook
+
+
 class Server:
     """An rdmax RPC server on addr:port (port 0: a free one, see .port).
 
@@ -167,22 +202,30 @@ class Server:
     def __init__(self, addr: str, port: int = 0, transports: Optional[Iterable[str]] = None,
                  device: Optional[str] = None, **options: Any) -> None:
         self._s = _rdmax.Server(addr, port, _transports(transports), device, options)
-        self._s.set_error_hook(self._handler_failed)
+        # A weak reference: a strong one would make a cycle through the
+        # extension object that the garbage collector cannot see, keeping a
+        # dropped Server (and its port) alive until the process ends.
+        self._s.set_error_hook(_weak_hook(weakref.WeakMethod(self._handler_failed)))
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.last_handler_error: Optional[BaseException] = None
 
-    def on(self, method: int, handler: Handler) -> None:
+    def on(self, method: int, handler: Handler, zero_copy: bool = False) -> None:
         """Serves `method` (1..65535) with handler(body) -> reply.
 
-        `body` is a read-only memoryview of the request, valid only during
-        the call: it is released when the handler returns (copy it, bytes(body),
-        to keep it). The reply is any bytes-like object (copied), or None for
-        an empty one. A handler that raises answers "handler_failed" to the
+        `body` is the request as bytes (a copy), unless zero_copy: then a
+        read-only memoryview of the server's ring, valid only during the call.
+        It is released when the handler returns, but a slice of it or a
+        numpy.frombuffer of it is not: one kept past the call would read
+        later requests (other clients') in that slot. Use zero_copy only in
+        handlers that keep nothing of the body.
+
+        The reply is any bytes-like object (copied), or None for an empty
+        one. A handler that raises answers "handler_failed" to the
         caller; the exception is logged (logger "rdmax.rpc") and kept in
         last_handler_error, and the server goes on serving.
         """
-        self._s.on(method, handler)
+        self._s.on(method, handler if zero_copy else _copying(handler))
 
     def _handler_failed(self, exc: BaseException) -> None:
         self.last_handler_error = exc
@@ -213,6 +256,10 @@ class Server:
         self._thread = threading.Thread(target=self.serve_forever, args=(0.05,),
                                         name="rdmax-server", daemon=True)
         self._thread.start()
+        # Stopped before the interpreter finalizes: a daemon thread that wakes
+        # from poll() then (to take the GIL back) is ended by Python inside
+        # C++ code, which aborts the process.
+        _stop_at_exit(weakref.WeakMethod(self.stop))
         return self
 
     def stop(self) -> None:

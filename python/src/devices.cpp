@@ -91,19 +91,23 @@ verbs::context open_device(const std::optional<std::string>& device) {
 }
 
 /// One block of registered memory: a writable buffer (memoryview(b),
-/// numpy.frombuffer(b, dtype)) until release(); the arena lives while it does.
+/// numpy.frombuffer(b, dtype)); the arena lives while it does. Its memory
+/// goes back to the arena when the Python object goes, which is after its
+/// last view does (each view holds a reference to it): release() only stops
+/// new views, so no view can ever see memory handed to another block.
 struct arena_block {
     std::shared_ptr<arena_state> owner;
     registered_arena::block b;
     std::size_t asked = 0;
+    bool released = false;
 
-    void release() noexcept {
+    arena_block() = default;
+    arena_block(const arena_block&) = delete;
+    arena_block& operator=(const arena_block&) = delete;
+    ~arena_block() {
         if (owner && b.data != nullptr)
             owner->arena.deallocate(b.data, asked);
-        b.data = nullptr;
-        owner.reset();
     }
-    ~arena_block() { release(); }
 };
 
 } // namespace
@@ -151,7 +155,7 @@ void bind_devices(py::module_& m) {
 
     py::class_<arena_block, std::shared_ptr<arena_block>>(m, "ArenaBlock", py::buffer_protocol())
         .def_buffer([](arena_block& b) {
-            if (b.b.data == nullptr)
+            if (b.released || b.b.data == nullptr)
                 throw py::value_error("the block was released");
             return py::buffer_info(b.b.data, 1, "B", 1, {static_cast<py::ssize_t>(b.asked)}, {1});
         })
@@ -160,9 +164,11 @@ void bind_devices(py::module_& m) {
         .def_property_readonly(
             "address",
             [](const arena_block& b) { return reinterpret_cast<std::uintptr_t>(b.b.data); })
-        .def("__len__", [](const arena_block& b) { return b.b.data != nullptr ? b.asked : 0; })
-        .def("release", &arena_block::release,
-             "Gives the block back to the arena (no view of it may be used after).");
+        .def("__len__", [](const arena_block& b) { return b.released ? 0 : b.asked; })
+        .def(
+            "release", [](arena_block& b) { b.released = true; },
+            "No new view of the block; its memory goes back to the arena once the last view "
+            "of it (and the block) is gone, so a view never sees another block's memory.");
 }
 
 } // namespace rdmax::python

@@ -66,9 +66,14 @@ buffer_view::buffer_view(py::handle obj, bool writable) {
                              " bytes-like object (buffer protocol) is required, not '" +
                              std::string(py::str(obj.get_type().attr("__name__"))) + "'");
     }
-    held_ = true;
-    if (PyBuffer_IsContiguous(&view_, 'C') == 0)
+    if (PyBuffer_IsContiguous(&view_, 'C') == 0) {
+        // Released before throwing: no destructor runs for a constructor that
+        // throws, and a held export would pin the object (a bytearray could
+        // never be resized again).
+        PyBuffer_Release(&view_);
         throw py::type_error("the buffer must be C-contiguous (numpy: np.ascontiguousarray)");
+    }
+    held_ = true;
 }
 
 py::object byte_view(const buffer_view& b, std::size_t n) {

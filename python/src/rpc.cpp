@@ -190,6 +190,11 @@ public:
         cli_ =
             dev_.pd ? std::make_unique<rpc::client>(*dev_.pd, o) : std::make_unique<rpc::client>(o);
     }
+    py_client(const py_client&) = delete;
+    py_client& operator=(const py_client&) = delete;
+    /// The client first, then the buffers of its calls in flight (its peer
+    /// may read or write them until the client is gone), as close() does.
+    ~py_client() { cli_.reset(); }
 
     rpc::peer_id connect(const std::string& addr, int port) {
         if (port < 1 || port > 65535)

@@ -32,6 +32,7 @@
 #include <rdmax/stats/stat_options.hpp>
 
 #include "../notice.hpp"
+#include "segment_lock.hpp"
 
 namespace rdmax::stats {
 
@@ -158,6 +159,11 @@ private:
         }
         taken_[i] = true;
         record& r = seg_->records[i];
+        // The names change under the seqlock too: a reader copying the
+        // record's last object meanwhile retries rather than mixing them.
+        const std::uint32_t s = r.seq.load(std::memory_order_relaxed);
+        r.seq.store(s + 1, std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_release);
         r.live.store(0, std::memory_order_relaxed);
         copy_text(r.kind, kind_bytes, kind);
         std::string own;
@@ -177,7 +183,8 @@ private:
             r.values[f].store(0, std::memory_order_relaxed);
         }
         r.fields = static_cast<std::uint32_t>(n);
-        r.live.store(1, std::memory_order_release);
+        r.live.store(1, std::memory_order_relaxed);
+        r.seq.store(s + 2, std::memory_order_release);
         return &r;
     }
 
@@ -187,7 +194,11 @@ private:
         const auto i = static_cast<std::size_t>(r - seg_->records);
         if (i >= max_records)
             return;
-        r->live.store(0, std::memory_order_release);
+        const std::uint32_t s = r->seq.load(std::memory_order_relaxed);
+        r->seq.store(s + 1, std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_release);
+        r->live.store(0, std::memory_order_relaxed);
+        r->seq.store(s + 2, std::memory_order_release);
         taken_[i] = false;
     }
 
@@ -198,14 +209,33 @@ private:
         if (failed_)
             return false;
         failed_ = true; // said once
+        try {
+            return make_segment();
+        } catch (...) { // no memory for a name or a notice: off
+            return false;
+        }
+    }
+
+    bool make_segment() {
         const pid_t pid = ::getpid();
         path_ = fmt::format("{}/{}{}.{}", segment_dir, segment_prefix, ::getuid(), pid);
         int fd = -1;
         for (int attempt = 0; attempt < 2 && fd < 0; ++attempt) {
             fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-            // One left by an earlier process of this pid (killed): it is stale.
-            if (fd < 0 && errno == EEXIST)
-                ::unlink(path_.c_str());
+            // One left by an earlier process of this pid (killed) is stale:
+            // nobody holds its lock. One whose lock is held is a live
+            // process's (of another pid namespace sharing /dev/shm, or a
+            // second copy of rdmax in this process): left alone.
+            if (fd < 0 && errno == EEXIST && !detail::unlink_if_unused(path_))
+                break;
+        }
+        // Held (shared) while this process lives: what tells readers it does.
+        if (fd >= 0 && ::flock(fd, LOCK_SH) != 0) {
+            const int err = errno;
+            ::close(fd);
+            ::unlink(path_.c_str());
+            fd = -1;
+            errno = err;
         }
         if (fd < 0) {
             notice(fmt::format("live counters off: open {}: {}", path_, std::strerror(errno)));
@@ -216,13 +246,14 @@ private:
         if (::fchmod(fd, 0600) == 0 && ::ftruncate(fd, sizeof(segment)) == 0)
             p = ::mmap(nullptr, sizeof(segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         const int err = errno;
-        ::close(fd);
         if (p == MAP_FAILED) {
-            notice(fmt::format("live counters off: {}: {}", path_, std::strerror(err)));
             ::unlink(path_.c_str());
+            ::close(fd);
+            notice(fmt::format("live counters off: {}: {}", path_, std::strerror(err)));
             path_.clear();
             return false;
         }
+        fd_ = fd; // kept open: its lock says this process lives
         seg_ = new (p) segment;
         segment_header& h = seg_->header;
         h.version = segment_version;
@@ -275,9 +306,17 @@ private:
             t = std::exchange(thread_, nullptr);
         }
         cv_->notify_all();
-        if (t != nullptr && t->joinable())
-            t->join();
-        ::unlink(path_.c_str());
+        try {
+            if (t != nullptr && t->joinable())
+                t->join();
+        } catch (...) { // EDEADLK: at exit, from the stat thread itself
+        }
+        // Only the file this process made: its name may be another's by now.
+        struct stat mine {
+        }, now{};
+        if (fd_ >= 0 && ::fstat(fd_, &mine) == 0 && ::lstat(path_.c_str(), &now) == 0 &&
+            mine.st_dev == now.st_dev && mine.st_ino == now.st_ino)
+            ::unlink(path_.c_str());
     }
 
     /// In a forked child: publish nothing; drop what the parent's threads
@@ -304,6 +343,7 @@ private:
     std::map<std::string, std::uint64_t> numbered_;
     std::uint64_t next_id_ = 0;
     pid_t owner_ = 0;
+    int fd_ = -1; ///< the segment's file, its shared lock held
     bool failed_ = false;
     bool stop_ = false;
     bool in_child_ = false;

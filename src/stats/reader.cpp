@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <ctime>
 #include <dirent.h>
 #include <fcntl.h>
 #include <string>
@@ -14,8 +15,9 @@
 #include <fmt/format.h>
 
 #include <rdmax/error.hpp>
-#include <rdmax/stats/proc_identity.hpp>
 #include <rdmax/stats/reader.hpp>
+
+#include "segment_lock.hpp"
 
 namespace rdmax::stats {
 
@@ -124,13 +126,14 @@ std::vector<segment_entry> list_segments(uid_t uid, std::string_view dir) {
         if (fd < 0)
             continue; // not a segment of this user's: not listed, never removed
         segment_header h{};
-        const bool read_ok = ::pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h);
+        const bool made =
+            ::pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && header_ok(h, why);
+        struct stat st {};
+        const bool old = ::fstat(fd, &st) == 0 && st.st_mtime + 10 < ::time(nullptr);
+        // Its writer holds the file's lock while it lives (segment_lock.hpp);
+        // a header not written yet is a segment being made, unless it is old.
+        s.stale = !detail::in_use(fd) && (made || old);
         ::close(fd);
-        const std::uint64_t now = start_ticks_of(pid);
-        // Made and named by that process, so its pid is the file's; a
-        // header not yet written is a segment being made, not a stale one.
-        s.stale = now == 0 || (read_ok && header_ok(h, why) &&
-                               (h.pid != static_cast<std::uint64_t>(pid) || h.start_ticks != now));
         out.push_back(std::move(s));
     }
     ::closedir(dp);
@@ -175,7 +178,8 @@ process_snapshot read_segment(pid_t pid, uid_t uid, std::string_view dir) {
 }
 
 bool remove_stale(const segment_entry& e) noexcept {
-    return e.stale && ::unlink(e.path.c_str()) == 0;
+    // Checked again, under the file's lock: it may have a writer by now.
+    return e.stale && detail::unlink_if_unused(e.path);
 }
 
 } // namespace rdmax::stats

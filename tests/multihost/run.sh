@@ -416,7 +416,8 @@ loss_clients() {
         local errs=/tmp/loss-client$tag.err s=0
         timeout 150 "$res_client" --addr "$RDMAX_PEER_ADDR" --port 7482 --tag "$tag" --inflight 16 \
             --seconds 10 --connect-seconds 120 --json "$out/loss-client$tag.json" \
-            --outcomes "$out/loss-client$tag.outcomes.txt" 2>"$errs" | grep -v progress || s=$?
+            --outcomes "$out/loss-client$tag.outcomes.txt" 2>"$errs" | grep -v progress
+        s=${PIPESTATUS[0]} # the client's, not grep's
         cat "$errs" >&2
         if [ "$s" != 0 ]; then
             status=1

@@ -52,8 +52,11 @@ def test_arena_blocks_are_registered_writable_memory():
     a = np.frombuffer(block, dtype=np.float32)
     a[:] = np.arange(a.size, dtype=np.float32)
     assert np.frombuffer(bytes(view[:16]), dtype=np.float32).tolist() == [0, 1, 2, 3]
+    block.release()  # no new view; `view` still holds the memory
+    assert view[0:4].tobytes() == a[:1].tobytes()
+    with pytest.raises(ValueError):
+        memoryview(block)
     del a, view
-    block.release()
 
 
 @needs_device

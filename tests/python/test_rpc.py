@@ -283,3 +283,52 @@ def test_closed_objects():
     cli.close()
     with pytest.raises(RuntimeError, match="closed"):
         cli.counters()
+
+
+def test_refused_buffer_is_released(client, peer):
+    """A body refused (not contiguous) leaves its object as it was: resizable."""
+    ba = bytearray(10)
+    with pytest.raises(TypeError, match="C-contiguous"):
+        client.call(peer, ECHO, memoryview(ba)[::2])
+    ba.append(0)  # BufferError if the refused export were still held
+    assert len(ba) == 11
+
+
+def test_handler_body_is_a_copy_unless_zero_copy(transport):
+    """By default a handler gets bytes (nothing it keeps sees the ring);
+    zero_copy=True gives the ring's memoryview, released after the call."""
+    kept = {}
+
+    def keep(name):
+        def h(body):
+            kept[name] = body
+            return b""
+        return h
+
+    with rdmax.rpc.Server("127.0.0.1", 0, transports=[transport], **OPTS) as srv:
+        srv.on(1, keep("copy"))
+        srv.on(2, keep("view"), zero_copy=True)
+        srv.start()
+        with rdmax.rpc.Client(transports=[transport], **OPTS) as cli:
+            p = cli.connect("127.0.0.1", srv.port)
+            cli.call(p, 1, b"first")
+            cli.call(p, 2, b"second")
+            cli.call(p, 1, b"third, in the same slot")
+    assert kept["copy"] == b"third, in the same slot"
+    assert isinstance(kept["view"], memoryview)
+    with pytest.raises(ValueError):  # released: no read of the ring after the call
+        bytes(kept["view"])
+
+
+def test_dropped_server_is_collected():
+    """A Server dropped without close() is freed (its port too): its error
+    hook holds it weakly, so no cycle through the extension keeps it."""
+    import gc
+    import weakref
+
+    srv = rdmax.rpc.Server("127.0.0.1", 0, transports=["tcp"], **OPTS)
+    srv.on(1, lambda body: body)
+    ref = weakref.ref(srv)
+    del srv
+    gc.collect()
+    assert ref() is None

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
@@ -226,7 +227,7 @@ TEST_CASE("stat: the segment is the user's alone (0600), and another user cannot
     }
 }
 
-TEST_CASE("stat: a stale segment (its process gone) is listed as stale and removed") {
+TEST_CASE("stat: a segment nobody holds locked is stale and removed; a locked one never") {
     pair p;
     const auto dir =
         std::filesystem::temp_directory_path() / fmt::format("rdmax-stat-test.{}", ::getpid());
@@ -245,6 +246,10 @@ TEST_CASE("stat: a stale segment (its process gone) is listed as stale and remov
         std::filesystem::permissions(to, std::filesystem::perms::owner_read |
                                              std::filesystem::perms::owner_write);
     }
+    // The first stands for a live writer: its lock held, as a publisher holds it.
+    const int held = ::open(mine.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(held >= 0);
+    REQUIRE(::flock(held, LOCK_SH) == 0);
     const auto list = stats::list_segments(::getuid(), dir.string());
     REQUIRE(list.size() == 2);
     for (const auto& e : list) {
@@ -255,6 +260,13 @@ TEST_CASE("stat: a stale segment (its process gone) is listed as stale and remov
     }
     CHECK(!std::filesystem::exists(dead));
     CHECK(std::filesystem::exists(mine));
+    // Once its writer is gone, it is stale too.
+    ::close(held);
+    const auto after = stats::list_segments(::getuid(), dir.string());
+    REQUIRE(after.size() == 1);
+    CHECK(after[0].stale);
+    CHECK(stats::remove_stale(after[0]));
+    CHECK(!std::filesystem::exists(mine));
     std::filesystem::remove_all(dir);
 }
 

@@ -44,7 +44,7 @@ struct process_snapshot {
 struct segment_entry {
     pid_t pid = 0;
     std::string path;
-    /// Its process is gone, or the pid is another process's now.
+    /// Nobody holds its lock: its process is gone (whatever its pid is now).
     bool stale = false;
 };
 
@@ -57,7 +57,8 @@ struct segment_entry {
 [[nodiscard]] process_snapshot read_segment(pid_t pid, uid_t uid,
                                             std::string_view dir = segment_dir);
 
-/// Removes a stale segment (of the caller's user): true when it went.
+/// Removes a stale segment (of the caller's user), checked again under its
+/// lock: true when it went.
 bool remove_stale(const segment_entry& e) noexcept;
 
 } // namespace rdmax::stats

@@ -63,8 +63,8 @@ struct segment_header {
     std::uint64_t bytes = 0;   ///< the whole segment's size
     std::uint64_t pid = 0;
     /// The process's start time (/proc/PID/stat field 22, clock ticks since
-    /// boot): a pid reused by another process has another, so a segment is
-    /// stale when its pid is gone or starts at another time.
+    /// boot), for readers to tell a reused pid. Whether it lives is told by
+    /// the file's lock, which its writer holds (src/stats/segment_lock.hpp).
     std::uint64_t start_ticks = 0;
     std::uint64_t interval_ms = 0; ///< how often objects publish
     /// Objects not published because the table was full.

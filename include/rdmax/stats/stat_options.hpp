@@ -25,7 +25,8 @@ struct stat_options {
 inline constexpr std::tuple stat_knobs{
     config::knob{"RDMAX_STAT", &stat_options::enable, config::flag{},
                  "`0`: publish no live counters (`rdmax-stat` then sees nothing of this process)"},
-    config::knob{"RDMAX_STAT_INTERVAL_MS", &stat_options::interval, config::number{.lo = 10},
+    config::knob{"RDMAX_STAT_INTERVAL_MS", &stat_options::interval,
+                 config::number{.lo = 10, .hi = 3'600'000},
                  "how often objects copy their counters into the process's stat segment"},
 };
 

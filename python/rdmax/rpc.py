@@ -207,6 +207,7 @@ class Server:
         # dropped Server (and its port) alive until the process ends.
         self._s.set_error_hook(_weak_hook(weakref.WeakMethod(self._handler_failed)))
         self._stop = threading.Event()
+        self._lifecycle = threading.Lock()  # start() and stop() from any threads
         self._thread: Optional[threading.Thread] = None
         self.last_handler_error: Optional[BaseException] = None
 
@@ -243,19 +244,28 @@ class Server:
         return self._s.poll(timeout)
 
     def serve_forever(self, poll_interval: float = 0.1) -> None:
-        """Serves in this thread until close() (from another thread) or KeyboardInterrupt."""
+        """Serves in this thread until stop() or close() (from another thread) or KeyboardInterrupt."""
         self._stop.clear()
+        self._serve(poll_interval)
+
+    def _serve(self, poll_interval: float) -> None:
         while not self._stop.is_set() and not self._s.closed:
-            self._s.poll(poll_interval)
+            try:
+                self._s.poll(poll_interval)
+            except RuntimeError:
+                if self._s.closed:  # close() from another thread meanwhile
+                    return
+                raise
 
     def start(self) -> "Server":
-        """Serves on a background thread (daemon) until close()."""
-        if self._thread is not None:
-            raise RuntimeError("the server is serving already")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,),
-                                        name="rdmax-server", daemon=True)
-        self._thread.start()
+        """Serves on a background thread (daemon) until stop() or close()."""
+        with self._lifecycle:
+            if self._thread is not None:
+                raise RuntimeError("the server is serving already")
+            self._stop.clear()  # here, not in the thread: a stop() right after start() holds
+            self._thread = threading.Thread(target=self._serve, args=(0.05,),
+                                            name="rdmax-server", daemon=True)
+            self._thread.start()
         # Stopped before the interpreter finalizes: a daemon thread that wakes
         # from poll() then (to take the GIL back) is ended by Python inside
         # C++ code, which aborts the process.
@@ -265,9 +275,10 @@ class Server:
     def stop(self) -> None:
         """Stops serve_forever() and the background thread (the server stays open)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        with self._lifecycle:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()  # (from a handler: the thread ends after it returns)
 
     def counters(self) -> dict:
         """Every field of rdmax::rpc::rpc_counters by name, and handler_errors."""

@@ -332,3 +332,25 @@ def test_dropped_server_is_collected():
     del srv
     gc.collect()
     assert ref() is None
+
+
+def test_start_then_stop_at_once_and_stop_from_a_handler():
+    """stop() right after start() ends the thread (it is not lost to the
+    thread clearing the flag); stop() from inside a handler does not join
+    the serving thread from itself (close() there is refused: not re-entrant)."""
+    srv = rdmax.rpc.Server("127.0.0.1", 0, transports=["tcp"], **OPTS)
+    for _ in range(20):
+        srv.start()
+        srv.stop()
+
+    def stopper(body):
+        srv.stop()
+        return b"stopped"
+
+    srv.on(1, stopper)
+    srv.start()
+    with rdmax.rpc.Client(transports=["tcp"], **OPTS) as cli:
+        p = cli.connect("127.0.0.1", srv.port)
+        assert cli.call(p, 1, b"x", timeout=5.0) == b"stopped"
+    srv.close()
+    assert srv._thread is None

@@ -309,7 +309,8 @@ private:
         try {
             if (t != nullptr && t->joinable())
                 t->join();
-        } catch (...) { // EDEADLK: at exit, from the stat thread itself
+            delete t;
+        } catch (...) { // EDEADLK: at exit, from the stat thread itself (kept)
         }
         // Only the file this process made: its name may be another's by now.
         struct stat mine {

@@ -12,7 +12,7 @@ with a device), the machine's RDMA devices, and registered memory.
 docs/python.md has the tour: the GIL rule, reply lifetimes, asyncio.
 """
 
-from ._rdmax import Arena, ArenaBlock, Error, Peer, RpcError, devices
+from ._rdmax import Arena, ArenaBlock, Error, Peer, RpcError, devices, stats
 from . import rpc
 
-__all__ = ["Arena", "ArenaBlock", "Error", "Peer", "RpcError", "devices", "rpc"]
+__all__ = ["Arena", "ArenaBlock", "Error", "Peer", "RpcError", "devices", "rpc", "stats"]

@@ -155,9 +155,11 @@ void bind_devices(py::module_& m) {
 
     py::class_<arena_block, std::shared_ptr<arena_block>>(m, "ArenaBlock", py::buffer_protocol())
         .def_buffer([](arena_block& b) {
-            if (b.released || b.b.data == nullptr)
-                throw py::value_error("the block was released");
-            return py::buffer_info(b.b.data, 1, "B", 1, {static_cast<py::ssize_t>(b.asked)}, {1});
+            // Never a throw here: pybind11 calls this from the buffer
+            // protocol's C slot, where an exception aborts the process. A
+            // released block exports an empty buffer.
+            const py::ssize_t n = b.released ? 0 : static_cast<py::ssize_t>(b.asked);
+            return py::buffer_info(b.b.data, 1, "B", 1, {n}, {1});
         })
         .def_property_readonly("lkey", [](const arena_block& b) { return b.b.lkey; })
         .def_property_readonly("rkey", [](const arena_block& b) { return b.b.rkey; })

@@ -4,8 +4,12 @@
 
 #include <cerrno>
 #include <string>
+#include <unistd.h>
+#include <vector>
 
 #include <rdmax/error.hpp>
+#include <rdmax/stats/publisher.hpp>
+#include <rdmax/stats/reader.hpp>
 
 #include "common.hpp"
 
@@ -138,4 +142,34 @@ PYBIND11_MODULE(_rdmax, m) {
 
     bind_devices(m);
     bind_rpc(m);
+
+    // This process's live counters (docs/stats.md), as rdmax-stat reads them:
+    // every registration cache, arena, scheduler sum and RPC endpoint.
+    m.def(
+        "stats",
+        [] {
+            py::list out;
+            std::vector<rdmax::stats::object_snapshot> objects;
+            {
+                py::gil_scoped_release nogil;
+                rdmax::stats::publish_pulled_now(); // caches and arenas as of now
+                if (!rdmax::stats::segment_path().empty())
+                    objects = rdmax::stats::read_segment(::getpid(), ::getuid()).objects;
+            }
+            for (const auto& o : objects) {
+                py::dict values;
+                for (const auto& f : o.fields)
+                    values[py::str(f.name)] = f.value;
+                py::dict d;
+                d["kind"] = o.kind;
+                d["name"] = o.name;
+                d["values"] = values;
+                out.append(d);
+            }
+            return out;
+        },
+        "This process's published counters: a list of {'kind', 'name', 'values'} (caches "
+        "'rcache', arenas 'arena', 'rpc_client', 'rpc_server', 'scheduler'). Caches and "
+        "arenas as of the call; endpoints as of their last housekeeping (RDMAX_STAT_INTERVAL_MS). "
+        "[] with RDMAX_STAT=0.");
 }

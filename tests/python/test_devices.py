@@ -54,8 +54,7 @@ def test_arena_blocks_are_registered_writable_memory():
     assert np.frombuffer(bytes(view[:16]), dtype=np.float32).tolist() == [0, 1, 2, 3]
     block.release()  # no new view; `view` still holds the memory
     assert view[0:4].tobytes() == a[:1].tobytes()
-    with pytest.raises(ValueError):
-        memoryview(block)
+    assert len(memoryview(block)) == 0  # a released block exports nothing new
     del a, view
 
 

@@ -354,3 +354,25 @@ def test_start_then_stop_at_once_and_stop_from_a_handler():
         assert cli.call(p, 1, b"x", timeout=5.0) == b"stopped"
     srv.close()
     assert srv._thread is None
+
+
+def test_process_stats_as_dicts(client, peer, server):
+    """rdmax.stats(): this process's published counters (docs/stats.md), the
+    endpoints' and, with them, the arenas' (and the caches', where there are)."""
+    import time
+
+    for _ in range(5):
+        client.call(peer, ECHO, b"s")
+    deadline = time.monotonic() + 10
+    kinds = set()
+    while time.monotonic() < deadline:
+        objs = rdmax.stats()
+        kinds = {o["kind"] for o in objs}
+        clients = [o for o in objs if o["kind"] == "rpc_client" and o["values"]["completed"] >= 5]
+        if clients and "arena" in kinds:
+            break
+        client.call(peer, ECHO, b"s")  # its housekeeping publishes
+        time.sleep(0.05)
+    assert "arena" in kinds and "rpc_server" in kinds
+    assert clients, kinds
+    assert set(clients[0]["values"]) >= {"calls", "completed", "bytes_in", "in_flight"}

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""64 B echo from Python: rdmax.rpc on the node-local path (shm) and over
-rdmax's TCP, against asyncio's own TCP streams on loopback, in one run.
+"""64 B echo from Python: rdmax.rpc on the node-local path (shm), over
+rdmax's TCP and, with --device, through an RDMA device, against asyncio's own
+TCP streams on loopback, in one run.
 
     PYTHONPATH=build/python python3 examples/bench/python_echo_bench.py [-n CALLS] [--rounds R]
-        [--cxx build/examples/bench/rdmax_rpc_bench]
+        [--cxx build/examples/bench/rdmax_rpc_bench] [--device DEV --addr ADDR]
 
 Each server runs in a process of its own (this script with --serve), its
 handler a Python function: rdmax's sleeps on its fd() when idle, as
@@ -16,14 +17,20 @@ Rows:
   rdmax-shm async    await Client.call_async, 1 and 64 in flight (the loop sleeps on fd())
   rdmax-tcp sync     Client.call over rdmax's TCP transport
   asyncio-tcp        asyncio streams: 4-byte length + body each way, 1 in flight
+With --device DEV --addr ADDR (both ends on this node, on ADDR, the device's
+address; transports=["rdma"] alone, so the node-local path is not taken):
+  rdmax-rdma sync    Client.call through the device
+  rdmax-rdma sync spin  the same against a spinning server
 With --cxx, rdmax_rpc_bench --sweep latency (C++ client and server, local and
-rdmax-tcp rows) runs too, for the C++ figures of the same run. Medians of
+rdmax-tcp rows; with --device, its rdmax row through the device on ADDR too,
+a second run of it) runs too, for the C++ figures of the same run. Medians of
 the rounds are printed, with the ratios.
 """
 
 import argparse
 import asyncio
 import os
+import select
 import statistics
 import struct
 import subprocess
@@ -31,9 +38,11 @@ import sys
 import time
 
 BODY = bytes(range(64))
+START_DEADLINE = 120.0  # seconds for a server process to say its port (slow under TCG)
 
 
-def serve(kind: str, transport: str, mode: str = "wait") -> None:
+def serve(kind: str, transport: str, mode: str = "wait", addr: str = "127.0.0.1",
+          device: str = "-") -> None:
     """The server process: prints its port, serves until stdin closes."""
     import threading
 
@@ -43,7 +52,8 @@ def serve(kind: str, transport: str, mode: str = "wait") -> None:
 
     if kind == "rdmax":
         import rdmax
-        srv = rdmax.rpc.Server("127.0.0.1", 0, transports=[transport], housekeeping=0.001)
+        srv = rdmax.rpc.Server(addr, 0, transports=[transport], housekeeping=0.001,
+                               device=None if device == "-" else device)
         srv.on(1, lambda body: bytes(body))
         done = threading.Event()
         threading.Thread(target=watch_stdin, args=(done.set,), daemon=True).start()
@@ -81,12 +91,18 @@ def serve(kind: str, transport: str, mode: str = "wait") -> None:
 
 
 class server_process:
-    def __init__(self, kind: str, transport: str = "shm", mode: str = "wait") -> None:
-        self.p = subprocess.Popen([sys.executable, __file__, "--serve", kind, transport, mode],
+    def __init__(self, kind: str, transport: str = "shm", mode: str = "wait",
+                 addr: str = "127.0.0.1", device: str = "-") -> None:
+        self.p = subprocess.Popen([sys.executable, __file__, "--serve", kind, transport, mode,
+                                   addr, device],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.p.stdout.readline()
+        ready, _, _ = select.select([self.p.stdout], [], [], START_DEADLINE)
+        line = self.p.stdout.readline() if ready else ""
         if not line:
-            raise RuntimeError(f"{kind} server did not start")
+            self.p.kill()
+            self.p.wait()
+            raise RuntimeError(f"{kind} server ({transport}, {device}) did not start"
+                               + ("" if ready else f" in {START_DEADLINE:.0f} s"))
         self.port = int(line)
 
     def __enter__(self):
@@ -106,11 +122,13 @@ def summary(lat_ns: list, seconds: float, calls: int) -> tuple:
     return (lat_ns[len(lat_ns) // 2] / 1000.0, calls / seconds)
 
 
-def rdmax_sync(transport: str, n: int, mode: str = "wait") -> tuple:
+def rdmax_sync(transport: str, n: int, mode: str = "wait", addr: str = "127.0.0.1",
+               device: str = "-") -> tuple:
     import rdmax
-    with server_process("rdmax", transport, mode) as s, \
-            rdmax.rpc.Client(transports=[transport], housekeeping=0.001) as cli:
-        peer = cli.connect("127.0.0.1", s.port)
+    with server_process("rdmax", transport, mode, addr, device) as s, \
+            rdmax.rpc.Client(transports=[transport], housekeeping=0.001,
+                             device=None if device == "-" else device) as cli:
+        peer = cli.connect(addr, s.port)
         assert cli.transport(peer) == transport
         for _ in range(1000):  # warm up
             cli.call(peer, 1, BODY)
@@ -186,17 +204,19 @@ def asyncio_tcp(n: int) -> tuple:
         return asyncio.run(main(s.port))
 
 
-def cxx_rows(path: str, n: int) -> dict:
+def cxx_rows(path: str, n: int, transports: str = "local,rdmax-tcp,tcp",
+             more: tuple = ()) -> dict:
     """rdmax_rpc_bench --sweep latency: {transport: its output line}, and its header."""
-    out = subprocess.run([path, "--sweep", "latency", "--transports", "local,rdmax-tcp,tcp",
-                          "-n", str(n)], capture_output=True, text=True, timeout=600)
+    out = subprocess.run([path, "--sweep", "latency", "--transports", transports,
+                          "-n", str(n), *more], capture_output=True, text=True, timeout=600)
     rows = {}
     for line in out.stdout.splitlines():
         f = line.split()
-        if len(f) >= 7 and f[0] in ("transport", "local", "rdmax-tcp", "tcp"):
+        if len(f) >= 7 and f[0] in ("transport", *transports.split(",")):
             rows[f[0]] = line.rstrip()
-    if len(rows) < 2:
-        raise RuntimeError(f"{path}: no rows\n{out.stdout}{out.stderr}")
+    if out.returncode != 0 or len(rows) < 2:
+        raise RuntimeError(f"{path}: exit {out.returncode}, {len(rows) - 1} rows\n"
+                           f"{out.stdout}{out.stderr}")
     return rows
 
 
@@ -205,11 +225,15 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=20000, help="calls per row and round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cxx", help="rdmax_rpc_bench to run for the C++ rows")
-    ap.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--device", help="RDMA device (rxe0) for the rdmax-rdma rows; needs --addr")
+    ap.add_argument("--addr", help="the device's address (192.0.2.1): both ends bind it")
+    ap.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
         serve(*a.serve)
         return
+    if (a.device is None) != (a.addr is None):
+        ap.error("--device and --addr go together")
     rows = {
         "rdmax-shm sync": lambda: rdmax_sync("shm", a.n),
         "rdmax-shm sync spin": lambda: rdmax_sync("shm", a.n, "spin"),
@@ -218,6 +242,9 @@ def main() -> None:
         "rdmax-tcp sync": lambda: rdmax_sync("tcp", a.n),
         "asyncio-tcp": lambda: asyncio_tcp(a.n),
     }
+    if a.device:
+        rows["rdmax-rdma sync"] = lambda: rdmax_sync("rdma", a.n, "wait", a.addr, a.device)
+        rows["rdmax-rdma sync spin"] = lambda: rdmax_sync("rdma", a.n, "spin", a.addr, a.device)
     got = {k: [] for k in rows}
     for r in range(a.rounds):
         for name, run in rows.items():
@@ -240,7 +267,15 @@ def main() -> None:
               f"same run, after the rounds above):")
         for line in rows.values():
             print(line)
-        for py_row, cxx_row in (("rdmax-shm sync spin", "local"), ("rdmax-tcp sync", "rdmax-tcp")):
+        pairs = [("rdmax-shm sync spin", "local"), ("rdmax-tcp sync", "rdmax-tcp")]
+        if a.device:
+            dev = cxx_rows(a.cxx, a.n, "rdmax", ("-a", a.addr))
+            print(f"(through the device: rdmax_rpc_bench --sweep latency --transports rdmax "
+                  f"-a {a.addr} -n {a.n})")
+            print(dev["rdmax"])
+            rows["rdmax"] = dev["rdmax"]
+            pairs += [("rdmax-rdma sync spin", "rdmax"), ("rdmax-rdma sync", "rdmax")]
+        for py_row, cxx_row in pairs:
             if cxx_row in rows:
                 f = rows[cxx_row].split()
                 p50 = statistics.median(x[0] for x in got[py_row])

@@ -58,7 +58,7 @@ void copy_text(char* to, std::size_t cap, std::string_view from) noexcept {
 void write_values(record& r, std::span<const std::uint64_t> v) noexcept {
     const std::uint32_t s = r.seq.load(std::memory_order_relaxed);
     r.seq.store(s + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
+    seqlock_fence(std::memory_order_release);
     const std::size_t n = std::min<std::size_t>(v.size(), r.fields);
     for (std::size_t i = 0; i < n; ++i)
         r.values[i].store(v[i], std::memory_order_relaxed);
@@ -163,7 +163,7 @@ private:
         // record's last object meanwhile retries rather than mixing them.
         const std::uint32_t s = r.seq.load(std::memory_order_relaxed);
         r.seq.store(s + 1, std::memory_order_relaxed);
-        std::atomic_thread_fence(std::memory_order_release);
+        seqlock_fence(std::memory_order_release);
         r.live.store(0, std::memory_order_relaxed);
         copy_text(r.kind, kind_bytes, kind);
         std::string own;
@@ -196,7 +196,7 @@ private:
             return;
         const std::uint32_t s = r->seq.load(std::memory_order_relaxed);
         r->seq.store(s + 1, std::memory_order_relaxed);
-        std::atomic_thread_fence(std::memory_order_release);
+        seqlock_fence(std::memory_order_release);
         r->live.store(0, std::memory_order_relaxed);
         r->seq.store(s + 2, std::memory_order_release);
         taken_[i] = false;
@@ -263,7 +263,7 @@ private:
         h.start_ticks = start_ticks_of(pid);
         h.interval_ms = static_cast<std::uint64_t>(opts_.interval.count());
         copy_text(h.comm, sizeof h.comm, comm_of(pid));
-        std::atomic_thread_fence(std::memory_order_release);
+        seqlock_fence(std::memory_order_release);
         std::memcpy(h.magic, segment_magic, sizeof h.magic);
         owner_ = pid;
         failed_ = false;

@@ -93,7 +93,7 @@ bool copy_record(const record& r, object_snapshot& out, bool& unsettled) {
                 r.types[f] == field_type::gauge ? field_type::gauge : field_type::counter;
             out.fields[f].value = r.values[f].load(std::memory_order_relaxed);
         }
-        std::atomic_thread_fence(std::memory_order_acquire);
+        seqlock_fence(std::memory_order_acquire);
         if (r.seq.load(std::memory_order_relaxed) == s1 &&
             r.live.load(std::memory_order_relaxed) == 1)
             return true;

@@ -77,6 +77,19 @@ struct segment {
     record records[max_records];
 };
 
+/// A seqlock's fence (writer: release after the odd sequence; reader:
+/// acquire before the second read of it). ThreadSanitizer does not model
+/// fences and GCC refuses them under it (as mapping_cache.hpp's): there the
+/// release and acquire accesses around stand alone. (It could not see a race
+/// here anyway: writer and reader map the segment at different addresses.)
+inline void seqlock_fence(std::memory_order order) noexcept {
+#if !defined(__SANITIZE_THREAD__)
+    std::atomic_thread_fence(order);
+#else
+    (void)order;
+#endif
+}
+
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "values are read across processes: they must not need a lock");
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);

@@ -68,6 +68,36 @@ kmod_monitor::kmod_monitor()
     generations_ =
         reinterpret_cast<const __u64*>(static_cast<const char*>(p) + RDMAX_STATUS_GENERATIONS);
     pending_ = &status->pending_events;
+    publish_figures();
+}
+
+namespace {
+constexpr stats::field_desc kmod_fields[] = {
+    {"live_regions", stats::field_type::gauge},
+    {"monitors", stats::field_type::counter},
+    {"unmonitors", stats::field_type::counter},
+    {"invalidations", stats::field_type::counter},
+    {"events_read", stats::field_type::counter},
+    {"module_live_regions", stats::field_type::gauge}, // CAP_SYS_ADMIN only, else 0
+    {"module_files", stats::field_type::gauge},
+};
+} // namespace
+
+void kmod_monitor::publish_figures() noexcept {
+    // The fd by value: the record goes (stat_ reset) before the fd closes,
+    // and a moved monitor keeps both.
+    stat_ = stats::pulled("kmod", {}, kmod_fields, [fd = fd_](std::span<std::uint64_t> v) {
+        rdmax_query q{};
+        if (ioctl(fd, RDMAX_IOC_QUERY, &q) != 0 || v.size() < std::size(kmod_fields))
+            return;
+        v[0] = q.live_regions;
+        v[1] = q.monitors;
+        v[2] = q.unmonitors;
+        v[3] = q.invalidations;
+        v[4] = q.events_read;
+        v[5] = q.module_live_regions;
+        v[6] = q.module_files;
+    });
 }
 
 kmod_monitor::kmod_monitor(kmod_monitor&& o) noexcept
@@ -77,7 +107,8 @@ kmod_monitor::kmod_monitor(kmod_monitor&& o) noexcept
     , generations_(std::exchange(o.generations_, nullptr))
     , pending_(std::exchange(o.pending_, nullptr))
     , fork_generation_(o.fork_generation_)
-    , rdev_(o.rdev_) {}
+    , rdev_(o.rdev_)
+    , stat_(std::move(o.stat_)) {}
 
 kmod_monitor& kmod_monitor::operator=(kmod_monitor&& o) noexcept {
     if (this != &o) {
@@ -89,6 +120,7 @@ kmod_monitor& kmod_monitor::operator=(kmod_monitor&& o) noexcept {
         pending_ = std::exchange(o.pending_, nullptr);
         fork_generation_ = o.fork_generation_;
         rdev_ = o.rdev_;
+        stat_ = std::move(o.stat_);
     }
     return *this;
 }
@@ -98,6 +130,7 @@ kmod_monitor::~kmod_monitor() {
 }
 
 void kmod_monitor::close_all() noexcept {
+    stat_ = {}; // the stat thread queries fd_ no more
     if (fork_generation() != fork_generation_) {
         // A forked child: the status area was never mapped here
         // (VM_DONTCOPY), so whatever the child has at map_ now is its own

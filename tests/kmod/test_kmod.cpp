@@ -38,6 +38,8 @@
 #include <rdmax/mem/auto_monitor.hpp>
 #include <rdmax/mem/kmod_monitor.hpp>
 #include <rdmax/mem/registration_cache.hpp>
+#include <rdmax/stats/publisher.hpp>
+#include <rdmax/stats/reader.hpp>
 
 #include "../support/catch.hpp"
 #include "../support/skip_reason.hpp"
@@ -653,6 +655,27 @@ TEST_CASE("kmod: a monitor's token is valid through its own pointer until unmap 
     CHECK_FALSE(rdmax::kmod_monitor::valid(a));
     mon.unwatch(a);
     munmap(p + page, page);
+
+    // The module's figures for rdmax-stat (docs/stats.md): this file's
+    // monitors, unmonitors and invalidations, as RDMAX_IOC_QUERY says.
+    rdmax::stats::publish_pulled_now();
+    const auto snap = rdmax::stats::read_segment(::getpid(), ::getuid());
+    const rdmax::stats::object_snapshot* k = nullptr;
+    for (const auto& o : snap.objects)
+        if (o.kind == "kmod")
+            k = &o;
+    REQUIRE(k != nullptr);
+    const auto value = [&](std::string_view name) {
+        for (const auto& f : k->fields)
+            if (f.name == name)
+                return f.value;
+        FAIL("no field " << name);
+        return std::uint64_t{0};
+    };
+    CHECK(value("monitors") == 2);
+    CHECK(value("unmonitors") == 2);
+    CHECK(value("invalidations") >= 1);
+    CHECK(value("live_regions") == 0);
 }
 
 /// A module parameter (/sys/module/rdmax/parameters/NAME), set for a scope.

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include <rdmax/mem/fork_policy.hpp>
+#include <rdmax/stats/publisher.hpp>
 
 namespace rdmax {
 
@@ -74,6 +75,7 @@ public:
 
 private:
     void close_all() noexcept;
+    void publish_figures() noexcept;
 
     int fd_ = -1;
     const void* map_ = nullptr;
@@ -83,6 +85,9 @@ private:
     const unsigned long long* pending_ = nullptr;
     std::uint32_t fork_generation_ = 0;
     dev_t rdev_ = 0; ///< the device fd_ is, for a child's close
+    /// The module's figures for rdmax-stat ("kmod": RDMAX_IOC_QUERY from the
+    /// stat thread, once an interval); dropped before fd_ is closed.
+    stats::pulled stat_;
 };
 
 } // namespace rdmax

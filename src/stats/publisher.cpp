@@ -107,7 +107,7 @@ public:
         try {
             pulls_->push_back({++next_id_, r, std::move(read)});
             if (thread_ == nullptr)
-                thread_ = new std::thread([this] { run(); });
+                thread_ = new std::thread([this, gen = thread_gen_] { run(gen); });
         } catch (...) {
             if (!pulls_->empty() && pulls_->back().rec == r)
                 pulls_->pop_back();
@@ -118,13 +118,35 @@ public:
     }
 
     void remove_pull(std::uint64_t id) noexcept {
-        std::lock_guard g(*mu_);
-        const auto it = std::find_if(pulls_->begin(), pulls_->end(),
-                                     [id](const pull_entry& e) { return e.id == id; });
-        if (it == pulls_->end())
-            return; // dropped at fork
-        close_locked(it->rec);
-        pulls_->erase(it);
+        std::thread* done = nullptr;
+        {
+            std::lock_guard g(*mu_);
+            const auto it = std::find_if(pulls_->begin(), pulls_->end(),
+                                         [id](const pull_entry& e) { return e.id == id; });
+            if (it == pulls_->end())
+                return; // dropped at fork
+            close_locked(it->rec);
+            pulls_->erase(it);
+            // The last one gone: so is the thread. A process that used a cache
+            // or an arena once is not left with a thread of rdmax's (a fork
+            // from a multi-threaded process is what TSan, and careful
+            // programs, refuse); the next pulled object starts another.
+            if (pulls_->empty() && thread_ != nullptr) {
+                ++thread_gen_;
+                done = std::exchange(thread_, nullptr);
+            }
+        }
+        if (done != nullptr) {
+            cv_->notify_all();
+            try {
+                if (done->joinable() && done->get_id() != std::this_thread::get_id())
+                    done->join();
+                else if (done->joinable())
+                    done->detach();
+                delete done;
+            } catch (...) { // kept, as at exit
+            }
+        }
     }
 
     void pull_now() noexcept {
@@ -284,11 +306,13 @@ private:
         }
     }
 
-    void run() noexcept {
+    /// The stat thread of generation `gen`: it ends at exit, or once the
+    /// generation moved on (its last object went).
+    void run(std::uint64_t gen) noexcept {
         std::unique_lock lock(*mu_);
-        while (!stop_) {
+        while (!stop_ && gen == thread_gen_) {
             cv_->wait_for(lock, opts_.interval);
-            if (!stop_ && !in_child_)
+            if (!stop_ && gen == thread_gen_ && !in_child_)
                 pull_locked();
         }
     }
@@ -337,6 +361,7 @@ private:
     std::condition_variable* cv_ = new std::condition_variable;
     std::vector<pull_entry>* pulls_ = new std::vector<pull_entry>;
     std::thread* thread_ = nullptr;
+    std::uint64_t thread_gen_ = 0; ///< bumped when the thread is told to end
     stat_options opts_;
     segment* seg_ = nullptr;
     std::string path_;

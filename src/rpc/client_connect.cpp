@@ -25,6 +25,7 @@
 #include <rdmax/local/cma.hpp>
 #include <rdmax/local/node_address.hpp>
 #include <rdmax/rpc/client.hpp>
+#include <rdmax/stats/proc_identity.hpp>
 #include <rdmax/verbs/listener.hpp>
 
 #include "../notice.hpp"
@@ -41,39 +42,6 @@ void close_fds(std::vector<int>& fds) noexcept {
     for (int fd : fds)
         ::close(fd);
     fds.clear();
-}
-/// When process `pid` started (/proc/PID/stat's 22nd field, in clock ticks
-/// since boot): another process that takes its pid later differs. 0 where it
-/// is gone (or a zombie) or cannot be read.
-std::uint64_t start_time(pid_t pid) noexcept {
-    char path[32];
-    std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-    std::FILE* f = std::fopen(path, "re");
-    if (f == nullptr)
-        return 0;
-    std::array<char, 1024> buf{};
-    const std::size_t n = std::fread(buf.data(), 1, buf.size() - 1, f);
-    std::fclose(f);
-    buf[n] = '\0';
-    // The fields after the command's last ')' (a command may hold spaces and
-    // parentheses): the state is field 3, the start time field 22.
-    const char* p = std::strrchr(buf.data(), ')');
-    if (p == nullptr)
-        return 0;
-    ++p;
-    while (*p == ' ')
-        ++p;
-    if (*p == 'Z' || *p == 'X')
-        return 0; // exited: its grant goes with it
-    for (int field = 3; field < 22; ++field) {
-        while (*p == ' ')
-            ++p;
-        while (*p != ' ' && *p != '\0')
-            ++p;
-    }
-    char* end = nullptr;
-    const std::uint64_t t = std::strtoull(p, &end, 10);
-    return end != p ? t : 0;
 }
 
 /// The Unix channel of a server on this node that answers addr:port, if any
@@ -447,13 +415,13 @@ void client::grant_cma(pid_t server) noexcept {
     if (opts_.ptracer == grant::any) {
         if (local::allow_cma_from(0))
             ptracer_ = -1;
-    } else if ((ptracer_ == 0 || start_time(ptracer_) != ptracer_start_) &&
+    } else if ((ptracer_ == 0 || stats::start_ticks_of(ptracer_) != ptracer_start_) &&
                local::allow_cma_from(server)) {
         // One process at a time: a second server is not granted while the
         // first lives. Once it is gone (Yama drops its grant as it exits), the
         // next one is: a server restarted on its port is reached again.
         ptracer_ = server;
-        ptracer_start_ = start_time(server);
+        ptracer_start_ = stats::start_ticks_of(server);
     }
 }
 

@@ -9,8 +9,10 @@
 
 namespace rdmax::stats {
 
-/// /proc/PID/stat's starttime (field 22, clock ticks after boot); 0: no
-/// such process (or /proc unreadable).
+/// /proc/PID/stat's starttime (field 22, clock ticks after boot): another
+/// process that takes the pid later differs. 0: no such process, one that
+/// has exited (a zombie), or /proc unreadable. (Also what the RPC client's
+/// CMA grant is checked against.)
 [[nodiscard]] std::uint64_t start_ticks_of(pid_t pid) noexcept;
 
 /// /proc/PID/comm without its newline; empty when unreadable.

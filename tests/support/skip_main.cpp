@@ -3,7 +3,7 @@
 // rdmax::test::skip_reason().
 #include <fmt/format.h>
 
-#include "catch_session.hpp"
+#include "catch_runner.hpp"
 #include "skip_reason.hpp"
 
 int main(int argc, char** argv) {
@@ -11,5 +11,5 @@ int main(int argc, char** argv) {
         fmt::print("SKIP: {}\n", *why);
         return 77;
     }
-    return Catch::Session().run(argc, argv);
+    return rdmax::test::run_catch(argc, argv);
 }

@@ -1,6 +1,6 @@
 // main() of the unit tests: they need nothing but the CPU.
-#include "catch_session.hpp"
+#include "catch_runner.hpp"
 
 int main(int argc, char** argv) {
-    return Catch::Session().run(argc, argv);
+    return rdmax::test::run_catch(argc, argv);
 }

@@ -656,6 +656,18 @@ context connection_request::device() const {
     return context::borrow(conn_.id_->verbs);
 }
 
+bool connection_request::abandoned(std::chrono::milliseconds wait) noexcept {
+    const auto deadline = clock::now() + wait;
+    while (!conn_.disconnected_ && conn_.id_ != nullptr) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+        conn_.pump(std::max(left, std::chrono::milliseconds{0}));
+        if (clock::now() >= deadline)
+            break;
+    }
+    return conn_.disconnected_;
+}
+
 queue_pair<rc>& connection_request::create_qp(const protection_domain& pd, const qp_config& cfg) {
     if (!pending())
         throw_error("rdma_create_qp", EINVAL,

@@ -62,6 +62,14 @@ public:
         return conn_.peer_payload_as<T>();
     }
 
+    /// True when the client gave up on this request (its rejection or a
+    /// connect error reached this side), waiting up to `wait` for it: a server
+    /// can then let a stale request go instead of spending a QP on it. A
+    /// rejection that came before the request was taken from the listener is
+    /// not reported (the kernel drops events of a request nobody has read
+    /// yet); create_qp() then fails, naming rdma_create_qp.
+    [[nodiscard]] bool abandoned(std::chrono::milliseconds wait = {}) noexcept;
+
     /// Makes the connection's QP in `pd`, which must be on device(): a
     /// protection domain of another device, or of a context of the same
     /// device other than librdmacm's (a second ibv_open_device), is refused

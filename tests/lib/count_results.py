@@ -3,7 +3,7 @@
 
 Usage: count_results.py [--ci] [--ci-no-skip PHASE:SUITE ...] PHASE=testlog.json ...
 Prints one line per phase and, last, "N passed, N failed, N skipped" alone on
-a line. With --ci a skipped rxe, kmod, install or tidy test counts as failed:
+a line. With --ci a skipped rxe, kmod, dmabuf, install or tidy test counts as failed:
 in CI the device and the module are always there (and install and tidy have
 their packages), so a skip there means the harness is broken. --ci-no-skip
 adds a suite that must not skip in one phase (odp on 7.x, where soft-RoCE has
@@ -107,9 +107,9 @@ def main(argv):
             suite = name.split(" / ")[0].split(":")[-1]
             if result in PASS:
                 counts["passed"] += 1
-            elif result in SKIP and ci and suite in ("rxe", "kmod", "install", "tidy"):
+            elif result in SKIP and ci and suite in ("rxe", "kmod", "dmabuf", "install", "tidy"):
                 counts["failed"] += 1
-                problems.append(f"{name} skipped, and with CI=true an rxe, kmod, install or tidy skip is a failure")
+                problems.append(f"{name} skipped, and with CI=true an rxe, kmod, dmabuf, install or tidy skip is a failure")
             elif result in SKIP and ci and (label, suite) in strict:
                 counts["failed"] += 1
                 problems.append(f"{name} skipped, and with CI=true a {suite} skip in {label} is a failure")

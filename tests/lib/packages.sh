@@ -20,6 +20,8 @@ RDMAX_PKGS_BUILD="meson ninja-build ccache g++ pkg-config libibverbs-dev librdma
 RDMAX_PKGS_RDMA="ibverbs-providers ibverbs-utils rdmacm-utils iproute2"
 # The Python bindings (python/) and rdmax-stat's OpenMetrics check (test_stat).
 RDMAX_PKGS_PYTHON="python3-dev pybind11-dev python3-mesonpy python3-pytest python3-numpy python3-venv python3-prometheus-client"
+# tests/vm/rdma-core: rdma-core from source for the dmabuf suite's provider.
+RDMAX_PKGS_VM_RDMA_CORE="cmake ninja-build pkg-config patch libnl-3-dev libnl-route-3-dev libudev-dev"
 # tests/run's fuzz suite: clang with libFuzzer and the sanitizer runtimes.
 RDMAX_PKGS_FUZZ="clang-16 libclang-rt-16-dev"
 RDMAX_PKGS_VM="qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod"

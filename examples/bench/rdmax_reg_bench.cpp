@@ -65,6 +65,7 @@
 
 #include "bench_common.hpp"
 #include "bench_stats.hpp"
+#include "reg_bench_dmabuf.hpp"
 
 namespace {
 
@@ -92,6 +93,7 @@ constexpr double ratio_target = 100;
 
 struct reg_options {
     bool alloc = false;              ///< --alloc
+    bool dmabuf = false;             ///< --dmabuf
     std::string device;              ///< -d
     std::size_t max_size = 0;        ///< -s; 0: the mode's largest
     std::uint32_t iterations = 0;    ///< -n; 0: default_reg_iterations
@@ -121,6 +123,8 @@ void print_usage() {
         "      --nap US            sleep US before each ibv_reg_mr (untimed): registration\n"
         "                          after a wakeup, as between a program's messages\n"
         "      --alloc             the host-only arena allocation benchmark\n"
+        "      --dmabuf            dma-buf (udmabuf) registration vs a dmabuf_cache hit, beside\n"
+        "                          host memory (a device with dma-buf MRs, /dev/udmabuf)\n"
         "      --json FILE         a JSON list of the results\n"
         "      --plot FILE.png     cost against size, log-log, with gnuplot\n"
         "  -h, --help              this text\n",
@@ -129,9 +133,19 @@ void print_usage() {
 
 reg_options parse_options(int argc, char** argv) {
     reg_options o;
-    enum : int { opt_json = 1000, opt_plot, opt_alloc, opt_ops, opt_batches, opt_procs, opt_nap };
+    enum : int {
+        opt_json = 1000,
+        opt_plot,
+        opt_alloc,
+        opt_dmabuf,
+        opt_ops,
+        opt_batches,
+        opt_procs,
+        opt_nap
+    };
     const option longs[] = {
         {"alloc", no_argument, nullptr, opt_alloc},
+        {"dmabuf", no_argument, nullptr, opt_dmabuf},
         {"ib-dev", required_argument, nullptr, 'd'},
         {"max-size", required_argument, nullptr, 's'},
         {"iters", required_argument, nullptr, 'n'},
@@ -152,6 +166,7 @@ reg_options parse_options(int argc, char** argv) {
                 break;
             switch (c) {
             case opt_alloc: o.alloc = true; break;
+            case opt_dmabuf: o.dmabuf = true; break;
             case 'd': o.device = optarg; break;
             case 's': o.max_size = parse_size(optarg, "-s", device_sizes.back()); break;
             case 'n':
@@ -181,6 +196,8 @@ reg_options parse_options(int argc, char** argv) {
             fail("-d and -n are for the device mode, not --alloc");
         if (o.alloc && o.procs != 0)
             fail("--procs and --alloc: one or the other");
+        if (o.dmabuf && (o.alloc || o.procs != 0 || o.nap.count() != 0 || !o.plot_path.empty()))
+            fail("--dmabuf takes -d, -s, -n, --ops, --batches and --json only");
         const std::size_t smallest = o.alloc ? alloc_smallest : device_sizes.front();
         if (o.max_size == 0)
             o.max_size = o.alloc ? alloc_largest : device_sizes.back();
@@ -852,11 +869,30 @@ void run_alloc(const reg_options& opt, json_list& json) {
     }
 }
 
+// ---- --dmabuf (reg_bench_dmabuf.cpp) ------------------------------------------------------
+
+void run_dmabuf(const reg_options& opt, json_list& json) {
+    const verbs::context ctx =
+        opt.device.empty() ? verbs::context::open_first_active() : verbs::context::open(opt.device);
+    const verbs::protection_domain pd(ctx);
+    dmabuf_bench_options d;
+    for (const std::size_t s : device_sizes)
+        if (s <= opt.max_size)
+            d.sizes.push_back(s);
+    d.iterations = opt.registrations();
+    d.ops = opt.ops;
+    d.batches = opt.batches;
+    if (!run_dmabuf_bench(pd, ctx.name(), d, json))
+        fail("a dmabuf_cache hit is not 100x cheaper than registering at every size");
+}
+
 void run(int argc, char** argv) {
     const reg_options opt = parse_options(argc, argv);
     json_list json(opt.json_path);
     if (opt.alloc)
         run_alloc(opt, json);
+    else if (opt.dmabuf)
+        run_dmabuf(opt, json);
     else if (opt.procs != 0)
         run_procs(opt, json);
     else

@@ -11,6 +11,8 @@
 #include <rdmax/mem/cache_handle.hpp>
 #include <rdmax/mem/cache_held.hpp>
 #include <rdmax/mem/cache_session.hpp>
+#include <rdmax/mem/dmabuf_cache.hpp>
+#include <rdmax/mem/dmabuf_region.hpp>
 #include <rdmax/mem/fork_policy.hpp>
 #include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/handle_options.hpp>

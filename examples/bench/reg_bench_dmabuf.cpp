@@ -48,8 +48,7 @@ public:
         ::close(dev);
         if (fd_ < 0)
             fail(fmt::format("UDMABUF_CREATE of {}: {}{}", human_bytes(bytes), std::strerror(err),
-                             err == EINVAL ? " (above udmabuf.size_limit_mb? 64 MiB by default)"
-                                           : ""));
+                             err == EINVAL ? " (above the module's udmabuf.size_limit_mb?)" : ""));
     }
     udmabuf_of(const udmabuf_of&) = delete;
     udmabuf_of& operator=(const udmabuf_of&) = delete;
@@ -126,9 +125,10 @@ row measure(const verbs::protection_domain& pd, const dmabuf_bench_options& opt,
     const reg_cycles dma_reg = time_dmabuf_registration(pd, buf.fd(), bytes, r.iterations);
 
     auto host_cache = make_verbs_cache(pd);
-    (void)host_cache.get<reg_rights>(host.data(), bytes); // the miss
-    const auto host_hits = time_hits(
-        opt, [&] { return std::uint64_t{host_cache.get<reg_rights>(host.data(), bytes).lkey()}; });
+    (void)host_cache.local<reg_rights>(host.data(), bytes); // the miss
+    const auto host_hits = time_hits(opt, [&] {
+        return std::uint64_t{host_cache.local<reg_rights>(host.data(), bytes).buffer.lkey};
+    });
     dmabuf_cache cache(pd);
     const auto b = cache.add(buf.fd());
     (void)cache.local<reg_rights>(b, 0, bytes); // the miss

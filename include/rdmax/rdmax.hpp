@@ -4,6 +4,8 @@
 #include <rdmax/config/knob.hpp>
 #include <rdmax/config/knobs.hpp>
 #include <rdmax/error.hpp>
+#include <rdmax/mem/accelerator_cache.hpp>
+#include <rdmax/mem/accelerator_provider.hpp>
 #include <rdmax/mem/arena_options.hpp>
 #include <rdmax/mem/arena_resource.hpp>
 #include <rdmax/mem/auto_monitor.hpp>
@@ -27,6 +29,7 @@
 #include <rdmax/mem/registration_error.hpp>
 #include <rdmax/mem/remote_handle.hpp>
 #include <rdmax/mem/rights.hpp>
+#include <rdmax/mem/udmabuf_provider.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
 #include <rdmax/rpc/call_status.hpp>

@@ -19,6 +19,8 @@ namespace {
 constexpr std::uint64_t slot_bytes = std::uint64_t{1} << dmabuf_slots::slot_shift;
 
 // What `fd` is, if it is a dma-buf: its identity and size; throws otherwise.
+// A buffer up to a page short of a slot: its last registration, rounded up to
+// pages, must not reach the next slot (the cache would merge them).
 std::pair<dmabuf_identity, std::size_t> inspect(int fd) {
     constexpr std::string_view verb = "dmabuf_cache::add";
     struct statfs fs {};
@@ -31,10 +33,12 @@ std::pair<dmabuf_identity, std::size_t> inspect(int fd) {
         throw_error(verb, errno, fmt::format("fd {}", fd));
     // A dma-buf answers its size to llseek(SEEK_END) and moves no file offset.
     const off_t end = ::lseek(fd, 0, SEEK_END);
-    if (end <= 0 || static_cast<std::uint64_t>(end) >= slot_bytes)
+    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    if (end <= 0 || static_cast<std::uint64_t>(end) > slot_bytes - page)
         throw_error(verb, EINVAL,
-                    fmt::format("dma-buf fd {} has {} bytes: the cache takes 1 byte to 1 TiB", fd,
-                                static_cast<long long>(end)));
+                    fmt::format("dma-buf fd {} has {} bytes: the cache takes 1 byte to 1 TiB "
+                                "less a page",
+                                fd, static_cast<long long>(end)));
     return {{st.st_dev, st.st_ino}, static_cast<std::size_t>(end)};
 }
 
@@ -47,35 +51,50 @@ dmabuf_slots::~dmabuf_slots() {
 }
 
 dmabuf_slots::found dmabuf_slots::add(int fd) {
-    const auto [id, size] = inspect(fd);
+    // The dup first, and what it is from the dup: the caller's fd number may
+    // be closed and reused by another thread meanwhile; the dup cannot.
+    const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0)
+        throw_error("dmabuf_cache::add", errno, fmt::format("dup of fd {}", fd));
+    std::pair<dmabuf_identity, std::size_t> what;
+    try {
+        what = inspect(dup);
+    } catch (...) {
+        ::close(dup);
+        throw;
+    }
+    const auto& [id, size] = what;
     const std::scoped_lock lock(mutex_);
     unsigned empty = 0;
     for (unsigned s = 1; s < slots; ++s) {
         if (table_[s].adds != 0 && table_[s].id == id) {
             ++table_[s].adds;
-            return {s, table_[s].size, false};
+            ::close(dup);
+            return {s, table_[s].size, generation_[s].load(std::memory_order_relaxed)};
         }
         if (empty == 0 && table_[s].adds == 0 && !table_[s].closing)
             empty = s;
     }
-    if (empty == 0)
+    if (empty == 0) {
+        ::close(dup);
         throw_error("dmabuf_cache::add", ENOSPC,
                     fmt::format("{} buffers are known already: forget() some", slots - 1));
-    const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (dup < 0)
-        throw_error("dmabuf_cache::add", errno, fmt::format("dup of fd {}", fd));
+    }
     table_[empty] = {id, dup, size, 1};
-    return {empty, size, true};
+    return {empty, size, generation_[empty].load(std::memory_order_relaxed)};
 }
 
-bool dmabuf_slots::release(unsigned slot) {
+bool dmabuf_slots::release(unsigned slot, std::uint32_t generation) {
     const std::scoped_lock lock(mutex_);
     buffer& b = table_.at(slot);
-    if (b.adds == 0 || --b.adds != 0)
+    if (b.adds == 0 || generation_[slot].load(std::memory_order_relaxed) != generation)
+        throw_error("dmabuf_cache::forget", EBADF, "the buffer was forgotten already");
+    if (--b.adds != 0)
         return false;
     ::close(b.fd);
     b = {};
     b.closing = true; // not reused until free(): its registrations are still cached
+    generation_[slot].fetch_add(1, std::memory_order_release); // its tokens go stale
     return true;
 }
 
@@ -117,7 +136,7 @@ ibv_mr* dmabuf_registrar::reg(void* addr, std::size_t len, rights granted) {
 
 dmabuf_cache::buffer dmabuf_cache::add(int fd) {
     const auto f = slots_.add(fd);
-    return {std::uint64_t{f.slot} << dmabuf_slots::slot_shift, f.size};
+    return {std::uint64_t{f.slot} << dmabuf_slots::slot_shift, f.size, f.generation};
 }
 
 void dmabuf_cache::forget(buffer b) {
@@ -128,14 +147,17 @@ void dmabuf_cache::forget(buffer b) {
     // (EBADF) rather than registering anew what is being forgotten; and it is
     // reused only once its registrations left the cache, so that another
     // buffer in it can never hit one of them.
-    if (slots_.release(slot)) {
+    if (slots_.release(slot, b.generation)) {
         cache_.invalidate(reinterpret_cast<const void*>(b.base), slot_bytes);
         slots_.free(slot);
     }
 }
 
-const void* dmabuf_cache::address(buffer b, std::uint64_t offset, std::size_t len) {
-    if (b.base == 0 || offset > b.size || len > b.size - offset)
+const void* dmabuf_cache::address(buffer b, std::uint64_t offset, std::size_t len) const {
+    const auto slot = static_cast<unsigned>(b.base >> dmabuf_slots::slot_shift);
+    if (b.base == 0 || (b.base & (slot_bytes - 1)) != 0 || !slots_.current(slot, b.generation))
+        throw_error("dmabuf_cache", EBADF, "a token of a buffer forgotten, or of no buffer");
+    if (offset > b.size || len > b.size - offset)
         throw_error("dmabuf_cache", ERANGE,
                     fmt::format("[{}, +{}) of a {}-byte dma-buf", offset, len, b.size));
     return reinterpret_cast<const void*>(b.base + offset);

@@ -1,9 +1,11 @@
 // dma-buf registrations: the verb, its errors in words, and the devices found
 // without dma-buf MRs (include/rdmax/mem/dmabuf_region.hpp).
 #include <cerrno>
+#include <linux/magic.h>
 #include <mutex>
 #include <string>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <vector>
 
@@ -35,13 +37,24 @@ std::string device_name(ibv_context* ctx) {
     return name != nullptr ? name : "?";
 }
 
-// The size of a dma-buf: its llseek(SEEK_END) answers it; -1 if `fd` cannot.
+// The size of a dma-buf: its llseek(SEEK_END) answers it without moving any
+// offset; -1 if `fd` is no dma-buf (whose offset is then not touched).
 long long buffer_size(int fd) {
-    const off_t end = ::lseek(fd, 0, SEEK_END);
-    if (end < 0)
+    struct statfs fs {};
+    if (::fstatfs(fd, &fs) != 0 || static_cast<unsigned long>(fs.f_type) != DMA_BUF_MAGIC)
         return -1;
-    ::lseek(fd, 0, SEEK_SET);
-    return end;
+    const off_t end = ::lseek(fd, 0, SEEK_END);
+    return end < 0 ? -1 : end;
+}
+
+bool device_refuses_any(const verbs::protection_domain& pd) {
+    ibv_mr* mr =
+        ::ibv_reg_dmabuf_mr(pd.get(), 0, 4096, dmabuf_iova_base, -1, IBV_ACCESS_LOCAL_WRITE);
+    if (mr != nullptr) { // cannot be, with no buffer; give it back all the same
+        ::ibv_dereg_mr(mr);
+        return false;
+    }
+    return errno == EOPNOTSUPP;
 }
 
 std::string refusal_detail(int err, int fd, std::uint64_t offset, std::size_t length,
@@ -92,7 +105,10 @@ ibv_mr* register_dmabuf(const verbs::protection_domain& pd, int fd, std::uint64_
         return mr;
     const int err = errno;
     std::string detail = refusal_detail(err, fd, offset, length, device_name(ctx));
-    if (err == EOPNOTSUPP || err == ENOSYS) {
+    // Remembered only when the device refuses any dma-buf, not this one (an
+    // exporter's memory it cannot map, some rights): asked with no buffer at
+    // all (fd -1), a device with dma-buf MRs says EBADF, one without EOPNOTSUPP.
+    if (err == EOPNOTSUPP && device_refuses_any(pd)) {
         const std::scoped_lock lock(refusals_mutex);
         refusals().push_back({device_name(ctx), ibv_get_device_guid(ctx->device), detail});
     }

@@ -125,6 +125,11 @@ TEST_CASE("a forgotten, closed and freed buffer is never served, not even to its
     const auto c = cache.counters();
     CHECK(c.hits == 0);
     CHECK(c.registrations == 2);
+    // The old token is stale, in the slot its buffer had, and forgetting it
+    // again cannot take the new buffer's place away.
+    CHECK(error_of([&] { (void)cache.local<rights::local_write>(old_b, 0, 4096); }) == EBADF);
+    CHECK(error_of([&] { cache.forget(old_b); }) == EBADF);
+    CHECK(cache.counters().registered_count == 1);
     // Using a forgotten token registers nothing.
     cache.forget(b);
     CHECK(error_of([&] { (void)cache.local<rights::local_write>(b, 0, 4096); }) == EBADF);
@@ -139,7 +144,7 @@ TEST_CASE("a dma-buf cache refuses what it cannot serve, with the reason") {
     CHECK(error_of([&] { (void)cache.local<rights::local_write>(b, 60 * 1024, 8192); }) == ERANGE);
     CHECK(error_of([&] { cache.forget(dmabuf_cache::buffer{12345, 4096}); }) == EINVAL);
     // A forged token that claims more than the buffer has registers nothing.
-    const dmabuf_cache::buffer forged{b.base, 1 << 20};
+    const dmabuf_cache::buffer forged{b.base, 1 << 20, b.generation};
     CHECK(error_of([&] { (void)cache.local<rights::local_write>(forged, 128 * 1024, 4096); }) ==
           ERANGE);
     CHECK(cache.counters().registrations == 0);

@@ -75,13 +75,11 @@ TEST_CASE("a dmabuf_region moves bytes through its views, addressed at its iova"
     CHECK(has_pattern(host.bytes, 12 + 4096));
 }
 
-TEST_CASE("a dmabuf_region over part of a buffer, its fd closed after registering") {
+TEST_CASE("a dmabuf_region over part of a buffer keeps it when all else is closed") {
     loopback lp;
     udmabuf buf(256 * 1024);
     constexpr std::uint64_t at = 2 * 4096 + 100;
     dmabuf_region<all_rights> region(lp.pd, buf.fd, at, 64 * 1024);
-    ::close(buf.fd);
-    buf.fd = -1;
     CHECK(region.offset() == at);
     CHECK(region.remote().addr == dmabuf_iova_base + at);
     registered host(lp.pd, 64 * 1024);
@@ -89,6 +87,22 @@ TEST_CASE("a dmabuf_region over part of a buffer, its fd closed after registerin
     REQUIRE(lp.a.write(host.mr.local(), region.remote(), 0, 1) == status::ok);
     CHECK(wait_send(lp.a).ok());
     CHECK(has_pattern(buf.bytes(at, 64 * 1024), 21));
+
+    // The dma-buf's fd, the memfd and its mapping all gone: only the
+    // registration holds the pages, and they still take and give bytes.
+    ::munmap(buf.cpu, buf.size);
+    buf.cpu = nullptr;
+    ::close(buf.fd);
+    buf.fd = -1;
+    ::close(buf.memfd);
+    buf.memfd = -1;
+    fill_pattern(host.bytes, 22);
+    REQUIRE(lp.a.write(host.mr.local(), region.remote(), 0, 2) == status::ok);
+    CHECK(wait_send(lp.a).ok());
+    registered back(lp.pd, 64 * 1024);
+    REQUIRE(lp.a.read(back.mr.local(), region.remote(), 0, 3) == status::ok);
+    CHECK(wait_send(lp.a).ok());
+    CHECK(has_pattern(back.bytes, 22));
 
     // Moved: the new owner holds it, the old one is empty.
     dmabuf_region<all_rights> moved = std::move(region);

@@ -30,6 +30,7 @@
 // takes to find the buffer's fd.
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -68,15 +69,22 @@ public:
     struct found {
         unsigned slot = 0;
         std::size_t size = 0;
-        bool fresh = false; ///< first add() of this buffer
+        std::uint32_t generation = 0; ///< of the slot, while this buffer has it
     };
-    /// Adds `fd`'s buffer (fstat, dup) or counts one more add() of it. Throws
-    /// EINVAL for what is no dma-buf of 1 byte to 1 TiB, ENOSPC with 255 buffers.
+    /// Adds `fd`'s buffer (dup, then fstatfs/fstat of the dup) or counts one
+    /// more add() of it. Throws EINVAL for what is no dma-buf of 1 byte to
+    /// 1 TiB less a page, ENOSPC with 255 buffers.
     found add(int fd);
-    /// One add() undone; true when it was the last: the slot is then closed
-    /// (its dup too) but not reused until free(slot).
-    bool release(unsigned slot);
+    /// One add() of the buffer of `slot` in `generation` undone (EBADF if the
+    /// slot has moved on: a token forgotten before); true when it was the
+    /// last: the slot is then closed (its dup too), its generation moves on,
+    /// and it is not reused until free(slot).
+    bool release(unsigned slot, std::uint32_t generation);
     void free(unsigned slot);
+    /// Whether a token of `slot` in `generation` is still its buffer's: one load.
+    [[nodiscard]] bool current(unsigned slot, std::uint32_t generation) const noexcept {
+        return slot < slots && generation_[slot].load(std::memory_order_acquire) == generation;
+    }
     /// The fd and size of `slot`'s buffer for a registration: under the mutex
     /// the caller holds through its ibv_reg_dmabuf_mr. -1 when the slot is empty.
     struct use {
@@ -96,6 +104,8 @@ private:
     };
     std::mutex mutex_;
     std::array<buffer, slots> table_{};
+    /// Moves on when a slot's buffer is forgotten: tokens of it go stale.
+    std::array<std::atomic<std::uint32_t>, slots> generation_{};
 };
 
 /// Registers ranges of the cache's space with ibv_reg_dmabuf_mr of the buffer
@@ -122,10 +132,12 @@ public:
     template <class Buffer>
     using held = cache_type::held<Buffer>;
 
-    /// A buffer the cache knows, as add() returned it: a plain token.
+    /// A buffer the cache knows, as add() returned it: a plain token, which
+    /// goes stale (EBADF) at its buffer's last forget().
     struct buffer {
         std::uint64_t base = 0; ///< its offset 0 in the cache's space
         std::size_t size = 0;
+        std::uint32_t generation = 0;
     };
 
     /// Options and knobs (RDMAX_RCACHE_*) as the host cache's; its limits
@@ -143,7 +155,8 @@ public:
     void forget(buffer b);
 
     /// [offset, offset + len) of `b`, registered with at least rights A.
-    /// Throws ERANGE outside the buffer, and as ibv_reg_dmabuf_mr does on a miss.
+    /// Throws ERANGE outside the buffer, EBADF for a stale token, and as
+    /// ibv_reg_dmabuf_mr does on a miss.
     template <rights A>
     [[nodiscard]] held<local_buffer<A>> local(buffer b, std::uint64_t offset, std::size_t len) {
         return cache_.local<A>(address(b, offset, len), len);
@@ -158,7 +171,7 @@ public:
     void flush() { cache_.flush(); }
 
 private:
-    [[nodiscard]] static const void* address(buffer b, std::uint64_t offset, std::size_t len);
+    [[nodiscard]] const void* address(buffer b, std::uint64_t offset, std::size_t len) const;
 
     dmabuf_slots slots_; // before cache_: the registrar points at it
     cache_type cache_;

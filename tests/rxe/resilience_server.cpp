@@ -37,6 +37,7 @@ using namespace rdmax;
 using steady = std::chrono::steady_clock;
 
 volatile std::sig_atomic_t stop_requested = 0;
+bool finish_requested = false; ///< by method 3, not by a signal
 extern "C" void on_term(int /*sig*/) {
     stop_requested = 1;
 }
@@ -145,6 +146,7 @@ int serve(const options& o) {
     // host cannot see them end).
     srv.on(3, [](rpc::request_context& c) {
         c.reply({});
+        finish_requested = true;
         stop_requested = 1;
     });
     std::signal(SIGTERM, on_term);
@@ -161,6 +163,17 @@ int serve(const options& o) {
             write_stats(o, srv, executions, bad_requests);
             next_stats = steady::now() + std::chrono::milliseconds(100);
         }
+    }
+    // The finish call's reply is only posted: a server that ended at once
+    // destroyed its QP before a reply lost on the wire was sent again (seen
+    // after the link-down step on 7.x, whose client then waited in vain).
+    // Serve on until every client has gone, for 10 s at most.
+    const auto linger = steady::now() + std::chrono::seconds(10);
+    while (finish_requested && steady::now() < linger) {
+        const rpc::rpc_counters c = srv.counters();
+        if (c.disconnected >= c.connected)
+            break;
+        (void)srv.wait(std::chrono::milliseconds(20));
     }
     write_stats(o, srv, executions, bad_requests);
     fmt::print("resilience_server: {} executions; {}\n", executions, srv.counters());

@@ -7,15 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fcntl.h>
-#include <linux/udmabuf.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <rdmax/mem/dmabuf_cache.hpp>
+#include <rdmax/mem/udmabuf_provider.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
 
 #include "bench_common.hpp"
@@ -26,42 +22,6 @@ namespace {
 
 constexpr rights reg_rights = rights::local_write | rights::remote_write | rights::remote_read;
 constexpr double ratio_target = 100;
-
-/// A memfd of `bytes` exported as a dma-buf by /dev/udmabuf.
-class udmabuf_of {
-public:
-    explicit udmabuf_of(std::size_t bytes) {
-        memfd_ = ::memfd_create("rdmax-reg-bench", MFD_ALLOW_SEALING | MFD_CLOEXEC);
-        if (memfd_ < 0 || ::ftruncate(memfd_, static_cast<off_t>(bytes)) != 0 ||
-            ::fcntl(memfd_, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
-            fail(fmt::format("memfd of {}: {}", human_bytes(bytes), std::strerror(errno)));
-        const int dev = ::open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
-        if (dev < 0)
-            fail(fmt::format("/dev/udmabuf: {} (a kernel with CONFIG_UDMABUF: the VM's 7.x)",
-                             std::strerror(errno)));
-        udmabuf_create create{};
-        create.memfd = static_cast<__u32>(memfd_);
-        create.flags = UDMABUF_FLAGS_CLOEXEC;
-        create.size = bytes;
-        fd_ = ::ioctl(dev, UDMABUF_CREATE, &create);
-        const int err = errno;
-        ::close(dev);
-        if (fd_ < 0)
-            fail(fmt::format("UDMABUF_CREATE of {}: {}{}", human_bytes(bytes), std::strerror(err),
-                             err == EINVAL ? " (above the module's udmabuf.size_limit_mb?)" : ""));
-    }
-    udmabuf_of(const udmabuf_of&) = delete;
-    udmabuf_of& operator=(const udmabuf_of&) = delete;
-    ~udmabuf_of() {
-        ::close(fd_);
-        ::close(memfd_);
-    }
-    [[nodiscard]] int fd() const noexcept { return fd_; }
-
-private:
-    int memfd_ = -1;
-    int fd_ = -1;
-};
 
 double median_us(const std::vector<std::uint64_t>& a, const std::vector<std::uint64_t>& b,
                  double per_us) {
@@ -118,11 +78,13 @@ struct row {
 row measure(const verbs::protection_domain& pd, const dmabuf_bench_options& opt,
             const mapping& host, std::size_t bytes) {
     row r{bytes, reg_iterations(opt.iterations, bytes), 0, 0, 0, 0};
-    const udmabuf_of buf(bytes);
+    udmabuf_provider provider; // the library's udmabuf exporter, as a test runtime would be
+    const void* mem = provider.allocate(bytes);
+    const int fd = provider.export_range(mem, bytes).fd;
     cycle_rate rate;
     rate.start();
     const reg_cycles host_reg = time_registration(pd, host.data(), bytes, reg_rights, r.iterations);
-    const reg_cycles dma_reg = time_dmabuf_registration(pd, buf.fd(), bytes, r.iterations);
+    const reg_cycles dma_reg = time_dmabuf_registration(pd, fd, bytes, r.iterations);
 
     auto host_cache = make_verbs_cache(pd);
     (void)host_cache.local<reg_rights>(host.data(), bytes); // the miss
@@ -130,7 +92,7 @@ row measure(const verbs::protection_domain& pd, const dmabuf_bench_options& opt,
         return std::uint64_t{host_cache.local<reg_rights>(host.data(), bytes).buffer.lkey};
     });
     dmabuf_cache cache(pd);
-    const auto b = cache.add(buf.fd());
+    const auto b = cache.add(fd);
     (void)cache.local<reg_rights>(b, 0, bytes); // the miss
     const auto dma_hits = time_hits(
         opt, [&] { return std::uint64_t{cache.local<reg_rights>(b, 0, bytes).buffer.lkey}; });

@@ -1,9 +1,7 @@
 // dmabuf_cache's slot table and registrar (include/rdmax/mem/dmabuf_cache.hpp).
 #include <cerrno>
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -23,22 +21,18 @@ constexpr std::uint64_t slot_bytes = std::uint64_t{1} << dmabuf_slots::slot_shif
 // pages, must not reach the next slot (the cache would merge them).
 std::pair<dmabuf_identity, std::size_t> inspect(int fd) {
     constexpr std::string_view verb = "dmabuf_cache::add";
-    struct statfs fs {};
-    if (::fstatfs(fd, &fs) != 0)
-        throw_error(verb, errno, fmt::format("fd {}", fd));
-    if (static_cast<unsigned long>(fs.f_type) != DMA_BUF_MAGIC)
+    const long long end = dmabuf_size(fd);
+    if (end < 0)
         throw_error(verb, EINVAL, fmt::format("fd {} is not a dma-buf", fd));
     struct stat st {};
     if (::fstat(fd, &st) != 0)
         throw_error(verb, errno, fmt::format("fd {}", fd));
-    // A dma-buf answers its size to llseek(SEEK_END) and moves no file offset.
-    const off_t end = ::lseek(fd, 0, SEEK_END);
     const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
     if (end <= 0 || static_cast<std::uint64_t>(end) > slot_bytes - page)
         throw_error(verb, EINVAL,
                     fmt::format("dma-buf fd {} has {} bytes: the cache takes 1 byte to 1 TiB "
                                 "less a page",
-                                fd, static_cast<long long>(end)));
+                                fd, end));
     return {{st.st_dev, st.st_ino}, static_cast<std::size_t>(end)};
 }
 

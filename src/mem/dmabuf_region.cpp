@@ -37,16 +37,6 @@ std::string device_name(ibv_context* ctx) {
     return name != nullptr ? name : "?";
 }
 
-// The size of a dma-buf: its llseek(SEEK_END) answers it without moving any
-// offset; -1 if `fd` is no dma-buf (whose offset is then not touched).
-long long buffer_size(int fd) {
-    struct statfs fs {};
-    if (::fstatfs(fd, &fs) != 0 || static_cast<unsigned long>(fs.f_type) != DMA_BUF_MAGIC)
-        return -1;
-    const off_t end = ::lseek(fd, 0, SEEK_END);
-    return end < 0 ? -1 : end;
-}
-
 bool device_refuses_any(const verbs::protection_domain& pd) {
     ibv_mr* mr =
         ::ibv_reg_dmabuf_mr(pd.get(), 0, 4096, dmabuf_iova_base, -1, IBV_ACCESS_LOCAL_WRITE);
@@ -67,7 +57,7 @@ std::string refusal_detail(int err, int fd, std::uint64_t offset, std::size_t le
                            range, device);
     case EBADF: return fmt::format("{}: fd {} is not open", range, fd);
     case EINVAL: {
-        const long long size = buffer_size(fd);
+        const long long size = dmabuf_size(fd);
         if (size >= 0 && (offset > static_cast<unsigned long long>(size) ||
                           length > static_cast<unsigned long long>(size) - offset))
             return fmt::format("{}: the range is not inside the buffer ({} bytes)", range, size);
@@ -79,6 +69,14 @@ std::string refusal_detail(int err, int fd, std::uint64_t offset, std::size_t le
 }
 
 } // namespace
+
+long long dmabuf_size(int fd) noexcept {
+    struct statfs fs {};
+    if (::fstatfs(fd, &fs) != 0 || static_cast<unsigned long>(fs.f_type) != DMA_BUF_MAGIC)
+        return -1;
+    const off_t end = ::lseek(fd, 0, SEEK_END);
+    return end < 0 ? -1 : end;
+}
 
 std::optional<std::string> dmabuf_unsupported(ibv_context* ctx) {
     const std::string name = device_name(ctx);

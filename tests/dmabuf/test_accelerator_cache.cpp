@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "../support/error_of.hpp"
 #include "../support/loopback.hpp"
 
 using namespace rdmax;
@@ -21,15 +22,6 @@ void write_to(loopback& lp, accelerator_cache<udmabuf_provider>& cache, const vo
     auto remote = cache.remote<rw>(dst, n);
     REQUIRE(lp.a.write(src.mr.local(), remote.buffer, 0, seed) == status::ok);
     CHECK(wait_send(lp.a).ok());
-}
-
-int error_of(auto&& f) {
-    try {
-        f();
-    } catch (const rdmax::error& e) {
-        return e.code().value();
-    }
-    return 0;
 }
 
 } // namespace

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../support/error_of.hpp"
 #include "../support/loopback.hpp"
 #include "../support/udmabuf.hpp"
 
@@ -26,15 +27,6 @@ void write_into(loopback& lp, dmabuf_cache& cache, dmabuf_cache::buffer b, std::
     auto dst = cache.remote<rw>(b, at, n);
     REQUIRE(lp.a.write(src.mr.local(), dst.buffer, 0, seed) == status::ok);
     CHECK(wait_send(lp.a).ok());
-}
-
-int error_of(auto&& f) {
-    try {
-        f();
-    } catch (const rdmax::error& e) {
-        return e.code().value();
-    }
-    return 0;
 }
 
 } // namespace

@@ -118,7 +118,7 @@ public:
         , slots_(&slots) {}
     [[nodiscard]] handle reg(void* addr, std::size_t len, rights granted);
     void dereg(handle h) noexcept { ibv_dereg_mr(h); }
-    [[nodiscard]] static mr_keys keys(handle h) noexcept { return {h->lkey, h->rkey}; }
+    [[nodiscard]] static mr_keys keys(handle h) noexcept { return verbs_registrar::keys(h); }
 
 private:
     const verbs::protection_domain* pd_;

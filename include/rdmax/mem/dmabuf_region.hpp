@@ -19,7 +19,7 @@
 //
 // A device without dma-buf MRs (a provider or driver without reg_dmabuf_mr)
 // is found out by its first refusal and refused from then on without asking
-// it again, with that reason (dmabuf_supported()).
+// it again, with that reason (dmabuf_unsupported()).
 
 #include <algorithm>
 #include <cstddef>
@@ -45,6 +45,10 @@ inline constexpr std::uint64_t dmabuf_iova_base = std::uint64_t{1} << 48;
 [[nodiscard]] ibv_mr* register_dmabuf(const verbs::protection_domain& pd, int fd,
                                       std::uint64_t offset, std::size_t length, std::uint64_t iova,
                                       rights granted);
+
+/// The size of the dma-buf `fd` (its llseek(SEEK_END), which moves no
+/// offset); -1 when `fd` is no dma-buf (its file system is not dma-buf's).
+[[nodiscard]] long long dmabuf_size(int fd) noexcept;
 
 /// nullopt when `ctx`'s device registered a dma-buf before or was not asked
 /// yet; else why it cannot (its first refusal, said once per device).

@@ -430,12 +430,14 @@ TEST_CASE("a call past its deadline ends timed_out; its slot is free at once, th
 TEST_CASE("a call's own timeout overrides call_timeout, and time short of it does nothing",
           "[rpc-protocol][deadline]") {
     rig r;
+    // On virtual time: the deadlines are exact, and moving them earlier by
+    // the timeout ends the call at once, whatever the real clocks read.
+    inside::use_clock(*r.cli, &virtual_clock);
     REQUIRE(r.start(echo, "a", {.timeout = 2000us}) == call_status::ok);
     REQUIRE(r.start(echo, "b") == call_status::ok); // 10 s
     inside::advance(*r.cli, 1ms);
     CHECK(r.results().empty());
-    // Past it (the deadline's slack, the coarse clock's lag, included).
-    inside::advance(*r.cli, 2ms + sched::coarse_clock::resolution());
+    inside::advance(*r.cli, 1ms);
     auto got = r.results();
     REQUIRE(got.size() == 1);
     CHECK(got[0].status == call_status::timed_out);
@@ -447,14 +449,21 @@ TEST_CASE("a call's own timeout overrides call_timeout, and time short of it doe
     CHECK(r.cli->counters().late_replies == 1);
 }
 
-TEST_CASE("a deadline by the real coarse clock", "[rpc-protocol][deadline]") {
+TEST_CASE("a deadline by the real clocks: never early, ended once the coarse clock passes it",
+          "[rpc-protocol][deadline]") {
     rig r;
-    const auto t0 = sched::coarse_clock::now();
+    const auto t0 = std::chrono::steady_clock::now(); // CLOCK_MONOTONIC
     REQUIRE(r.start(echo, "a", {.timeout = 1000us}) == call_status::ok);
-    // Waits for the clock itself (one jiffy or so), bounded: no sleep.
+    // Waits for the clocks themselves (a jiffy or so), bounded: no sleep.
+    // Until 1 ms has passed the call is alive, whatever the coarse clock's lag.
     const auto give_up = std::chrono::steady_clock::now() + 2s;
-    // The deadline has a jiffy of slack (the clock's lag): never early.
-    const auto due = t0 + 1ms + sched::coarse_clock::resolution();
+    while (std::chrono::steady_clock::now() < t0 + 1ms) {
+        inside::housekeep_next_poll(*r.cli);
+        REQUIRE(r.results().empty());
+    }
+    // The coarse clock reaches the deadline (it counts from the precise
+    // start, on the same time line) a tick later at most.
+    const auto due = sched::coarse_clock::time_point(t0.time_since_epoch()) + 1ms;
     while (sched::coarse_clock::now() <= due && std::chrono::steady_clock::now() < give_up)
         std::this_thread::yield();
     REQUIRE(sched::coarse_clock::now() > due);

@@ -39,6 +39,8 @@ std::string_view status_name(rpc::call_status s) noexcept {
     case call_status::invalid_method: return "invalid_method";
     case call_status::registration_failed: return "registration_failed";
     case call_status::cancelled: return "cancelled";
+    case call_status::dmabuf_unreachable: return "dmabuf_unreachable";
+    case call_status::bad_options: return "bad_options";
     }
     return "unknown";
 }

@@ -97,19 +97,43 @@ sched::coarse_clock::time_point client::deadline_of(const call_options& o) const
 
 call_status client::expose_call(peer& l, std::uint32_t slot, const call_options& o,
                                 outgoing& call) noexcept {
-    const std::size_t descriptors = o.reply_into.empty() ? 0 : 1;
+    const bool dev_body = !o.body_dmabuf.empty();
+    const bool dev_reply = !o.reply_dmabuf.empty();
+    // A body in one place, a reply buffer in one place (the device's link
+    // checks each range's cache).
+    if ((dev_body && !call.request.empty()) || (dev_reply && !o.reply_into.empty()))
+        return call_status::bad_options;
+    const std::size_t descriptors = o.reply_into.empty() && !dev_reply ? 0 : 1;
     const std::size_t room =
         l.wire->slot_bytes() - sizeof(message_header) - descriptors * sizeof(buffer_descriptor);
-    call.external = call.request.size() > room;
-    if (call.request.size() > opts_.max_message ||
-        (call.external && room < sizeof(buffer_descriptor)))
+    // A dma-buf body is read by the peer at any size: the CPU never copies it
+    // into the slot.
+    call.external = dev_body || call.request.size() > room;
+    const std::size_t body_bytes = dev_body ? o.body_dmabuf.length : call.request.size();
+    if (body_bytes > opts_.max_message || (call.external && room < sizeof(buffer_descriptor)))
         return call_status::too_large;
     // Bodies and reply buffers over a slot: registered through the cache (a
     // registration the first time, nanoseconds after), and shown to the peer
     // through windows over exactly their bytes where the link has them.
     const std::span<const std::byte> body =
-        call.external ? call.request : std::span<const std::byte>{};
-    switch (l.wire->grant_access(slot, body, o.reply_into, call.body_key, call.reply_key)) {
+        call.external && !dev_body ? call.request : std::span<const std::byte>{};
+    detail::access granted = detail::access::ok;
+    if (dev_body || dev_reply) {
+        granted = l.wire->grant_dmabuf_access(slot,
+                                              {.body = body,
+                                               .reply = o.reply_into,
+                                               .dev_body = dev_body ? &o.body_dmabuf : nullptr,
+                                               .dev_reply = dev_reply ? &o.reply_dmabuf : nullptr},
+                                              call.body, call.reply);
+    } else {
+        call.body = {reinterpret_cast<std::uint64_t>(body.data()), 0,
+                     static_cast<std::uint32_t>(body.size())};
+        call.reply = {
+            reinterpret_cast<std::uint64_t>(o.reply_into.data()), 0,
+            static_cast<std::uint32_t>(std::min<std::size_t>(o.reply_into.size(), UINT32_MAX))};
+        granted = l.wire->grant_access(slot, body, o.reply_into, call.body.rkey, call.reply.rkey);
+    }
+    switch (granted) {
     case detail::access::ok: return call_status::ok;
     case detail::access::owed:
         // Taken last from now on: the next start() tries the other free slots.
@@ -118,6 +142,8 @@ call_status client::expose_call(peer& l, std::uint32_t slot, const call_options&
         return call_status::no_credit;
     case detail::access::no_room: ++ep_.counters.no_credit; return call_status::no_credit;
     case detail::access::registration_failed: return call_status::registration_failed;
+    case detail::access::unreachable: return call_status::dmabuf_unreachable;
+    case detail::access::foreign: return call_status::bad_options;
     }
     return call_status::registration_failed;
 }
@@ -129,7 +155,8 @@ std::uint32_t client::encode_request(peer& l, std::uint32_t slot, std::uint16_t 
     header.call_seq = call_seq;
     header.method = method;
     header.priority = std::min<std::uint8_t>(o.priority.level, sched::priority_levels - 1);
-    header.body_bytes = static_cast<std::uint32_t>(call.request.size());
+    header.body_bytes =
+        call.external ? call.body.length : static_cast<std::uint32_t>(call.request.size());
     header.call_id = call.call_id;
     header.flags = call.flags;
     std::byte* out = l.wire->staging(slot);
@@ -140,14 +167,14 @@ std::uint32_t client::encode_request(peer& l, std::uint32_t slot, std::uint16_t 
     };
     if (call.external) {
         header.flags |= flag_external_body;
-        put({reinterpret_cast<std::uint64_t>(call.request.data()), call.body_key,
-             static_cast<std::uint32_t>(call.request.size())});
+        put(call.body);
         ++ep_.counters.external_bodies;
     }
-    if (!o.reply_into.empty()) {
+    if (call.reply.length != 0) {
         header.flags |= flag_reply_buffer;
-        put({reinterpret_cast<std::uint64_t>(o.reply_into.data()), call.reply_key,
-             static_cast<std::uint32_t>(std::min<std::size_t>(o.reply_into.size(), UINT32_MAX))});
+        if (!o.reply_dmabuf.empty())
+            header.flags |= flag_reply_in_buffer;
+        put(call.reply);
     }
     if (!call.external && !call.request.empty()) {
         std::memcpy(out + at, call.request.data(), call.request.size());
@@ -193,6 +220,9 @@ void client::track_call(peer& l, std::uint32_t slot, std::uint16_t method, const
     ss.call_id = call.call_id;
     ss.cookie = o.cookie;
     ss.reply_into = o.reply_into;
+    ss.body_dmabuf = o.body_dmabuf;
+    ss.reply_dmabuf = o.reply_dmabuf;
+    ss.dmabuf_reply_bytes = 0;
     ss.deadline = deadline;
     ++l.in_flight;
     ++in_flight_;

@@ -102,9 +102,13 @@ void client::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
         return;
     }
     parsed_reply reply;
+    const bool to_dmabuf = !ss.reply_dmabuf.empty();
     const auto offered =
-        static_cast<std::uint32_t>(std::min<std::size_t>(ss.reply_into.size(), UINT32_MAX));
-    if (const violation v = parse_reply(l.wire->inbound(f.slot, f.bytes), offered, reply);
+        to_dmabuf
+            ? ss.reply_dmabuf.length
+            : static_cast<std::uint32_t>(std::min<std::size_t>(ss.reply_into.size(), UINT32_MAX));
+    if (const violation v =
+            parse_reply(l.wire->inbound(f.slot, f.bytes), offered, reply, to_dmabuf);
         v != violation::none) {
         ep_.counters.count(v);
         fail_link(l, index);
@@ -113,7 +117,14 @@ void client::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
     ep_.counters.bytes_in += f.bytes;
     std::span<const std::byte> body = reply.inline_body;
     if ((reply.header.flags & flag_external_reply) != 0) {
-        body = {ss.reply_into.data(), reply.header.body_bytes};
+        // Into the caller's buffer: host memory it reads, or a dma-buf whose
+        // bytes it is told the count of (no span: the CPU may not reach it).
+        if (to_dmabuf) {
+            body = {};
+            ss.dmabuf_reply_bytes = reply.header.body_bytes;
+        } else {
+            body = {ss.reply_into.data(), reply.header.body_bytes};
+        }
         ++ep_.counters.external_replies;
     }
     finish(l, index, f.slot, static_cast<call_status>(reply.header.status), body);
@@ -192,7 +203,7 @@ void client::push_done(peer& l, std::uint32_t index, std::uint32_t slot, call_st
         ++ep_.counters.failed;
     if (st == call_status::unknown_outcome)
         ++ep_.counters.unknown_outcomes;
-    push_result({ss.cookie, session_id(l.session), st, reply},
+    push_result({ss.cookie, session_id(l.session), st, reply, ss.dmabuf_reply_bytes},
                 {index, slot, ss.seq, true, ss.call_id});
 }
 

@@ -73,6 +73,8 @@ bool client::requeue(peer& l, std::uint32_t slot, std::deque<waiting_call>& into
     c.method = ss.method;
     c.o.priority = sched::priority{ss.priority};
     c.o.reply_into = ss.reply_into;
+    c.o.body_dmabuf = ss.body_dmabuf;
+    c.o.reply_dmabuf = ss.reply_dmabuf;
     c.o.cookie = ss.cookie;
     c.o.idempotent = (ss.flags & flag_idempotent) != 0;
     c.deadline = ss.deadline;
@@ -139,8 +141,9 @@ call_status client::wait_for_link(std::uint32_t s, std::uint16_t method,
     c.o = o;
     c.deadline = deadline_of(o);
     try {
-        const std::size_t room = ss.slot_bytes - sizeof(message_header) -
-                                 (o.reply_into.empty() ? 0 : sizeof(buffer_descriptor));
+        const std::size_t room =
+            ss.slot_bytes - sizeof(message_header) -
+            (o.reply_into.empty() && o.reply_dmabuf.empty() ? 0 : sizeof(buffer_descriptor));
         if (request.size() > room)
             c.external = request; // the caller keeps it until the call ends, as always
         else

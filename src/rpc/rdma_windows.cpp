@@ -32,8 +32,32 @@ ibv_mw* alloc_window(ibv_pd* pd) noexcept {
 access rdma_link::grant_access(std::uint32_t slot, std::span<const std::byte> body,
                                std::span<std::byte> reply, std::uint32_t& body_key,
                                std::uint32_t& reply_key) noexcept {
-    body_key = 0;
-    reply_key = 0;
+    buffer_descriptor b;
+    buffer_descriptor r;
+    const access x = grant_call(slot, call_ranges{.body = body, .reply = reply}, b, r);
+    body_key = b.rkey;
+    reply_key = r.rkey;
+    return x;
+}
+
+access rdma_link::grant_dmabuf_access(std::uint32_t slot, const call_ranges& r,
+                                      buffer_descriptor& body, buffer_descriptor& reply) noexcept {
+    body = {};
+    reply = {};
+    // A registration in another protection domain is no use on this queue
+    // pair: the peer's READ would fail the connection, not the call.
+    if (!conn_)
+        return access::no_room;
+    for (const dmabuf_range* d : {r.dev_body, r.dev_reply})
+        if (d != nullptr && (d->cache == nullptr || d->cache->pd().get() != conn_->qp().get()->pd))
+            return access::foreign;
+    return grant_call(slot, r, body, reply);
+}
+
+access rdma_link::grant_call(std::uint32_t slot, const call_ranges& r, buffer_descriptor& body,
+                             buffer_descriptor& reply) noexcept {
+    body = {};
+    reply = {};
     if (slot >= calls_.size())
         return access::no_room; // not a client's link
     call_access& a = calls_[slot];
@@ -41,65 +65,92 @@ access rdma_link::grant_access(std::uint32_t slot, std::span<const std::byte> bo
     // The previous call's windows: an invalidation the send queue had no
     // room for is still owed (the window stays bound, its registration held):
     // not bound again, nor the registration released, before it is posted.
-    if (windows && (a.body || a.reply) && !settled(2 * slot, 2))
+    if (windows && (a.body || a.reply || a.dev_body || a.dev_reply) && !settled(2 * slot, 2))
         return access::owed;
-    a.body.reset(); // the previous call's, kept until now (its windows are revoked)
-    a.reply.reset();
-    if (body.empty() && reply.empty())
+    a.release(); // the previous call's, kept until now (its windows are revoked)
+    // Where the peer finds each in its key's space: a host buffer at its
+    // address, a dma-buf range at its iova in the cache's space.
+    if (r.dev_body != nullptr)
+        body = {dmabuf_cache::iova(r.dev_body->buffer, r.dev_body->offset), 0, r.dev_body->length};
+    else if (!r.body.empty())
+        body = {reinterpret_cast<std::uint64_t>(r.body.data()), 0,
+                static_cast<std::uint32_t>(r.body.size())};
+    if (r.dev_reply != nullptr)
+        reply = {dmabuf_cache::iova(r.dev_reply->buffer, r.dev_reply->offset), 0,
+                 r.dev_reply->length};
+    else if (!r.reply.empty())
+        reply = {reinterpret_cast<std::uint64_t>(r.reply.data()), 0,
+                 static_cast<std::uint32_t>(std::min<std::size_t>(r.reply.size(), UINT32_MAX))};
+    if (body.length == 0 && reply.length == 0)
         return access::ok;
-    if (!register_call(a, body, reply, windows))
+    if (!register_call(a, r, windows))
         return access::registration_failed;
-    if (!windows) {
-        body_key = a.body ? a.body.rkey() : 0;
-        reply_key = a.reply ? a.reply.rkey() : 0;
+    // dma-buf ranges by their registrations' keys (no window can be bound
+    // over one: call_access); host memory through windows where there are.
+    if (a.dev_body)
+        body.rkey = a.dev_body.rkey();
+    if (a.dev_reply)
+        reply.rkey = a.dev_reply.rkey();
+    if (!windows || (!a.body && !a.reply)) {
+        if (a.body)
+            body.rkey = a.body.rkey();
+        if (a.reply)
+            reply.rkey = a.reply.rkey();
         return access::ok;
     }
-    return bind_call(slot, a, body, reply, body_key, reply_key) ? access::ok : access::no_room;
+    return bind_call(slot, a, body, reply) ? access::ok : access::no_room;
 }
 
-bool rdma_link::register_call(call_access& a, std::span<const std::byte> body,
-                              std::span<std::byte> reply, bool windows) noexcept {
+bool rdma_link::register_call(call_access& a, const call_ranges& r, bool windows) noexcept {
     constexpr rights read_bind = rights::remote_read | rights::mw_bind;
     constexpr rights write_bind = rights::local_write | rights::remote_write | rights::mw_bind;
     try {
-        verbs_cache& cache = memory_.cache(memory_.owner);
-        if (!body.empty())
-            a.body = windows ? cache.get<read_bind>(body.data(), body.size())
-                             : cache.get<rights::remote_read>(body.data(), body.size());
-        if (!reply.empty())
-            a.reply = windows ? cache.get<write_bind>(reply.data(), reply.size())
-                              : cache.get<rights::remote_write>(reply.data(), reply.size());
+        if (!r.body.empty() || !r.reply.empty()) {
+            verbs_cache& cache = memory_.cache(memory_.owner);
+            if (!r.body.empty())
+                a.body = windows ? cache.get<read_bind>(r.body.data(), r.body.size())
+                                 : cache.get<rights::remote_read>(r.body.data(), r.body.size());
+            if (!r.reply.empty())
+                a.reply = windows ? cache.get<write_bind>(r.reply.data(), r.reply.size())
+                                  : cache.get<rights::remote_write>(r.reply.data(), r.reply.size());
+        }
+        // A dma-buf range: its cache registers it once (ibv_reg_dmabuf_mr),
+        // later calls hit; a stale buffer token or a range outside the
+        // buffer throws, as a refused registration does.
+        if (const dmabuf_range* d = r.dev_body) {
+            a.dev_body = d->cache->get<rights::remote_read>(d->buffer, d->offset, d->length);
+            a.dev_body_range = *d;
+        }
+        if (const dmabuf_range* d = r.dev_reply) {
+            a.dev_reply = d->cache->get<rights::remote_write>(d->buffer, d->offset, d->length);
+            a.dev_reply_range = *d;
+        }
         return true;
     } catch (...) {
         // Memory the device cannot pin (or a registration limit): not a size.
-        a.body.reset();
-        a.reply.reset();
+        a.release();
         return false;
     }
 }
 
-bool rdma_link::bind_call(std::uint32_t slot, call_access& a, std::span<const std::byte> body,
-                          std::span<std::byte> reply, std::uint32_t& body_key,
-                          std::uint32_t& reply_key) noexcept {
+bool rdma_link::bind_call(std::uint32_t slot, call_access& a, buffer_descriptor& body,
+                          buffer_descriptor& reply) noexcept {
     exposure e[2];
     std::size_t n = 0;
     if (a.body)
-        e[n++] = {2 * slot, a.body.registration(), reinterpret_cast<std::uint64_t>(body.data()),
-                  body.size(), rights::remote_read};
+        e[n++] = {2 * slot, a.body.registration(), body.addr, body.length, rights::remote_read};
     if (a.reply)
-        e[n++] = {2 * slot + 1, a.reply.registration(),
-                  reinterpret_cast<std::uint64_t>(reply.data()), reply.size(),
+        e[n++] = {2 * slot + 1, a.reply.registration(), reply.addr, reply.length,
                   rights::remote_write};
     if (!expose(std::span(e, n))) {
         // The send queue is full (or failed): nothing goes out unfenced.
-        a.body.reset();
-        a.reply.reset();
+        a.release();
         windows_lost();
         return false;
     }
     a.windows = true;
     for (std::size_t i = 0; i < n; ++i)
-        (e[i].window == 2 * slot ? body_key : reply_key) = e[i].rkey;
+        (e[i].window == 2 * slot ? body : reply).rkey = e[i].rkey;
     return true;
 }
 
@@ -122,8 +173,7 @@ bool rdma_link::end_access(std::uint32_t slot, access_end how) noexcept {
         if (!a.windows) {
             // Registrations' own keys (no windows): nothing to revoke; the
             // registration goes back to the cache.
-            a.body.reset();
-            a.reply.reset();
+            a.release();
             return true;
         }
         // Queued; the registrations are held until the slot's next call.
@@ -141,8 +191,13 @@ bool rdma_link::end_access(std::uint32_t slot, access_end how) noexcept {
             --fencing_calls_;
         a.windows = false;
         a.fencing = false;
-        a.body.reset();
-        a.reply.reset();
+        // A call given up: the server may still write its reply, and dma-buf
+        // ranges have no window to revoke, so their registrations go (their
+        // keys die with them; one another call holds goes when it lets go).
+        if (how == access_end::abandon)
+            a.revoke_dmabufs_and_release();
+        else
+            a.release();
         return true;
     }
     return true;
@@ -324,8 +379,7 @@ int rdma_link::take_fenced(std::span<link_event> out) noexcept {
         a.fencing = false;
         --fencing_calls_;
         // Its windows are dead: the registrations may go.
-        a.body.reset();
-        a.reply.reset();
+        a.release();
         out[static_cast<std::size_t>(n++)] = link_event::of_fenced(slot);
     };
     std::size_t taken = 0;

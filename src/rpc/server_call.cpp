@@ -24,9 +24,10 @@ bool handler_status(call_status s) noexcept {
 std::size_t request_context::reply_capacity() const noexcept {
     const server::peer* l = srv_->ep_.find(peer_);
     std::size_t most = space_.size();
-    if (l != nullptr && l->slots[slot_].reply_buffer)
-        most = std::max<std::size_t>(most, l->slots[slot_].reply_buffer->length);
-    return most;
+    if (l == nullptr || !l->slots[slot_].reply_buffer)
+        return most;
+    const std::size_t buffer = l->slots[slot_].reply_buffer->length;
+    return l->slots[slot_].reply_in_buffer ? buffer : std::max(most, buffer);
 }
 
 void request_context::reply(std::span<const std::byte> bytes) noexcept {
@@ -264,6 +265,7 @@ void server::accept_request(peer& l, std::uint32_t slot, bool epoch, std::uint32
     ss.prio = request.header.priority;
     ss.method = request.header.method;
     ss.reply_buffer = request.reply_buffer;
+    ss.reply_in_buffer = (request.header.flags & flag_reply_in_buffer) != 0;
     ss.call_id = request.header.call_id;
     ss.idempotent = (request.header.flags & flag_idempotent) != 0;
     ss.ran = false;
@@ -403,7 +405,9 @@ void server::answer(peer& l, std::uint32_t index, std::uint32_t slot, call_statu
     std::byte* out = l.wire->staging(slot);
     const std::size_t room = l.wire->slot_bytes() - sizeof(message_header);
     std::uint32_t bytes = sizeof(message_header);
-    if (body.size() <= room) {
+    // Inline if it fits, unless the caller wants every body in its buffer
+    // (memory its CPU does not touch: a dma-buf).
+    if (body.size() <= room && (body.empty() || !ss.reply_in_buffer)) {
         if (!in_place && !body.empty())
             std::memmove(out + sizeof(message_header), body.data(), body.size());
         h.body_bytes = static_cast<std::uint32_t>(body.size());

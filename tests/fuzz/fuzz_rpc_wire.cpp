@@ -66,6 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (req.reply_buffer)
             require(req.reply_buffer->length != 0 &&
                     req.reply_buffer->addr <= UINT64_MAX - req.reply_buffer->length);
+        else
+            require((req.header.flags & flag_reply_in_buffer) == 0);
     }
     const std::uint32_t offered = imm & 0xfffffU;
     parsed_reply rep;
@@ -77,5 +79,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         else
             require(rep.inline_body.size() == rep.header.body_bytes);
     }
+    // A call that wanted every body in its buffer (a dma-buf): never an inline one.
+    if (parse_reply(written, offered, rep, true) == violation::none)
+        require(rep.inline_body.empty());
     return 0;
 }

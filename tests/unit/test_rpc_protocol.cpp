@@ -1282,6 +1282,69 @@ TEST_CASE("a request body the server cannot READ", "[rpc-protocol][external]") {
     }
 }
 
+TEST_CASE("server: a caller that wants every reply in its buffer (a dma-buf) gets even a "
+          "small one written there, never inline; reply_capacity is the buffer's",
+          "[rpc-protocol][external][dmabuf]") {
+    server_alone t;
+    std::size_t capacity = 0;
+    t.srv->on(silent, [&capacity](rpc::request_context& c) {
+        capacity = c.reply_capacity();
+        c.reply(bytes_of("tiny"));
+    });
+    request_spec r;
+    r.method = silent;
+    r.body = "q";
+    r.extra_flags = rpc::flag_reply_in_buffer;
+    r.reply_buffer = rpc::buffer_descriptor{0x7000, 5, 64};
+    t.send(*t.a, 0, r);
+    CHECK(capacity == 64);
+    CHECK(t.a->writes_started == 1);
+    REQUIRE(t.a->outbox.size() == 2); // the WRITE of the body, then the reply
+    CHECK(t.a->outbox.front().kind == test::fake_message::what::body);
+    CHECK(t.a->outbox.front().bytes.size() == 4);
+    const seen reply = look(t.a->outbox.back());
+    CHECK((reply.header.flags & rpc::flag_external_reply) != 0);
+    CHECK(reply.header.body_bytes == 4);
+    CHECK(reply.body.empty());
+}
+
+TEST_CASE("server: flag_reply_in_buffer without a reply buffer is malformed",
+          "[rpc-protocol][reject][dmabuf]") {
+    server_alone t;
+    request_spec r;
+    r.body = "payload";
+    r.extra_flags = rpc::flag_reply_in_buffer;
+    t.send(*t.a, 2, r);
+    CHECK(rejections(t.srv->counters()) == only(&rpc::rpc_counters::rejected_malformed));
+    CHECK(t.handled == 0);
+}
+
+TEST_CASE("client: dma-buf memory on a link that cannot reach it without the CPU is refused "
+          "dmabuf_unreachable; contradicting options bad_options; nothing is sent",
+          "[rpc-protocol][dmabuf]") {
+    const fake_path path = GENERATE(fake_path::device, fake_path::node_local);
+    rig r(path);
+    // The fake links (as node-local and TCP) reach host memory only; the
+    // range's cache is never touched on the way to the refusal.
+    const rpc::dmabuf_range range{.cache = nullptr, .offset = 0, .length = 4096};
+    std::vector<std::byte> into(4096);
+    CHECK(r.start(echo, "", {.body_dmabuf = range}) == call_status::dmabuf_unreachable);
+    CHECK(r.start(echo, "x", {.reply_dmabuf = range}) == call_status::dmabuf_unreachable);
+    CHECK(r.start(echo, "x", {.body_dmabuf = range}) == call_status::bad_options);
+    CHECK(r.start(echo, "", {.reply_into = into, .reply_dmabuf = range}) ==
+          call_status::bad_options);
+    CHECK(r.c->outbox.empty());
+    CHECK(r.cli->in_flight() == 0);
+    CHECK(r.cli->counters().calls == 0);
+    CHECK(r.cli->counters().bytes_out == 0);
+    // The slot is free for the next call.
+    REQUIRE(r.start(echo, "next") == call_status::ok);
+    r.pump();
+    const auto got = r.results();
+    REQUIRE(got.size() == 1);
+    CHECK(text(got[0].reply) == "next");
+}
+
 TEST_CASE("server: a request body over max_message is answered request_too_large, unread",
           "[rpc-protocol][external]") {
     server_alone t;

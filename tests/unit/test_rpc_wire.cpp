@@ -153,7 +153,7 @@ TEST_CASE("parse_request takes inline bodies, descriptors, and nothing inconsist
         message m(request(1, 0, flag_epoch));
         REQUIRE(parse_request(m.bytes, pr) == violation::none);
         CHECK((pr.header.flags & flag_epoch) != 0);
-        message unknown(request(1, 0, 64)); // a flag no version has
+        message unknown(request(1, 0, 128)); // a flag no version has
         CHECK(parse_request(unknown.bytes, pr) == violation::malformed);
     }
     SECTION("empty body") {
@@ -170,6 +170,14 @@ TEST_CASE("parse_request takes inline bodies, descriptors, and nothing inconsist
         REQUIRE(pr.reply_buffer);
         CHECK(pr.reply_buffer->length == 65536);
         CHECK(pr.inline_body.empty());
+    }
+    SECTION("every reply into the buffer: only with a reply buffer") {
+        message m(request(2, 0, flag_reply_buffer | flag_reply_in_buffer));
+        m.add(buffer_descriptor{0x900000, 10, 64});
+        REQUIRE(parse_request(m.bytes, pr) == violation::none);
+        CHECK((pr.header.flags & flag_reply_in_buffer) != 0);
+        message alone(request(2, 0, flag_reply_in_buffer));
+        CHECK(parse_request(alone.bytes, pr) == violation::malformed);
     }
     SECTION("a length that disagrees with the body") {
         message m(request(5, 11));
@@ -226,6 +234,13 @@ TEST_CASE("parse_reply: inline, external within what was offered, server statuse
     CHECK(parse_reply(message(h).bytes, 100000, pr) == violation::none);
     CHECK(parse_reply(message(h).bytes, 99999, pr) == violation::malformed); // over the offer
     CHECK(parse_reply(message(h).bytes, 0, pr) == violation::malformed);     // nothing offered
+
+    // A call that wanted every body in its buffer: an inline one is malformed,
+    // an empty one or one in the buffer is not.
+    CHECK(parse_reply(ok.bytes, 64, pr, true) == violation::malformed);
+    CHECK(parse_reply(message(h).bytes, 100000, pr, true) == violation::none);
+    message_header empty;
+    CHECK(parse_reply(message(empty).bytes, 64, pr, true) == violation::none);
 
     h = {};
     h.status = static_cast<std::uint32_t>(call_status::timed_out); // the client's to say

@@ -144,7 +144,8 @@ public:
     /// count this cache's dma-buf registrations and bytes (none by default).
     explicit dmabuf_cache(const verbs::protection_domain& pd,
                           rcache_options opt = rcache_options{}.with_env())
-        : cache_(dmabuf_registrar(pd, slots_), manual_monitor{}, opt) {}
+        : pd_(&pd)
+        , cache_(dmabuf_registrar(pd, slots_), manual_monitor{}, opt) {}
 
     /// Makes `fd`'s dma-buf known (the caller keeps its fd and may close it:
     /// the cache holds a dup). The same buffer added again, through any fd,
@@ -165,7 +166,24 @@ public:
     [[nodiscard]] held<remote_buffer<A>> remote(buffer b, std::uint64_t offset, std::size_t len) {
         return cache_.remote<A>(address(b, offset, len), len);
     }
+    /// The registration itself (what a memory window over the range is bound
+    /// to), throwing as local() does; the range's iova is `iova(b, offset)`.
+    using handle = cache_type::handle;
+    template <rights A>
+    [[nodiscard]] handle get(buffer b, std::uint64_t offset, std::size_t len) {
+        return cache_.get<A>(address(b, offset, len), len);
+    }
+    /// Where [offset, ...) of `b` is in the MRs' address space (their iova).
+    [[nodiscard]] static std::uint64_t iova(buffer b, std::uint64_t offset) noexcept {
+        return b.base + offset;
+    }
+    /// The protection domain the registrations are in.
+    [[nodiscard]] const verbs::protection_domain& pd() const noexcept { return *pd_; }
 
+    /// Forgets the registrations overlapping [offset, offset + len) of `b`:
+    /// idle ones are deregistered now (their keys die), ones in use when their
+    /// last handle goes. Nothing for a stale token (its buffer's are gone).
+    void invalidate(buffer b, std::uint64_t offset, std::size_t len) noexcept;
     [[nodiscard]] rcache_counters counters() const noexcept { return cache_.counters(); }
     /// Deregisters every idle registration.
     void flush() { cache_.flush(); }
@@ -173,6 +191,7 @@ public:
 private:
     [[nodiscard]] const void* address(buffer b, std::uint64_t offset, std::size_t len) const;
 
+    const verbs::protection_domain* pd_;
     dmabuf_slots slots_; // before cache_: the registrar points at it
     cache_type cache_;
 };

@@ -41,6 +41,14 @@ enum class [[nodiscard]] call_status : std::uint32_t {
     /// comes, is dropped, and its buffers are fenced from the peer as a
     /// timed-out call's are.
     cancelled = 24,
+    /// The call names dma-buf memory (call_options::body_dmabuf, reply_dmabuf)
+    /// and its connection is node-local or TCP, which could only move those
+    /// bytes with the CPU: refused, nothing registered or sent.
+    dmabuf_unreachable = 25,
+    /// call_options that contradict themselves: a dma-buf body beside a
+    /// request in host memory, reply_dmabuf beside reply_into, a dma-buf range
+    /// without its cache or whose cache is in another protection domain.
+    bad_options = 26,
 };
 
 [[nodiscard]] constexpr std::string_view to_string(call_status s) noexcept {
@@ -64,6 +72,13 @@ enum class [[nodiscard]] call_status : std::uint32_t {
     case call_status::registration_failed:
         return "a buffer of the call could not be registered for the peer";
     case call_status::cancelled: return "the caller cancelled the call";
+    case call_status::dmabuf_unreachable:
+        return "dma-buf memory goes only over RDMA: this connection is node-local or TCP, "
+               "which would move it with the CPU";
+    case call_status::bad_options:
+        return "call options contradict themselves (a dma-buf range beside host memory for the "
+               "same body or reply, or without its cache, or its cache in another protection "
+               "domain)";
     }
     return "unknown call status";
 }
@@ -91,6 +106,8 @@ enum class [[nodiscard]] call_status : std::uint32_t {
             case call_status::peer_gone:
             case call_status::bad_peer: return std::errc::not_connected;
             case call_status::no_credit: return std::errc::resource_unavailable_try_again;
+            case call_status::dmabuf_unreachable: return std::errc::operation_not_supported;
+            case call_status::bad_options: return std::errc::invalid_argument;
             default: return {v, *this};
             }
         }

@@ -45,6 +45,7 @@
 #include <rdmax/local/descriptor_passing.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
 #include <rdmax/rpc/call_status.hpp>
+#include <rdmax/rpc/dmabuf_range.hpp>
 #include <rdmax/rpc/peer_id.hpp>
 #include <rdmax/rpc/peer_state.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
@@ -74,6 +75,13 @@ struct call_options {
     /// While the connection is being made again, start() refuses the call
     /// (peer_gone) instead of holding it until the connection is back.
     bool fail_fast = false;
+    /// The request's body in accelerator memory (the request span is then
+    /// empty): the server READs it from there, at any size. RDMA only.
+    dmabuf_range body_dmabuf = {};
+    /// Where every reply body goes, at any size (never into the reply slot:
+    /// the CPU never copies it); call_result::dmabuf_reply_bytes says how
+    /// much came. Instead of reply_into. RDMA only.
+    dmabuf_range reply_dmabuf = {};
 };
 
 struct call_result {
@@ -83,6 +91,9 @@ struct call_result {
     /// The reply's body: in the reply slot or in reply_into. Valid until the
     /// next poll(), call() or release() (the slot then goes back to the server).
     std::span<const std::byte> reply;
+    /// A call with reply_dmabuf: how many bytes of its reply the server wrote
+    /// there (reply is then empty).
+    std::uint32_t dmabuf_reply_bytes = 0;
 };
 
 class client {

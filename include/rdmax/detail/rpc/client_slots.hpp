@@ -10,6 +10,7 @@
 
 #include <rdmax/detail/rpc/endpoint.hpp>
 #include <rdmax/rpc/call_status.hpp>
+#include <rdmax/rpc/dmabuf_range.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
 
 namespace rdmax::rpc::detail {
@@ -39,9 +40,13 @@ struct client_slot {
     std::uint64_t cookie = 0;
     sched::coarse_clock::time_point deadline{};
     std::span<std::byte> reply_into;
+    dmabuf_range body_dmabuf{}; ///< call_options', kept to re-send the call
+    dmabuf_range reply_dmabuf{};
     /// While fencing: the result, handed out once the peer's keys are dead.
     call_status fenced_status = call_status::ok;
     std::span<const std::byte> fenced_reply;
+    /// The reply's bytes the server wrote into reply_dmabuf (call_result's).
+    std::uint32_t dmabuf_reply_bytes = 0;
 };
 
 struct client_slot_ref {
@@ -67,9 +72,10 @@ struct client_link : peer_base {
 /// A call as rpc::client::start() encodes it.
 struct outgoing_call {
     std::span<const std::byte> request;
-    bool external = false; ///< the body stays in the caller's buffer (over the slot)
-    std::uint32_t body_key = 0;
-    std::uint32_t reply_key = 0;
+    bool external = false; ///< the body stays in the caller's memory (over the slot)
+    /// Where the peer finds the body and the reply buffer (grant_access).
+    buffer_descriptor body{};
+    buffer_descriptor reply{};
     std::uint64_t call_id = 0;
     std::uint8_t flags = 0; ///< flag_idempotent, flag_retry
 };

@@ -27,6 +27,7 @@
 #include <rdmax/detail/rpc/wire.hpp>
 #include <rdmax/mem/buffer.hpp>
 #include <rdmax/mem/rights.hpp>
+#include <rdmax/rpc/dmabuf_range.hpp>
 #include <rdmax/rpc/rpc_counters.hpp>
 #include <rdmax/rpc/transport.hpp>
 #include <rdmax/sched/priority.hpp>
@@ -89,6 +90,17 @@ enum class access : std::uint8_t {
     owed,                ///< the slot's last windows still owe an invalidation: try another slot
     no_room,             ///< the binds could not be posted (send queue full, or failed)
     registration_failed, ///< the device would not register the memory
+    unreachable,         ///< dma-buf memory on a path that could only reach it with the CPU
+    foreign,             ///< a dma-buf range whose cache is in another protection domain
+};
+
+/// What a call shows its peer: a body over the slot and a reply buffer, each
+/// in host memory or in a dma-buf (one of the two, or none).
+struct call_ranges {
+    std::span<const std::byte> body;
+    std::span<std::byte> reply;
+    const dmabuf_range* dev_body = nullptr; ///< non-null: the body is there (body is empty)
+    const dmabuf_range* dev_reply = nullptr;
 };
 
 /// How a call's buffers stop being the peer's (end_access).
@@ -136,7 +148,7 @@ public:
         return counters_of_ != nullptr ? std::optional(counters_of_(this)) : std::nullopt;
     }
 
-    // ---- the ten operations ----
+    // ---- the ten operations (and grant_dmabuf_access, the device's alone) ----
 
     /// Sends the first `bytes` of staging slot s to the peer's slot s, with
     /// the immediate naming them and the slot's epoch, at priority p.
@@ -172,6 +184,16 @@ public:
     [[nodiscard]] virtual access grant_access(std::uint32_t slot, std::span<const std::byte> body,
                                               std::span<std::byte> reply, std::uint32_t& body_key,
                                               std::uint32_t& reply_key) noexcept = 0;
+    /// As grant_access, for a call with memory in a dma-buf (`r.dev_body` or
+    /// `r.dev_reply`): their descriptors (address, key, length) filled. Only
+    /// a path through a device can reach such memory without the CPU; the
+    /// others refuse it (unreachable), having exposed nothing.
+    [[nodiscard]] virtual access grant_dmabuf_access(std::uint32_t /*slot*/,
+                                                     const call_ranges& /*r*/,
+                                                     buffer_descriptor& /*body*/,
+                                                     buffer_descriptor& /*reply*/) noexcept {
+        return access::unreachable;
+    }
     /// The call in `slot` ended (or never went): the peer loses what
     /// grant_access gave it, as `how` says. False only for a fence that was
     /// not posted: then end it `now`.

@@ -19,6 +19,7 @@
 #include <rdmax/detail/rpc/inbox.hpp>
 #include <rdmax/detail/rpc/link.hpp>
 #include <rdmax/detail/rpc/wire.hpp>
+#include <rdmax/mem/dmabuf_cache.hpp>
 #include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/remote_handle.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
@@ -97,6 +98,9 @@ public:
     [[nodiscard]] access grant_access(std::uint32_t slot, std::span<const std::byte> body,
                                       std::span<std::byte> reply, std::uint32_t& body_key,
                                       std::uint32_t& reply_key) noexcept override;
+    [[nodiscard]] access grant_dmabuf_access(std::uint32_t slot, const call_ranges& r,
+                                             buffer_descriptor& body,
+                                             buffer_descriptor& reply) noexcept override;
     bool end_access(std::uint32_t slot, access_end how) noexcept override;
 
 private:
@@ -117,12 +121,43 @@ private:
     /// are kept until the slot's next call once the windows are revoked
     /// (one with a window bound cannot be deregistered, and the revocation
     /// is only posted) or until their fence completed.
+    ///
+    /// A dma-buf range is shown by its registration's own key: the kernel
+    /// registers dma-bufs without IB_ACCESS_MW_BIND (every device: the uAPI
+    /// refuses the flag), so no window can be bound over one. Its key dies
+    /// when the call is given up (its registration invalidated in its cache),
+    /// so a server's late WRITE cannot reach memory the caller took back.
+    /// The caller's dmabuf_cache outlives the client, as the pd does.
     struct call_access {
         verbs_cache::handle body;
         verbs_cache::handle reply;
+        dmabuf_cache::handle dev_body;
+        dmabuf_cache::handle dev_reply;
+        dmabuf_range dev_body_range{}; ///< what dev_body covers, to invalidate
+        dmabuf_range dev_reply_range{};
         bool windows = false; ///< windows 2s and 2s + 1 are bound for this call
         bool fencing = false; ///< a fence of them is awaited
+        void release() noexcept {
+            body.reset();
+            reply.reset();
+            dev_body.reset();
+            dev_reply.reset();
+            dev_body_range = {};
+            dev_reply_range = {};
+        }
+        /// Kills the dma-buf ranges' keys (a call given up), then releases.
+        void revoke_dmabufs_and_release() noexcept {
+            dev_body.reset();
+            dev_reply.reset();
+            for (const dmabuf_range& d : {dev_body_range, dev_reply_range})
+                if (!d.empty() && d.cache != nullptr)
+                    d.cache->invalidate(d.buffer, d.offset, d.length);
+            release();
+        }
     };
+    /// grant_access and grant_dmabuf_access: registers, binds, describes.
+    [[nodiscard]] access grant_call(std::uint32_t slot, const call_ranges& r,
+                                    buffer_descriptor& body, buffer_descriptor& reply) noexcept;
 
     [[nodiscard]] bool needs_progress() const noexcept {
         return sched_->queued() || sched_->in_flight() * 2 >= sched_->options().budget_wqes ||
@@ -148,14 +183,12 @@ private:
 
     // Windows (rdma_link.cpp).
     bool enable_windows() noexcept;
-    /// Registers the call's memory through the cache (false: it would not).
-    bool register_call(call_access& a, std::span<const std::byte> body, std::span<std::byte> reply,
-                       bool windows) noexcept;
+    /// Registers the call's memory through the caches (false: one would not).
+    bool register_call(call_access& a, const call_ranges& r, bool windows) noexcept;
     /// Binds windows over the call's registrations (one doorbell) and gives
     /// their keys; false if the binds could not be posted (nothing exposed).
-    bool bind_call(std::uint32_t slot, call_access& a, std::span<const std::byte> body,
-                   std::span<std::byte> reply, std::uint32_t& body_key,
-                   std::uint32_t& reply_key) noexcept;
+    bool bind_call(std::uint32_t slot, call_access& a, buffer_descriptor& body,
+                   buffer_descriptor& reply) noexcept;
     struct exposure {
         std::uint32_t window = 0;
         void* mr = nullptr;

@@ -21,6 +21,8 @@ struct server_slot {
     std::uint8_t prio = 0;
     std::uint16_t method = 0;
     std::optional<buffer_descriptor> reply_buffer;
+    /// flag_reply_in_buffer: every reply body goes there, never inline.
+    bool reply_in_buffer = false;
     /// The block (in peer::blocks) its request body is read into, or no_block.
     std::uint16_t body_at = no_block;
     /// The epoch of the call in the slot, as its immediate said.

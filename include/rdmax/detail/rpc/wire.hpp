@@ -56,9 +56,10 @@
 namespace rdmax::rpc {
 
 inline constexpr std::uint32_t protocol_magic = 0x52505831; // "RPX1"
-/// 3: call ids, incarnations and control messages (2: the immediate carries
-/// the slot's epoch; version 1 had 4096 slots and no epoch).
-inline constexpr std::uint16_t protocol_version = 3;
+/// 4: flag_reply_in_buffer (dma-buf replies); 3: call ids, incarnations and
+/// control messages (2: the immediate carries the slot's epoch; version 1
+/// had 4096 slots and no epoch).
+inline constexpr std::uint16_t protocol_version = 4;
 
 /// Immediate layout: bit 31 the kind, bits 30..20 the slot, bit 19 the slot's
 /// epoch, bits 18..0 the bytes.
@@ -122,8 +123,12 @@ inline constexpr std::uint8_t flag_idempotent = 16;
 /// Request flag: sent before on an earlier connection of the same client
 /// incarnation; the server looks its call id up before running it.
 inline constexpr std::uint8_t flag_retry = 32;
-inline constexpr std::uint8_t request_flags =
-    flag_external_body | flag_reply_buffer | flag_epoch | flag_idempotent | flag_retry;
+/// Request flag (with flag_reply_buffer): every reply body goes into the
+/// reply buffer, however small, never inline in the slot: the buffer is
+/// memory the caller's CPU does not touch (a dma-buf).
+inline constexpr std::uint8_t flag_reply_in_buffer = 64;
+inline constexpr std::uint8_t request_flags = flag_external_body | flag_reply_buffer | flag_epoch |
+                                              flag_idempotent | flag_retry | flag_reply_in_buffer;
 
 /// The first bytes of every slot.
 struct message_header {
@@ -289,6 +294,8 @@ template <class T>
             out.external_body->addr > UINT64_MAX - out.external_body->length)
             return violation::malformed;
     }
+    if ((h.flags & flag_reply_in_buffer) != 0 && (h.flags & flag_reply_buffer) == 0)
+        return violation::malformed;
     if ((h.flags & flag_reply_buffer) != 0) {
         if (bytes.size() < at + sizeof(buffer_descriptor))
             return violation::malformed;
@@ -310,9 +317,10 @@ template <class T>
 }
 
 /// Parses a reply slot's `bytes`; `offered` is the reply buffer's length the
-/// call offered (0: none).
+/// call offered (0: none); `buffer_only`: the call asked for every reply body
+/// in that buffer (flag_reply_in_buffer), so an inline one breaks the protocol.
 [[nodiscard]] inline violation parse_reply(std::span<const std::byte> bytes, std::uint32_t offered,
-                                           parsed_reply& out) noexcept {
+                                           parsed_reply& out, bool buffer_only = false) noexcept {
     if (bytes.size() < sizeof(message_header))
         return violation::bad_length;
     out = {};
@@ -325,7 +333,7 @@ template <class T>
     if ((h.flags & flag_external_reply) != 0) {
         if (inline_bytes != 0 || h.body_bytes > offered)
             return violation::malformed;
-    } else if (inline_bytes != h.body_bytes) {
+    } else if (inline_bytes != h.body_bytes || (buffer_only && inline_bytes != 0)) {
         return violation::malformed;
     }
     out.inline_body = bytes.subspan(sizeof(message_header));

@@ -32,6 +32,7 @@
 #include <rdmax/mem/udmabuf_provider.hpp>
 #include <rdmax/mem/uffd_monitor.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
+#include <rdmax/rpc/call_options.hpp>
 #include <rdmax/rpc/call_status.hpp>
 #include <rdmax/rpc/client.hpp>
 #include <rdmax/rpc/peer_id.hpp>

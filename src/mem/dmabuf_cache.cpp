@@ -147,6 +147,21 @@ void dmabuf_cache::forget(buffer b) {
     }
 }
 
+ibv_mr* dmabuf_cache::register_exact(buffer b, std::uint64_t offset, std::size_t len,
+                                     rights granted) {
+    (void)address(b, offset, len); // EBADF, ERANGE
+    const auto slot = static_cast<unsigned>(b.base >> dmabuf_slots::slot_shift);
+    const auto use = slots_.lend(slot);
+    // Under the slot table's mutex: a forget() and an add() between the
+    // check above and here could have given the slot to another buffer.
+    if (use.fd < 0 || !slots_.current(slot, b.generation))
+        throw_error("ibv_reg_dmabuf_mr", EBADF, "the buffer was forgotten (dmabuf_cache::forget)");
+    if (offset > use.size || len > use.size - offset) // a token that claims more than its buffer
+        throw_error("ibv_reg_dmabuf_mr", ERANGE,
+                    fmt::format("[{}, +{}) of a {}-byte dma-buf", offset, len, use.size));
+    return register_dmabuf(*pd_, use.fd, offset, len, iova(b, offset), granted);
+}
+
 void dmabuf_cache::invalidate(buffer b, std::uint64_t offset, std::size_t len) noexcept {
     try {
         cache_.invalidate(address(b, offset, len), len);

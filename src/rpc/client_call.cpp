@@ -23,6 +23,9 @@ call_status client::start_on(peer_id p, std::uint16_t method, std::span<const st
     session* ss = find_session(p);
     if (ss == nullptr)
         return call_status::bad_peer;
+    // Refused now rather than accepted to wait for a connection and refused then.
+    if (const call_status st = check_dmabuf_options(request, o); st != call_status::ok)
+        return st;
     if (ss->link != no_link && ep_.peers[ss->link].wire->broken)
         fail_link(ep_.peers[ss->link], ss->link); // seen now, not at the next housekeeping
     // No connection to take it (or calls wait ahead of it): it waits too.
@@ -86,8 +89,9 @@ sched::coarse_clock::time_point client::deadline_of(const call_options& o) const
     // deadline counted from it ends calls early by an unknown amount. Both
     // read CLOCK_MONOTONIC's time line, so the coarse clock reaches this
     // deadline only after the timeout has truly passed: a call ends timed_out
-    // at most a tick late, never early. One precise read per call (the vDSO,
-    // ~20 ns; a system call under qemu TCG, next to a round trip of 100 us).
+    // never early, at most a tick and a housekeeping interval late. One
+    // precise read per call (the vDSO, ~20 ns; a system call under qemu TCG,
+    // next to a round trip of 100 us there).
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
     const sched::coarse_clock::time_point start(std::chrono::seconds(ts.tv_sec) +
@@ -95,14 +99,29 @@ sched::coarse_clock::time_point client::deadline_of(const call_options& o) const
     return start + timeout;
 }
 
+call_status client::check_dmabuf_options(std::span<const std::byte> request,
+                                         const call_options& o) const noexcept {
+    const bool dev_body = !o.body_dmabuf.empty();
+    const bool dev_reply = !o.reply_dmabuf.empty();
+    if (!dev_body && !dev_reply)
+        return call_status::ok;
+    // Only the device reaches it (a connection over another path refuses
+    // it at the call's start: link::grant_access).
+    if (!opts_.transports.has(transport::rdma))
+        return call_status::dmabuf_unreachable;
+    // A body in one place, a reply buffer in one place (the device's link
+    // checks each range's cache and its protection domain).
+    if ((dev_body && !request.empty()) || (dev_reply && !o.reply_into.empty()))
+        return call_status::bad_options;
+    if (dev_body && o.body_dmabuf.length > opts_.max_message)
+        return call_status::too_large;
+    return call_status::ok;
+}
+
 call_status client::expose_call(peer& l, std::uint32_t slot, const call_options& o,
                                 outgoing& call) noexcept {
     const bool dev_body = !o.body_dmabuf.empty();
     const bool dev_reply = !o.reply_dmabuf.empty();
-    // A body in one place, a reply buffer in one place (the device's link
-    // checks each range's cache).
-    if ((dev_body && !call.request.empty()) || (dev_reply && !o.reply_into.empty()))
-        return call_status::bad_options;
     const std::size_t descriptors = o.reply_into.empty() && !dev_reply ? 0 : 1;
     const std::size_t room =
         l.wire->slot_bytes() - sizeof(message_header) - descriptors * sizeof(buffer_descriptor);
@@ -114,25 +133,14 @@ call_status client::expose_call(peer& l, std::uint32_t slot, const call_options&
         return call_status::too_large;
     // Bodies and reply buffers over a slot: registered through the cache (a
     // registration the first time, nanoseconds after), and shown to the peer
-    // through windows over exactly their bytes where the link has them.
-    const std::span<const std::byte> body =
-        call.external && !dev_body ? call.request : std::span<const std::byte>{};
-    detail::access granted = detail::access::ok;
-    if (dev_body || dev_reply) {
-        granted = l.wire->grant_dmabuf_access(slot,
-                                              {.body = body,
-                                               .reply = o.reply_into,
-                                               .dev_body = dev_body ? &o.body_dmabuf : nullptr,
-                                               .dev_reply = dev_reply ? &o.reply_dmabuf : nullptr},
-                                              call.body, call.reply);
-    } else {
-        call.body = {reinterpret_cast<std::uint64_t>(body.data()), 0,
-                     static_cast<std::uint32_t>(body.size())};
-        call.reply = {
-            reinterpret_cast<std::uint64_t>(o.reply_into.data()), 0,
-            static_cast<std::uint32_t>(std::min<std::size_t>(o.reply_into.size(), UINT32_MAX))};
-        granted = l.wire->grant_access(slot, body, o.reply_into, call.body.rkey, call.reply.rkey);
-    }
+    // through windows over exactly their bytes where the link has them;
+    // dma-buf ranges registered for the call alone (rdma_link's call_access).
+    const detail::call_ranges ranges{
+        .body = call.external && !dev_body ? call.request : std::span<const std::byte>{},
+        .reply = o.reply_into,
+        .dev_body = dev_body ? &o.body_dmabuf : nullptr,
+        .dev_reply = dev_reply ? &o.reply_dmabuf : nullptr};
+    const detail::access granted = l.wire->grant_access(slot, ranges, call.body, call.reply);
     switch (granted) {
     case detail::access::ok: return call_status::ok;
     case detail::access::owed:

@@ -120,8 +120,10 @@ void client::on_imm(peer& l, std::uint32_t index, std::uint32_t imm) noexcept {
         // Into the caller's buffer: host memory it reads, or a dma-buf whose
         // bytes it is told the count of (no span: the CPU may not reach it).
         if (to_dmabuf) {
+            // What the server says it wrote (within the range: parse_reply).
             body = {};
-            ss.dmabuf_reply_bytes = reply.header.body_bytes;
+            if (reply.header.status == static_cast<std::uint32_t>(call_status::ok))
+                ss.dmabuf_reply_bytes = reply.header.body_bytes;
         } else {
             body = {ss.reply_into.data(), reply.header.body_bytes};
         }

@@ -183,7 +183,10 @@ void client::send_waiting(std::uint32_t s) noexcept {
         if (st == call_status::ok && c.sent)
             ++ep_.counters.retried_calls;
         else if (st != call_status::ok)
-            push_slotless(s, c, st);
+            // Refused on the new connection (its slots are smaller, its path
+            // cannot reach dma-buf memory, a registration failed): a call that
+            // went before may have run there all the same.
+            push_slotless(s, c, c.sent ? call_status::unknown_outcome : st);
         ss.waiting.pop_front();
     }
 }

@@ -29,27 +29,15 @@ ibv_mw* alloc_window(ibv_pd* pd) noexcept {
 }
 } // namespace
 
-access rdma_link::grant_access(std::uint32_t slot, std::span<const std::byte> body,
-                               std::span<std::byte> reply, std::uint32_t& body_key,
-                               std::uint32_t& reply_key) noexcept {
-    buffer_descriptor b;
-    buffer_descriptor r;
-    const access x = grant_call(slot, call_ranges{.body = body, .reply = reply}, b, r);
-    body_key = b.rkey;
-    reply_key = r.rkey;
-    return x;
-}
-
-access rdma_link::grant_dmabuf_access(std::uint32_t slot, const call_ranges& r,
-                                      buffer_descriptor& body, buffer_descriptor& reply) noexcept {
+access rdma_link::grant_access(std::uint32_t slot, const call_ranges& r, buffer_descriptor& body,
+                               buffer_descriptor& reply) noexcept {
     body = {};
     reply = {};
     // A registration in another protection domain is no use on this queue
     // pair: the peer's READ would fail the connection, not the call.
-    if (!conn_)
-        return access::no_room;
     for (const dmabuf_range* d : {r.dev_body, r.dev_reply})
-        if (d != nullptr && (d->cache == nullptr || d->cache->pd().get() != conn_->qp().get()->pd))
+        if (d != nullptr &&
+            (d->cache == nullptr || !conn_ || d->cache->pd().get() != conn_->qp().get()->pd))
             return access::foreign;
     return grant_call(slot, r, body, reply);
 }
@@ -65,7 +53,7 @@ access rdma_link::grant_call(std::uint32_t slot, const call_ranges& r, buffer_de
     // The previous call's windows: an invalidation the send queue had no
     // room for is still owed (the window stays bound, its registration held):
     // not bound again, nor the registration released, before it is posted.
-    if (windows && (a.body || a.reply || a.dev_body || a.dev_reply) && !settled(2 * slot, 2))
+    if (windows && (a.body || a.reply) && !settled(2 * slot, 2))
         return access::owed;
     a.release(); // the previous call's, kept until now (its windows are revoked)
     // Where the peer finds each in its key's space: a host buffer at its
@@ -87,10 +75,10 @@ access rdma_link::grant_call(std::uint32_t slot, const call_ranges& r, buffer_de
         return access::registration_failed;
     // dma-buf ranges by their registrations' keys (no window can be bound
     // over one: call_access); host memory through windows where there are.
-    if (a.dev_body)
-        body.rkey = a.dev_body.rkey();
-    if (a.dev_reply)
-        reply.rkey = a.dev_reply.rkey();
+    if (a.dev_body != nullptr)
+        body.rkey = a.dev_body->rkey;
+    if (a.dev_reply != nullptr)
+        reply.rkey = a.dev_reply->rkey;
     if (!windows || (!a.body && !a.reply)) {
         if (a.body)
             body.rkey = a.body.rkey();
@@ -117,14 +105,15 @@ bool rdma_link::register_call(call_access& a, const call_ranges& r, bool windows
         // A dma-buf range: its cache registers it once (ibv_reg_dmabuf_mr),
         // later calls hit; a stale buffer token or a range outside the
         // buffer throws, as a refused registration does.
-        if (const dmabuf_range* d = r.dev_body) {
-            a.dev_body = d->cache->get<rights::remote_read>(d->buffer, d->offset, d->length);
-            a.dev_body_range = *d;
-        }
-        if (const dmabuf_range* d = r.dev_reply) {
-            a.dev_reply = d->cache->get<rights::remote_write>(d->buffer, d->offset, d->length);
-            a.dev_reply_range = *d;
-        }
+        // A dma-buf range: exactly its bytes and rights, this call's alone
+        // (call_access). A stale buffer token or a range outside the buffer
+        // throws, as a refused registration does.
+        if (const dmabuf_range* d = r.dev_body)
+            a.dev_body =
+                d->cache->register_exact(d->buffer, d->offset, d->length, rights::remote_read);
+        if (const dmabuf_range* d = r.dev_reply)
+            a.dev_reply = d->cache->register_exact(d->buffer, d->offset, d->length,
+                                                   rights::local_write | rights::remote_write);
         return true;
     } catch (...) {
         // Memory the device cannot pin (or a registration limit): not a size.
@@ -159,6 +148,9 @@ bool rdma_link::end_access(std::uint32_t slot, access_end how) noexcept {
         return how != access_end::fence; // not a client's link: nothing was shown
     ring_before_direct();
     call_access& a = calls_[slot];
+    // Whichever way the call ended (answered, given up, never sent), its
+    // dma-buf keys die before its result goes out: nothing is bound to them.
+    a.drop_dmabufs();
     switch (how) {
     case access_end::fence:
         // A signaled invalidation; the result goes out once its completion
@@ -191,13 +183,7 @@ bool rdma_link::end_access(std::uint32_t slot, access_end how) noexcept {
             --fencing_calls_;
         a.windows = false;
         a.fencing = false;
-        // A call given up: the server may still write its reply, and dma-buf
-        // ranges have no window to revoke, so their registrations go (their
-        // keys die with them; one another call holds goes when it lets go).
-        if (how == access_end::abandon)
-            a.revoke_dmabufs_and_release();
-        else
-            a.release();
+        a.release();
         return true;
     }
     return true;

@@ -245,11 +245,11 @@ transfer shm_link::move_body(body_way way, sched::priority, local_buffer<rights:
                                                                                : transfer::failed;
 }
 
-access shm_link::grant_access(std::uint32_t, std::span<const std::byte>, std::span<std::byte>,
-                              std::uint32_t& body_key, std::uint32_t& reply_key) noexcept {
-    body_key = 0;
-    reply_key = 0;
-    return access::ok;
+access shm_link::grant_access(std::uint32_t, const call_ranges& r, buffer_descriptor& body,
+                              buffer_descriptor& reply) noexcept {
+    // CMA reaches the caller's host memory by address; a dma-buf it could
+    // only reach with the CPU.
+    return describe_host(r, body, reply);
 }
 
 bool shm_link::end_access(std::uint32_t slot, access_end how) noexcept {

@@ -711,11 +711,13 @@ bool tcp_link::hold_of(link* self, bool on) noexcept {
     return true;
 }
 
-access tcp_link::grant_access(std::uint32_t slot, std::span<const std::byte> body,
-                              std::span<std::byte> reply, std::uint32_t& body_key,
-                              std::uint32_t& reply_key) noexcept {
+access tcp_link::grant_access(std::uint32_t slot, const call_ranges& r, buffer_descriptor& body,
+                              buffer_descriptor& reply) noexcept {
     if (slot >= grants_.size())
         return access::no_room;
+    // The socket carries host memory the CPU copies; a dma-buf it cannot.
+    if (const access a = describe_host(r, body, reply); a != access::ok)
+        return a;
     // Keys name the slot in their low bits and a count above, never 0: a
     // key of an earlier call in the slot is not this one's.
     const auto next_key = [&] {
@@ -726,17 +728,15 @@ access tcp_link::grant_access(std::uint32_t slot, std::span<const std::byte> bod
     };
     grant& g = grants_[slot];
     g = grant{};
-    body_key = 0;
-    reply_key = 0;
-    if (!body.empty()) {
-        g.body = body.data();
-        g.body_len = static_cast<std::uint32_t>(std::min<std::size_t>(body.size(), UINT32_MAX));
-        g.body_key = body_key = next_key();
+    if (body.length != 0) {
+        g.body = r.body.data();
+        g.body_len = body.length;
+        g.body_key = body.rkey = next_key();
     }
-    if (!reply.empty()) {
-        g.reply = reply.data();
-        g.reply_len = static_cast<std::uint32_t>(std::min<std::size_t>(reply.size(), UINT32_MAX));
-        g.reply_key = reply_key = next_key();
+    if (reply.length != 0) {
+        g.reply = r.reply.data();
+        g.reply_len = reply.length;
+        g.reply_key = reply.rkey = next_key();
     }
     return access::ok;
 }

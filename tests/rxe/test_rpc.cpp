@@ -2205,9 +2205,9 @@ public:
     bool sleep(bool) noexcept override { return true; }
     void close() noexcept override {}
     bool established(bool) noexcept override { return true; }
-    rpc::detail::access grant_access(std::uint32_t, std::span<const std::byte>,
-                                     std::span<std::byte>, std::uint32_t&,
-                                     std::uint32_t&) noexcept override {
+    rpc::detail::access grant_access(std::uint32_t, const rpc::detail::call_ranges&,
+                                     rpc::buffer_descriptor&,
+                                     rpc::buffer_descriptor&) noexcept override {
         return rpc::detail::access::no_room;
     }
     bool end_access(std::uint32_t, rpc::detail::access_end) noexcept override { return true; }

@@ -289,12 +289,10 @@ public:
     }
     void close() noexcept override { ++e_->closes; }
     [[nodiscard]] bool established(bool) noexcept override { return true; }
-    [[nodiscard]] rpc::detail::access grant_access(std::uint32_t, std::span<const std::byte>,
-                                                   std::span<std::byte>, std::uint32_t& body_key,
-                                                   std::uint32_t& reply_key) noexcept override {
-        body_key = 0;
-        reply_key = 0;
-        return rpc::detail::access::ok;
+    [[nodiscard]] rpc::detail::access
+    grant_access(std::uint32_t, const rpc::detail::call_ranges& r, rpc::buffer_descriptor& body,
+                 rpc::buffer_descriptor& reply) noexcept override {
+        return describe_host(r, body, reply); // host memory by address, no keys
     }
     bool end_access(std::uint32_t slot, rpc::detail::access_end how) noexcept override {
         // As rdma_link: nothing held is overtaken by what ends the access.

@@ -454,6 +454,7 @@ TEST_CASE("a deadline by the real clocks: never early, ended once the coarse clo
     rig r;
     const auto t0 = std::chrono::steady_clock::now(); // CLOCK_MONOTONIC
     REQUIRE(r.start(echo, "a", {.timeout = 1000us}) == call_status::ok);
+    const auto t1 = std::chrono::steady_clock::now(); // the call's start is in [t0, t1]
     // Waits for the clocks themselves (a jiffy or so), bounded: no sleep.
     // Until 1 ms has passed the call is alive, whatever the coarse clock's lag.
     const auto give_up = std::chrono::steady_clock::now() + 2s;
@@ -463,7 +464,7 @@ TEST_CASE("a deadline by the real clocks: never early, ended once the coarse clo
     }
     // The coarse clock reaches the deadline (it counts from the precise
     // start, on the same time line) a tick later at most.
-    const auto due = sched::coarse_clock::time_point(t0.time_since_epoch()) + 1ms;
+    const auto due = sched::coarse_clock::time_point(t1.time_since_epoch()) + 1ms;
     while (sched::coarse_clock::now() <= due && std::chrono::steady_clock::now() < give_up)
         std::this_thread::yield();
     REQUIRE(sched::coarse_clock::now() > due);

@@ -34,6 +34,18 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+/// grant_access of host memory, giving the two keys.
+rpc::detail::access grant(rpc::detail::link& l, std::uint32_t slot, std::span<const std::byte> body,
+                          std::span<std::byte> reply, std::uint32_t& body_key,
+                          std::uint32_t& reply_key) {
+    rpc::buffer_descriptor b;
+    rpc::buffer_descriptor r;
+    const rpc::detail::access a = l.grant_access(slot, {.body = body, .reply = reply}, b, r);
+    body_key = b.rkey;
+    reply_key = r.rkey;
+    return a;
+}
+
 constexpr std::uint16_t slots = 8;
 constexpr std::uint32_t slot_bytes = 4096;
 
@@ -154,6 +166,21 @@ TEST_CASE("tcp link: slots go both ways with their immediates, every size up to 
           status::ok);
 }
 
+TEST_CASE("tcp link: dma-buf memory is refused (the socket could reach it only with the CPU), "
+          "nothing granted",
+          "[tcp]") {
+    pair_of_links p;
+    const rpc::dmabuf_range range{.cache = nullptr, .offset = 0, .length = 4096};
+    rpc::buffer_descriptor b;
+    rpc::buffer_descriptor r;
+    CHECK(p.client->grant_access(3, {.dev_body = &range}, b, r) ==
+          rpc::detail::access::unreachable);
+    CHECK(p.client->grant_access(3, {.dev_reply = &range}, b, r) ==
+          rpc::detail::access::unreachable);
+    CHECK(b.rkey == 0);
+    CHECK(r.rkey == 0);
+}
+
 TEST_CASE("tcp link: a body is read and a reply written only under the call's keys, and only "
           "while the call lasts",
           "[tcp]") {
@@ -162,7 +189,7 @@ TEST_CASE("tcp link: a body is read and a reply written only under the call's ke
     const auto body = patterned(1 << 20, 3); // 2 chunks
     std::vector<std::byte> reply(300 * 1024);
     std::uint32_t body_key = 0, reply_key = 0;
-    REQUIRE(p.client->grant_access(3, body, reply, body_key, reply_key) == rpc::detail::access::ok);
+    REQUIRE(grant(*p.client, 3, body, reply, body_key, reply_key) == rpc::detail::access::ok);
     REQUIRE(body_key != 0);
     REQUIRE(reply_key != 0);
     REQUIRE(body_key != reply_key);
@@ -229,7 +256,7 @@ TEST_CASE("tcp link: an urgent message overtakes a bulk body at a chunk's bounda
     std::vector<link_event> at_server, at_client;
     std::vector<std::byte> reply(8 << 20, std::byte{0});
     std::uint32_t body_key = 0, reply_key = 0;
-    REQUIRE(p.client->grant_access(1, {}, reply, body_key, reply_key) == rpc::detail::access::ok);
+    REQUIRE(grant(*p.client, 1, {}, reply, body_key, reply_key) == rpc::detail::access::ok);
     auto out = patterned(reply.size(), 11);
     // The socket fills at once: most of the body waits in the queue.
     REQUIRE(p.server->move_body(rpc::detail::body_way::write, sched::bulk, local_of(out),
@@ -324,7 +351,7 @@ TEST_CASE("tcp link: a peer that breaks the stream's rules ends that link, and n
         link_and_raw c(false);
         std::vector<std::byte> reply(64 * 1024, std::byte{0});
         std::uint32_t body_key = 0, reply_key = 0;
-        REQUIRE(c.link->grant_access(2, {}, reply, body_key, reply_key) == rpc::detail::access::ok);
+        REQUIRE(grant(*c.link, 2, {}, reply, body_key, reply_key) == rpc::detail::access::ok);
         const tcp_link::ext x{0, reinterpret_cast<std::uint64_t>(reply.data()), reply_key, 0};
         auto f = frame_bytes(tcp_link::frame::write_data, static_cast<std::uint32_t>(reply.size()),
                              &x, reply.size());
@@ -465,7 +492,7 @@ TEST_CASE("tcp link: completions past the link's room end the link; none is lost
     pair_of_links p;
     std::vector<std::byte> body(64), reply(64 * 1024);
     std::uint32_t body_key = 0, reply_key = 0;
-    REQUIRE(p.client->grant_access(1, body, reply, body_key, reply_key) == rpc::detail::access::ok);
+    REQUIRE(grant(*p.client, 1, body, reply, body_key, reply_key) == rpc::detail::access::ok);
     auto out = patterned(64, 1);
     std::size_t started = 0;
     link_event ev[32];
@@ -500,7 +527,7 @@ TEST_CASE("tcp link: a call given up before its request went sends none of its b
     link_and_raw c(false);
     std::vector<std::byte> body(8192, std::byte{0xc3}), reply(64);
     std::uint32_t body_key = 0, reply_key = 0;
-    REQUIRE(c.link->grant_access(0, body, reply, body_key, reply_key) == rpc::detail::access::ok);
+    REQUIRE(grant(*c.link, 0, body, reply, body_key, reply_key) == rpc::detail::access::ok);
     REQUIRE(c.link->hold_doorbell(true)); // the request waits in the link's queue
     REQUIRE(c.link->send_slot(rpc::message_kind::request, 0, 64, sched::normal, false) ==
             status::ok);

@@ -180,6 +180,13 @@ public:
     /// The protection domain the registrations are in.
     [[nodiscard]] const verbs::protection_domain& pd() const noexcept { return *pd_; }
 
+    /// [offset, offset + len) of `b` registered on its own, outside the
+    /// cache: an MR of exactly those bytes with exactly `granted`, never
+    /// merged or shared, at iova(b, offset); the caller's to ibv_dereg_mr.
+    /// For a key given to a peer that must die when the caller says (an RPC
+    /// call's). Throws as local() does.
+    [[nodiscard]] ibv_mr* register_exact(buffer b, std::uint64_t offset, std::size_t len,
+                                         rights granted);
     /// Forgets the registrations overlapping [offset, offset + len) of `b`:
     /// idle ones are deregistered now (their keys die), ones in use when their
     /// last handle goes. Nothing for a stale token (its buffer's are gone).

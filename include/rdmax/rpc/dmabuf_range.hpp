@@ -5,7 +5,7 @@
 // the device: the caller's CPU never touches those bytes, so the memory may
 // be a GPU's that no CPU can map. Only an RDMA connection can; a node-local
 // (CMA) or TCP one refuses the call (call_status::dmabuf_unreachable) before
-// anything is registered or sent.
+// anything is registered or sent. docs/dmabuf.md has the why of each rule.
 //
 //     rdmax::dmabuf_cache dev(pd);                  // the client's pd
 //     auto buf = dev.add(fd);                       // a udmabuf, a GPU's export
@@ -20,8 +20,10 @@
 namespace rdmax::rpc {
 
 struct dmabuf_range {
-    /// Registers the range (once: later calls hit its cache). In the client's
-    /// protection domain; it and the buffer outlive the call.
+    /// Knows the buffer, whose range is registered on its own for the call
+    /// (exactly its bytes, deregistered when the call ends: no key outlives
+    /// it). In the client's protection domain; it lives until the call has
+    /// started, the buffer until the call has ended.
     dmabuf_cache* cache = nullptr;
     dmabuf_cache::buffer buffer{};
     std::uint64_t offset = 0;

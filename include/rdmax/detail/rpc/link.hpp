@@ -19,6 +19,7 @@
 // Rings and staging slots are plain memory, laid out by the implementation
 // and read without a call.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -97,8 +98,8 @@ enum class access : std::uint8_t {
 /// What a call shows its peer: a body over the slot and a reply buffer, each
 /// in host memory or in a dma-buf (one of the two, or none).
 struct call_ranges {
-    std::span<const std::byte> body;
-    std::span<std::byte> reply;
+    std::span<const std::byte> body = {};
+    std::span<std::byte> reply = {};
     const dmabuf_range* dev_body = nullptr; ///< non-null: the body is there (body is empty)
     const dmabuf_range* dev_reply = nullptr;
 };
@@ -148,7 +149,7 @@ public:
         return counters_of_ != nullptr ? std::optional(counters_of_(this)) : std::nullopt;
     }
 
-    // ---- the ten operations (and grant_dmabuf_access, the device's alone) ----
+    // ---- the ten operations ----
 
     /// Sends the first `bytes` of staging slot s to the peer's slot s, with
     /// the immediate naming them and the slot's epoch, at priority p.
@@ -177,23 +178,16 @@ public:
     /// The handshake is over; `by_traffic`: the peer's first message came,
     /// which proves it (a server accepts without waiting for it).
     [[nodiscard]] virtual bool established(bool by_traffic) noexcept = 0;
-    /// Makes the call in `slot` able to reach `body` (its request, when over
-    /// the slot; else empty) and `reply` (the caller's reply buffer, or
-    /// empty) from the peer's side, and gives their keys (0 where no key is
-    /// needed). On any answer but ok, nothing was exposed.
-    [[nodiscard]] virtual access grant_access(std::uint32_t slot, std::span<const std::byte> body,
-                                              std::span<std::byte> reply, std::uint32_t& body_key,
-                                              std::uint32_t& reply_key) noexcept = 0;
-    /// As grant_access, for a call with memory in a dma-buf (`r.dev_body` or
-    /// `r.dev_reply`): their descriptors (address, key, length) filled. Only
-    /// a path through a device can reach such memory without the CPU; the
-    /// others refuse it (unreachable), having exposed nothing.
-    [[nodiscard]] virtual access grant_dmabuf_access(std::uint32_t /*slot*/,
-                                                     const call_ranges& /*r*/,
-                                                     buffer_descriptor& /*body*/,
-                                                     buffer_descriptor& /*reply*/) noexcept {
-        return access::unreachable;
-    }
+    /// Makes the call in `slot` reachable from the peer's side: `r.body`
+    /// (its request, when over the slot; else empty), `r.reply` (the
+    /// caller's reply buffer, or empty), or a dma-buf range instead of either
+    /// (which only a path through a device reaches without the CPU: the
+    /// others answer unreachable). Fills their descriptors (where the peer
+    /// finds them, the key, the length; key 0 where none is needed). On any
+    /// answer but ok, nothing was exposed.
+    [[nodiscard]] virtual access grant_access(std::uint32_t slot, const call_ranges& r,
+                                              buffer_descriptor& body,
+                                              buffer_descriptor& reply) noexcept = 0;
     /// The call in `slot` ended (or never went): the peer loses what
     /// grant_access gave it, as `how` says. False only for a fence that was
     /// not posted: then end it `now`.
@@ -213,6 +207,22 @@ public:
     std::uint64_t peer_incarnation = 0;
 
 protected:
+    /// grant_access for a path that reaches host memory only: r's buffers
+    /// described at their addresses with key 0; unreachable for a dma-buf range.
+    [[nodiscard]] static access describe_host(const call_ranges& r, buffer_descriptor& body,
+                                              buffer_descriptor& reply) noexcept {
+        body = {};
+        reply = {};
+        if (r.dev_body != nullptr || r.dev_reply != nullptr)
+            return access::unreachable;
+        if (!r.body.empty())
+            body = {reinterpret_cast<std::uint64_t>(r.body.data()), 0,
+                    static_cast<std::uint32_t>(std::min<std::size_t>(r.body.size(), UINT32_MAX))};
+        if (!r.reply.empty())
+            reply = {reinterpret_cast<std::uint64_t>(r.reply.data()), 0,
+                     static_cast<std::uint32_t>(std::min<std::size_t>(r.reply.size(), UINT32_MAX))};
+        return access::ok;
+    }
     /// The geometry granted (at most what this side built its rings for).
     void grant(std::uint16_t slots, std::uint32_t slot_bytes) noexcept {
         slots_ = slots;

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <rdmax/detail/rpc/arena_block.hpp>
@@ -95,12 +96,9 @@ public:
     [[nodiscard]] bool sleep(bool going) noexcept override;
     void close() noexcept override { conn_->disconnect(std::chrono::milliseconds(0)); }
     [[nodiscard]] bool established(bool by_traffic) noexcept override;
-    [[nodiscard]] access grant_access(std::uint32_t slot, std::span<const std::byte> body,
-                                      std::span<std::byte> reply, std::uint32_t& body_key,
-                                      std::uint32_t& reply_key) noexcept override;
-    [[nodiscard]] access grant_dmabuf_access(std::uint32_t slot, const call_ranges& r,
-                                             buffer_descriptor& body,
-                                             buffer_descriptor& reply) noexcept override;
+    [[nodiscard]] access grant_access(std::uint32_t slot, const call_ranges& r,
+                                      buffer_descriptor& body,
+                                      buffer_descriptor& reply) noexcept override;
     bool end_access(std::uint32_t slot, access_end how) noexcept override;
 
 private:
@@ -122,40 +120,45 @@ private:
     /// (one with a window bound cannot be deregistered, and the revocation
     /// is only posted) or until their fence completed.
     ///
-    /// A dma-buf range is shown by its registration's own key: the kernel
+    /// A dma-buf range is shown by a registration's own key: the kernel
     /// registers dma-bufs without IB_ACCESS_MW_BIND (every device: the uAPI
-    /// refuses the flag), so no window can be bound over one. Its key dies
-    /// when the call is given up (its registration invalidated in its cache),
-    /// so a server's late WRITE cannot reach memory the caller took back.
-    /// The caller's dmabuf_cache outlives the client, as the pd does.
+    /// refuses the flag), so no window can be bound over one. So that the key
+    /// still shows exactly the call's bytes with exactly the rights it needs,
+    /// and dies with the call, each range is registered on its own for the
+    /// call (dmabuf_cache::register_exact: never merged, never shared) and
+    /// deregistered when the call ends, before its result is handed out.
     struct call_access {
         verbs_cache::handle body;
         verbs_cache::handle reply;
-        dmabuf_cache::handle dev_body;
-        dmabuf_cache::handle dev_reply;
-        dmabuf_range dev_body_range{}; ///< what dev_body covers, to invalidate
-        dmabuf_range dev_reply_range{};
+        ibv_mr* dev_body = nullptr; ///< exact registrations, this call's alone
+        ibv_mr* dev_reply = nullptr;
         bool windows = false; ///< windows 2s and 2s + 1 are bound for this call
         bool fencing = false; ///< a fence of them is awaited
+        call_access() = default;
+        call_access(call_access&& o) noexcept
+            : body(std::move(o.body))
+            , reply(std::move(o.reply))
+            , dev_body(std::exchange(o.dev_body, nullptr))
+            , dev_reply(std::exchange(o.dev_reply, nullptr))
+            , windows(o.windows)
+            , fencing(o.fencing) {}
+        call_access(const call_access&) = delete;
+        call_access& operator=(const call_access&) = delete;
+        call_access& operator=(call_access&&) = delete;
+        ~call_access() { drop_dmabufs(); }
+        /// The dma-buf ranges' keys die now (nothing is bound to them).
+        void drop_dmabufs() noexcept {
+            for (ibv_mr** mr : {&dev_body, &dev_reply})
+                if (*mr != nullptr)
+                    (void)ibv_dereg_mr(std::exchange(*mr, nullptr));
+        }
         void release() noexcept {
             body.reset();
             reply.reset();
-            dev_body.reset();
-            dev_reply.reset();
-            dev_body_range = {};
-            dev_reply_range = {};
-        }
-        /// Kills the dma-buf ranges' keys (a call given up), then releases.
-        void revoke_dmabufs_and_release() noexcept {
-            dev_body.reset();
-            dev_reply.reset();
-            for (const dmabuf_range& d : {dev_body_range, dev_reply_range})
-                if (!d.empty() && d.cache != nullptr)
-                    d.cache->invalidate(d.buffer, d.offset, d.length);
-            release();
+            drop_dmabufs();
         }
     };
-    /// grant_access and grant_dmabuf_access: registers, binds, describes.
+    /// grant_access: registers, binds, describes.
     [[nodiscard]] access grant_call(std::uint32_t slot, const call_ranges& r,
                                     buffer_descriptor& body, buffer_descriptor& reply) noexcept;
 

@@ -118,9 +118,9 @@ public:
     /// The segment came with the welcome: up from the start.
     [[nodiscard]] bool established(bool) noexcept override { return true; }
     /// No keys: the server reads and writes the caller's memory by CMA.
-    [[nodiscard]] access grant_access(std::uint32_t slot, std::span<const std::byte> body,
-                                      std::span<std::byte> reply, std::uint32_t& body_key,
-                                      std::uint32_t& reply_key) noexcept override;
+    [[nodiscard]] access grant_access(std::uint32_t slot, const call_ranges& r,
+                                      buffer_descriptor& body,
+                                      buffer_descriptor& reply) noexcept override;
     /// A call given up (abandon) flips the epoch of its request in the
     /// server's ring, which the server checks before it reads the body or
     /// writes the reply by CMA (a copy that cannot be revoked once under

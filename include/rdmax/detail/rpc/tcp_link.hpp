@@ -119,9 +119,9 @@ public:
     [[nodiscard]] bool sleep(bool going) noexcept override;
     void close() noexcept override;
     [[nodiscard]] bool established(bool) noexcept override { return true; }
-    [[nodiscard]] access grant_access(std::uint32_t slot, std::span<const std::byte> body,
-                                      std::span<std::byte> reply, std::uint32_t& body_key,
-                                      std::uint32_t& reply_key) noexcept override;
+    [[nodiscard]] access grant_access(std::uint32_t slot, const call_ranges& r,
+                                      buffer_descriptor& body,
+                                      buffer_descriptor& reply) noexcept override;
     bool end_access(std::uint32_t slot, access_end how) noexcept override;
 
     /// Frame types on the stream.

@@ -105,14 +105,18 @@ call_status client::check_dmabuf_options(std::span<const std::byte> request,
     const bool dev_reply = !o.reply_dmabuf.empty();
     if (!dev_body && !dev_reply)
         return call_status::ok;
-    // Only the device reaches it (a connection over another path refuses
-    // it at the call's start: link::grant_access).
-    if (!opts_.transports.has(transport::rdma))
-        return call_status::dmabuf_unreachable;
-    // A body in one place, a reply buffer in one place (the device's link
-    // checks each range's cache and its protection domain).
+    // A body in one place, a reply buffer in one place.
     if ((dev_body && !request.empty()) || (dev_reply && !o.reply_into.empty()))
         return call_status::bad_options;
+    // Only the device reaches it (a connection over another path refuses
+    // it too, at the call's start: link::grant_access).
+    if (!device_ok())
+        return call_status::dmabuf_unreachable;
+    // Each range with its cache, in this client's protection domain (the
+    // keys it gives are no use on this client's queue pairs otherwise).
+    for (const dmabuf_range* d : {&o.body_dmabuf, &o.reply_dmabuf})
+        if (!d->empty() && (d->cache == nullptr || d->cache->pd().get() != ep_.pd->get()))
+            return call_status::bad_options;
     if (dev_body && o.body_dmabuf.length > opts_.max_message)
         return call_status::too_large;
     return call_status::ok;

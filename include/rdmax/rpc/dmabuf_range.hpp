@@ -22,8 +22,8 @@ namespace rdmax::rpc {
 struct dmabuf_range {
     /// Knows the buffer, whose range is registered on its own for the call
     /// (exactly its bytes, deregistered when the call ends: no key outlives
-    /// it). In the client's protection domain; it lives until the call has
-    /// started, the buffer until the call has ended.
+    /// it). In the client's protection domain; it and the buffer outlive the
+    /// call's result (a call waiting for a reconnect registers when it goes).
     dmabuf_cache* cache = nullptr;
     dmabuf_cache::buffer buffer{};
     std::uint64_t offset = 0;

@@ -162,14 +162,6 @@ ibv_mr* dmabuf_cache::register_exact(buffer b, std::uint64_t offset, std::size_t
     return register_dmabuf(*pd_, use.fd, offset, len, iova(b, offset), granted);
 }
 
-void dmabuf_cache::invalidate(buffer b, std::uint64_t offset, std::size_t len) noexcept {
-    try {
-        cache_.invalidate(address(b, offset, len), len);
-    } catch (...) {
-        // A stale token or a range outside its buffer: nothing of it is cached.
-    }
-}
-
 const void* dmabuf_cache::address(buffer b, std::uint64_t offset, std::size_t len) const {
     const auto slot = static_cast<unsigned>(b.base >> dmabuf_slots::slot_shift);
     if (b.base == 0 || (b.base & (slot_bytes - 1)) != 0 || !slots_.current(slot, b.generation))

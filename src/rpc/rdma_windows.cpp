@@ -102,9 +102,6 @@ bool rdma_link::register_call(call_access& a, const call_ranges& r, bool windows
                 a.reply = windows ? cache.get<write_bind>(r.reply.data(), r.reply.size())
                                   : cache.get<rights::remote_write>(r.reply.data(), r.reply.size());
         }
-        // A dma-buf range: its cache registers it once (ibv_reg_dmabuf_mr),
-        // later calls hit; a stale buffer token or a range outside the
-        // buffer throws, as a refused registration does.
         // A dma-buf range: exactly its bytes and rights, this call's alone
         // (call_access). A stale buffer token or a range outside the buffer
         // throws, as a refused registration does.

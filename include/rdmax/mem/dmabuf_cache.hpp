@@ -166,13 +166,6 @@ public:
     [[nodiscard]] held<remote_buffer<A>> remote(buffer b, std::uint64_t offset, std::size_t len) {
         return cache_.remote<A>(address(b, offset, len), len);
     }
-    /// The registration itself (what a memory window over the range is bound
-    /// to), throwing as local() does; the range's iova is `iova(b, offset)`.
-    using handle = cache_type::handle;
-    template <rights A>
-    [[nodiscard]] handle get(buffer b, std::uint64_t offset, std::size_t len) {
-        return cache_.get<A>(address(b, offset, len), len);
-    }
     /// Where [offset, ...) of `b` is in the MRs' address space (their iova).
     [[nodiscard]] static std::uint64_t iova(buffer b, std::uint64_t offset) noexcept {
         return b.base + offset;
@@ -187,10 +180,6 @@ public:
     /// call's). Throws as local() does.
     [[nodiscard]] ibv_mr* register_exact(buffer b, std::uint64_t offset, std::size_t len,
                                          rights granted);
-    /// Forgets the registrations overlapping [offset, offset + len) of `b`:
-    /// idle ones are deregistered now (their keys die), ones in use when their
-    /// last handle goes. Nothing for a stale token (its buffer's are gone).
-    void invalidate(buffer b, std::uint64_t offset, std::size_t len) noexcept;
     [[nodiscard]] rcache_counters counters() const noexcept { return cache_.counters(); }
     /// Deregisters every idle registration.
     void flush() { cache_.flush(); }

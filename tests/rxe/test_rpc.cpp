@@ -1760,6 +1760,18 @@ rpc::rpc_options local_options() {
     return o;
 }
 
+/// local_options() for a test that measures how little CPU a sleeping server
+/// uses: wait() also wakes once a housekeeping interval, and at
+/// small_options()' 1 ms those 300 wake-ups in 300 ms cost the TCG guest
+/// 60-80 ms of CPU (79 ms in CI at e24b683), as much as the bound the tests
+/// set. At 100 ms a sleeping server wakes a few times; one that spins still
+/// burns all 300 ms, so the bound keeps telling the two apart.
+rpc::rpc_options quiet_local_options() {
+    rpc::rpc_options o = local_options();
+    o.housekeeping = std::chrono::milliseconds(100);
+    return o;
+}
+
 /// The CPU time (user and system) this thread has used.
 std::chrono::microseconds thread_cpu() {
     rusage u{};
@@ -1950,7 +1962,7 @@ TEST_CASE("out of descriptors at a node-local accept, the server does not spin",
     // listener stayed readable and every wait() returned at once (a serving
     // thread at 100% CPU for as long as descriptors were short).
     test_domain pd;
-    rpc::server s = make_server(pd, test_addr(), 0, local_options());
+    rpc::server s = make_server(pd, test_addr(), 0, quiet_local_options());
     (void)s.poll();
     local::unix_channel waiting =
         local::unix_channel::connect(rpc::local_name(test_addr(), s.port()));
@@ -2133,7 +2145,7 @@ TEST_CASE("a node-local peer that writes on its socket after the handshake is dr
     // One unread byte used to keep the server's epoll readable: wait() never
     // slept again (a core at 100 % for as long as that peer stayed).
     test_domain pd;
-    rpc::server s = make_server(pd, test_addr(), 0, local_options());
+    rpc::server s = make_server(pd, test_addr(), 0, quiet_local_options());
     handlers h;
     h.install(s);
     connected_client good(pd, s, local_options());

@@ -19,6 +19,7 @@
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
+#include <rdmax/sched/stripe_options.hpp>
 #include <rdmax/stats/stat_options.hpp>
 
 namespace rdmax::config {
@@ -98,6 +99,7 @@ std::vector<knob_row> knobs_from_env() {
     describe_env(arena_knobs, rows);
     describe_env(handle_knobs, rows);
     describe_env(sched::scheduler_knobs, rows);
+    describe_env(sched::stripe_knobs, rows);
     describe_env(rpc::rpc_knobs, rows);
     describe_env(local::mapping_knobs, rows);
     describe_env(local::team_knobs, rows);

@@ -22,6 +22,7 @@
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
+#include <rdmax/sched/stripe_options.hpp>
 
 #include "../support/catch.hpp"
 
@@ -67,13 +68,14 @@ TEST_CASE("knobs: every default reads back as itself; names are unique") {
     check_round_trip(arena_knobs);
     check_round_trip(handle_knobs);
     check_round_trip(sched::scheduler_knobs);
+    check_round_trip(sched::stripe_knobs);
     check_round_trip(rpc::rpc_knobs);
     check_round_trip(local::mapping_knobs);
     check_round_trip(local::team_knobs);
     std::map<std::string, int> seen;
     for (const config::knob_row& r : config::knobs_from_env())
         CHECK(++seen[std::string(r.name)] == 1);
-    CHECK(seen.size() == 43);
+    CHECK(seen.size() == 46);
 }
 
 TEST_CASE("knobs: sizes take suffixes, print with the largest that divides") {

@@ -290,7 +290,15 @@ basic_priority_scheduler<Policy, Port, Clock, FineClock>::slice_cut(bool small) 
     // With a measured budget, the first slice after a quiet spell is a
     // short probe: nothing is ahead of it, so its latency is the base
     // latency, with little of its own bytes' time in it.
-    return adaptive() && in_flight_bytes_ == 0 ? std::min(cut, probe_bytes) : cut;
+    if (adaptive() && in_flight_bytes_ == 0)
+        return std::min(cut, probe_bytes);
+    // With a measured budget, a quarter of it at most: a slice's bytes
+    // count in flight until its last one is acknowledged, so a budget held
+    // by two large slices has the link idle while each one's completion
+    // comes back and the next is posted (a host that serves several links
+    // finds that much room at each visit), and the rate it measures then
+    // shrinks the budget further.
+    return adaptive() ? std::min<std::uint64_t>(cut, std::max(budget_ / 4, small_slice_)) : cut;
 }
 
 template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
@@ -414,6 +422,19 @@ inline bool basic_priority_scheduler<Policy, Port, Clock, FineClock>::any_queued
     return false;
 }
 
+// The measured budget (budget_bytes 0): the bandwidth-delay product and
+// one small slice. A sample is a signaled slice of probe_bytes or more,
+// one at a time: the time from its posting to its completion being
+// reaped. The bytes completed between the previous sample's completion
+// and this one's, over the time between them, are the rate the link
+// delivered; the largest of the last
+// eight estimates the link's rate (as BBR's bottleneck bandwidth,
+// Cardwell et al., 2016). A slice posted with nothing in flight (a 1 KiB
+// probe) gives the base latency; the smallest is kept (as BBR's
+// round-trip propagation time). While the budget is below the product,
+// the rate measured is about the budget over the base latency, and the
+// slack of one slice lets the budget grow until the link is full.
+// With host_away(), at least what the link sends while the host is away.
 template <SchedulingPolicy Policy, SendPort Port, class Clock, class FineClock>
 inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::measure(
     typename fine_clock::duration elapsed) noexcept {
@@ -448,7 +469,13 @@ inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::measure(
     // way, and the slack lets the budget grow while it is below the
     // product (the rate measured is then the budget over the latency).
     const auto product = static_cast<std::uint64_t>(best_rate * base_ns_);
-    budget_ = std::clamp<std::uint64_t>(product + small_slice_, adaptive_floor, adaptive_ceiling);
+    // Or, if more, what the link sends while the host is away (host_away()):
+    // a host that comes back finds that much done, and must find the link
+    // still busy. Without it, one thread driving several links measures its
+    // own slowness as their rate, and the budget shrinks with it.
+    const auto away = static_cast<std::uint64_t>(best_rate * host_away_ns_);
+    budget_ = std::clamp<std::uint64_t>(product + std::max(small_slice_, away), adaptive_floor,
+                                        adaptive_ceiling);
     // Small slices an eighth of the budget, at most the option's and at
     // least 4 KiB: an urgent request waits for about one slice more than
     // the product, and every slice costs the host and the device

@@ -35,7 +35,7 @@
 //   queue pair's max_rd_atomic;
 // - the slice size adapts: small while a more urgent level has work or had
 //   some within `hold`, large otherwise; a large slice fills what is left of
-//   the budget, no more;
+//   the budget, no more (a quarter of a measured one at most);
 // - the byte budget is measured unless the options fix it: the delivered
 //   rate times the latency of a slice posted alone, plus one small slice;
 //   small slices are then an eighth of it (see measure());
@@ -207,6 +207,16 @@ public:
     /// on timeout, at once when nothing is queued or in flight.
     int wait(std::span<verbs::completion> out, std::chrono::microseconds timeout) noexcept;
 
+    /// How long the host takes to come back to this scheduler while it is
+    /// busy: a striper's round over its rails, when one thread drives them
+    /// all. A measured budget then covers at least what the link sends
+    /// meanwhile besides the bandwidth-delay product, so that the link does
+    /// not drain while the host serves the others; 0 (the default): a
+    /// thread that polls nothing else.
+    void host_away(std::chrono::nanoseconds away) noexcept {
+        host_away_ns_ = static_cast<double>(away.count());
+    }
+
     // ---- state ------------------------------------------------------------------------------
 
     /// Requests submitted and not yet handed back by poll().
@@ -306,18 +316,7 @@ private:
 
     [[nodiscard]] bool any_queued() const noexcept;
 
-    /// The measured budget (budget_bytes 0): the bandwidth-delay product and
-    /// one small slice. A sample is a signaled slice of probe_bytes or more,
-    /// one at a time: the time from its posting to its completion being
-    /// reaped. The bytes completed between the previous sample's completion
-    /// and this one's, over the time between them, are the rate the link
-    /// delivered; the largest of the last
-    /// eight estimates the link's rate (as BBR's bottleneck bandwidth,
-    /// Cardwell et al., 2016). A slice posted with nothing in flight (a 1 KiB
-    /// probe) gives the base latency; the smallest is kept (as BBR's
-    /// round-trip propagation time). While the budget is below the product,
-    /// the rate measured is about the budget over the base latency, and the
-    /// slack of one slice lets the budget grow until the link is full.
+    /// The measured budget (budget_bytes 0): the -inl file says how.
     void measure(typename fine_clock::duration elapsed) noexcept;
 
     /// Takes the port's completions in.
@@ -378,6 +377,7 @@ private:
     std::uint64_t budget_;
     std::uint64_t small_slice_ = opts_.small_slice; ///< an eighth of a measured budget
     double post_ns_ = 0;       ///< the host's time per slice posted (average of the samples)
+    double host_away_ns_ = 0;  ///< host_away()
     bool sample_rung_ = false; ///< the sample's doorbell was timed
     bool sampling_ = false;    ///< a signaled slice in flight is timed
     std::uint64_t sample_id_ = 0;

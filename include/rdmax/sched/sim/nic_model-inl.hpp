@@ -36,8 +36,17 @@ inline status nic_port::post() noexcept {
 }
 
 inline void nic_port::fail() noexcept {
+    nic_->catch_up();
     auto& q = nic_->sqs_[qp_];
     q.failed = true;
+    // Requests whose acknowledgement has not come back by now are flushed
+    // too: the queue pair in the error state completes them so, whatever
+    // the responder saw.
+    for (auto& c : q.cqes)
+        if (c.visible > virtual_clock::ps) {
+            c.c.status = IBV_WC_WR_FLUSH_ERR;
+            c.visible = virtual_clock::ps;
+        }
     for (const auto& w : q.wqes) {
         verbs::completion c;
         c.wr_id = w.s.id;
@@ -120,6 +129,11 @@ inline void nic::send_packet(std::uint32_t qp, picoseconds start) noexcept {
     rx.last_arrival = end;
     if (end > rx.window_start && end <= rx.window_end)
         rx.window_bytes[w.s.remote_addr >= rx.split_addr ? 1 : 0] += payload;
+    if (rx.bins != nullptr && rx.bin_ps > 0 && w.s.remote_addr < rx.split_addr) {
+        const auto bin = static_cast<std::size_t>(end / rx.bin_ps);
+        if (bin < rx.bins->size())
+            (*rx.bins)[bin] += payload;
+    }
     w.sent += payload;
     if (w.sent < w.s.length)
         return;

@@ -176,6 +176,10 @@ struct receiver {
     picoseconds window_start = 0;     ///< counted: packets that end in the window
     picoseconds window_end = never;
     std::uint64_t window_bytes[2] = {0, 0}; ///< below split_addr, at or above
+    /// Payload below split_addr per `bin_ps` of time (packets that end in
+    /// the bin), when `bins` is set: a stream's throughput over time.
+    std::vector<std::uint64_t>* bins = nullptr;
+    picoseconds bin_ps = 0;
 };
 
 class nic;
@@ -234,7 +238,7 @@ public:
             for (const auto& q : sqs_)
                 if (!q.wqes.empty())
                     first_ready = std::min(first_ready, q.wqes.front().ready);
-            if (first_ready == never)
+            if (first_ready == never || down_)
                 return limit;
             const picoseconds start = std::max(wire_free_, first_ready);
             if (start >= limit)
@@ -244,6 +248,27 @@ public:
     }
     /// Runs the NIC up to the host's time now.
     void catch_up() noexcept { run_until(virtual_clock::ps, false); }
+    /// The link goes down now (a cable pulled, a switch port failed): no
+    /// packet starts from now on, and nothing sent is acknowledged any
+    /// more. The host learns it from a port event or a retry timeout: then
+    /// it fails the queue pairs (nic_port::fail), and their work flushes.
+    void link_down() noexcept {
+        catch_up();
+        down_ = true;
+        // Acknowledgements on their way back are lost with the link.
+        for (auto& q : sqs_)
+            for (auto& c : q.cqes)
+                if (c.visible > virtual_clock::ps)
+                    c.visible = never;
+        recompute_earliest();
+    }
+    /// The link is back; a failed queue pair stays failed (use another).
+    void link_up() noexcept {
+        catch_up();
+        down_ = false;
+        wire_free_ = std::max(wire_free_, virtual_clock::ps);
+    }
+    [[nodiscard]] bool link_is_down() const noexcept { return down_; }
     /// When the host can next see a completion: at most `horizon`.
     [[nodiscard]] picoseconds next_completion(picoseconds horizon) noexcept {
         return std::min(run_until(horizon, true), earliest_cqe_);
@@ -293,6 +318,7 @@ private:
     picoseconds wire_free_ = 0;
     picoseconds earliest_cqe_ = never;
     std::uint32_t last_ = 0;
+    bool down_ = false;
 };
 
 static_assert(SendPort<nic_port>);

@@ -1,0 +1,608 @@
+#pragma once
+// The bodies of basic_striper's members (basic_striper.hpp holds the class,
+// what it promises and its API; this file, how it keeps that). Included at
+// the end of basic_striper.hpp; including it alone includes that first.
+
+#include <algorithm>
+
+#include <rdmax/sched/basic_striper.hpp>
+
+namespace rdmax::sched {
+
+template <class Scheduler>
+basic_striper<Scheduler>::basic_striper(stripe_options opts)
+    : opts_(opts)
+    , transfers_(std::max<std::uint32_t>(opts.max_requests, 1))
+    // A whole transfer has one piece; a striped one, chunks_ahead per rail,
+    // as many again coming back from a failed rail while the others take theirs.
+    , pieces_(transfers_.size() + 2 * max_rails * (std::size_t{opts.chunks_ahead} + 1)) {
+    opts_.chunks_ahead = std::max<std::uint32_t>(opts_.chunks_ahead, 1);
+    opts_.chunk = std::clamp<std::uint64_t>(opts_.chunk, 4096, std::uint64_t{1} << 30);
+    opts_.stripe_min = std::clamp<std::uint64_t>(opts_.stripe_min, 1, UINT32_MAX);
+    for (transfer& t : transfers_)
+        free_transfers_.push_front(t);
+    for (piece& p : pieces_)
+        free_pieces_.push_front(p);
+}
+
+template <class Scheduler>
+basic_striper<Scheduler>::~basic_striper() {
+    // The lists link into the pools; unhook before the pools go.
+    for (transfer& t : transfers_)
+        t.again.clear();
+    free_transfers_.clear();
+    free_pieces_.clear();
+    for (level_queue& q : queues_)
+        q.clear();
+    order_.clear();
+    done_.clear();
+}
+
+// ---- rails ----------------------------------------------------------------------------------
+
+template <class Scheduler>
+bool basic_striper<Scheduler>::attach(std::size_t k, Scheduler& s, double gbps) noexcept {
+    if (k >= max_rails || rails_[k].pieces != 0)
+        return false;
+    rail& r = rails_[k];
+    if (r.s != nullptr && !r.up)
+        ++counters_.rejoins;
+    r.s = &s;
+    r.gbps = gbps > 0 ? gbps : 1;
+    r.bytes_out = 0;
+    r.up = s.port().ready() && !s.failed();
+    return true;
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::rail_down(std::size_t k) noexcept {
+    if (k >= max_rails || rails_[k].s == nullptr)
+        return;
+    if (rails_[k].up)
+        take_out(k, IBV_WC_WR_FLUSH_ERR);
+    // Its queue pair to the error state: what it holds comes back flushed
+    // now, not after the transport's retries.
+    rails_[k].s->port().fail();
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::take_out(std::size_t k, ibv_wc_status why) noexcept {
+    rails_[k].up = false;
+    ++counters_.failovers;
+    if (why != IBV_WC_WR_FLUSH_ERR || last_rail_failure_ == IBV_WC_SUCCESS)
+        last_rail_failure_ = why;
+}
+
+template <class Scheduler>
+std::size_t basic_striper<Scheduler>::attached() const noexcept {
+    return static_cast<std::size_t>(
+        std::count_if(rails_.begin(), rails_.end(), [](const rail& r) { return r.s != nullptr; }));
+}
+
+template <class Scheduler>
+std::size_t basic_striper<Scheduler>::rails_up() const noexcept {
+    return static_cast<std::size_t>(
+        std::count_if(rails_.begin(), rails_.end(), [](const rail& r) { return r.up; }));
+}
+
+template <class Scheduler>
+double basic_striper<Scheduler>::weight(std::size_t k) const noexcept {
+    const rail& r = rails_[k];
+    if (r.s != nullptr) {
+        const auto measured = r.s->counters().rate_mb_per_s;
+        if (measured > 0)
+            return static_cast<double>(measured);
+    }
+    return r.gbps * 125.0; // Gb/s in MB/s
+}
+
+template <class Scheduler>
+std::size_t basic_striper<Scheduler>::least_loaded(priority p) const noexcept {
+    std::size_t best = max_rails;
+    double best_load = 0;
+    for (std::size_t k = 0; k < max_rails; ++k) {
+        if (!rails_[k].up)
+            continue;
+        // What a request of priority p waits for there: the bytes on the
+        // wire, and the pieces of its level or more urgent ones (its
+        // scheduler lets it overtake the others).
+        std::uint64_t ahead = rails_[k].s->counters().in_flight_bytes;
+        for (std::size_t l = 0; l <= p.level && l < priority_levels; ++l)
+            ahead += rails_[k].bytes_at[l];
+        const double load = static_cast<double>(ahead) / weight(k);
+        if (best == max_rails || load < best_load) {
+            best = k;
+            best_load = load;
+        }
+    }
+    return best;
+}
+
+// ---- submission -----------------------------------------------------------------------------
+
+template <class Scheduler>
+status basic_striper<Scheduler>::submit(priority p, ibv_wr_opcode op, std::byte* local,
+                                        std::uint64_t local_length,
+                                        const std::array<std::uint32_t, max_rails>& lkey,
+                                        std::uint64_t remote_addr, std::uint64_t remote_length,
+                                        const std::array<std::uint32_t, max_rails>& rkey,
+                                        std::uint64_t remote_offset, std::uint64_t wr_id,
+                                        request_flags f) noexcept {
+    if (p.level >= priority_levels)
+        return status::out_of_range;
+    if (local_length == 0)
+        return status::zero_length;
+    if (remote_offset > remote_length || local_length > remote_length - remote_offset ||
+        remote_addr + remote_length < remote_addr)
+        return status::out_of_range;
+    if (rails_up() == 0)
+        return status::qp_failed;
+    if (free_transfers_.empty())
+        return status::queue_full;
+    transfer& t = free_transfers_.front();
+    free_transfers_.pop_front();
+    t.op = op;
+    t.local = local;
+    t.length = local_length;
+    t.lkey = lkey;
+    t.remote_addr = remote_addr;
+    t.remote_length = remote_length;
+    t.remote_offset = remote_offset;
+    t.rkey = rkey;
+    t.wr_id = wr_id;
+    t.cut = 0;
+    t.confirmed = 0;
+    t.tail_from = 0;
+    t.tail_weight = 0;
+    t.out = 0;
+    t.result = IBV_WC_SUCCESS;
+    t.local_qp_errors = 0;
+    t.prio = p;
+    t.flags = f;
+    t.whole = local_length < opts_.stripe_min;
+    t.fed = false;
+    t.queued = true;
+    queues_[p.level].push_back(t);
+    order_.push_back(t);
+    ++live_;
+    ++counters_.requests;
+    feed();
+    return status::ok;
+}
+
+template <class Scheduler>
+bool basic_striper<Scheduler>::cancel(std::uint64_t wr_id) noexcept {
+    for (transfer& t : order_) {
+        if (t.wr_id != wr_id || t.fed)
+            continue;
+        unqueue(t);
+        order_.erase(order_.iterator_to(t));
+        --live_;
+        release(t);
+        return true;
+    }
+    return false;
+}
+
+// ---- handing out pieces ---------------------------------------------------------------------
+
+template <class Scheduler>
+bool basic_striper<Scheduler>::startable(const transfer& t) const noexcept {
+    return !t.flags.fence || &order_.front() == &t;
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::unqueue(transfer& t) noexcept {
+    if (!t.queued)
+        return;
+    level_queue& q = queues_[t.prio.level];
+    q.remove_if([&](const transfer& x) { return &x == &t; });
+    t.queued = false;
+}
+
+template <class Scheduler>
+std::uint64_t basic_striper<Scheduler>::cut_length(transfer& t, std::size_t k) noexcept {
+    const std::uint64_t left = t.length - t.cut;
+    if (t.whole)
+        return left;
+    if (t.tail_from == 0) {
+        // Once what is left fits one chunk per live rail, the last pieces are
+        // sized by the rails' rates so that they end together.
+        double sum = 0;
+        std::uint64_t live = 0;
+        for (std::size_t j = 0; j < max_rails; ++j)
+            if (rails_[j].up) {
+                sum += weight(j);
+                ++live;
+            }
+        if (left <= opts_.chunk * live) {
+            t.tail_from = left;
+            t.tail_weight = sum;
+        }
+    }
+    std::uint64_t len = opts_.chunk;
+    if (t.tail_from != 0 && t.tail_weight > 0) {
+        const auto share = static_cast<std::uint64_t>(static_cast<double>(t.tail_from) * weight(k) /
+                                                      t.tail_weight);
+        len = std::max<std::uint64_t>((share + 4095) / 4096 * 4096, 4096);
+    }
+    return std::min({len, left, opts_.chunk});
+}
+
+template <class Scheduler>
+typename basic_striper<Scheduler>::transfer*
+basic_striper<Scheduler>::next_transfer(bool whole) noexcept {
+    for (level_queue& q : queues_)
+        for (transfer& t : q)
+            if (t.whole == whole && startable(t))
+                return &t;
+    return nullptr;
+}
+
+template <class Scheduler>
+typename basic_striper<Scheduler>::piece*
+basic_striper<Scheduler>::take_piece(transfer& t, std::size_t k) noexcept {
+    piece* pc = nullptr;
+    if (!t.again.empty()) {
+        pc = &t.again.front();
+        t.again.pop_front();
+    } else {
+        if (free_pieces_.empty())
+            return nullptr;
+        pc = &free_pieces_.front();
+        free_pieces_.pop_front();
+        pc->owner = &t;
+        pc->offset = t.cut;
+        pc->length = static_cast<std::uint32_t>(cut_length(t, k));
+        pc->retry = false;
+        t.cut += pc->length;
+    }
+    if (t.again.empty() && t.cut == t.length)
+        unqueue(t);
+    return pc;
+}
+
+template <class Scheduler>
+bool basic_striper<Scheduler>::send_piece(piece& pc, std::size_t k) noexcept {
+    transfer& t = *pc.owner;
+    rail& r = rails_[k];
+    const std::uint64_t id = piece_tag | static_cast<std::uint64_t>(&pc - pieces_.data());
+    request_flags f = t.flags;
+    f.fence = false;   // the striper orders fenced transfers itself
+    f.signaled = true; // it needs every piece's completion
+    status st = status::ok;
+    if (t.op == IBV_WR_RDMA_WRITE)
+        st = r.s->write(
+            t.prio, local_buffer<rights::local_read>{t.local + pc.offset, pc.length, t.lkey[k]},
+            remote_buffer<rights::remote_write>{t.remote_addr, t.remote_length, t.rkey[k], 0},
+            t.remote_offset + pc.offset, id, f);
+    else
+        st = r.s->read(
+            t.prio, local_buffer<rights::local_write>{t.local + pc.offset, pc.length, t.lkey[k]},
+            remote_buffer<rights::remote_read>{t.remote_addr, t.remote_length, t.rkey[k], 0},
+            t.remote_offset + pc.offset, id, f);
+    if (st == status::ok) {
+        pc.rail = static_cast<std::uint8_t>(k);
+        pc.in_rail = true;
+        pc.fed = ++fed_;
+        ++t.out;
+        t.fed = true;
+        ++r.pieces;
+        r.bytes_out += pc.length;
+        r.bytes_at[t.prio.level] += pc.length;
+        ++counters_.chunks;
+        if (pc.retry)
+            ++counters_.reposts;
+        pc.retry = false;
+        return true;
+    }
+    // Not taken: the piece waits in its transfer for the next pass.
+    t.again.push_front(pc);
+    if (!t.queued) {
+        queues_[t.prio.level].push_back(t);
+        t.queued = true;
+    }
+    if (st == status::qp_failed || st == status::not_connected) {
+        take_out(k, IBV_WC_WR_FLUSH_ERR);
+    } else if (st != status::queue_full) {
+        // The striper checked the range; a scheduler that refuses it for
+        // another reason would refuse it on every rail.
+        t.result = IBV_WC_LOC_PROT_ERR;
+        drop_unsent(t);
+        finish_if_done(t);
+    }
+    return false;
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::feed() noexcept {
+    if (rails_up() == 0) {
+        fail_unsendable();
+        return;
+    }
+    // Whole transfers: each to the rail where it waits least, whatever it holds.
+    while (transfer* t = next_transfer(true)) {
+        const std::size_t k = least_loaded(t->prio);
+        if (k == max_rails)
+            return;
+        piece* pc = take_piece(*t, k);
+        if (pc == nullptr || !send_piece(*pc, k))
+            break;
+    }
+    // Striped ones: a piece to each rail with room, in turn.
+    for (bool more = true; more;) {
+        more = false;
+        for (std::size_t k = 0; k < max_rails; ++k) {
+            if (!rails_[k].up || rails_[k].pieces >= opts_.chunks_ahead)
+                continue;
+            transfer* t = next_transfer(false);
+            piece* pc = t != nullptr ? take_piece(*t, k) : nullptr;
+            if (pc == nullptr) {
+                steal();
+                return;
+            }
+            if (send_piece(*pc, k))
+                more = true;
+        }
+    }
+    if (rails_up() == 0) // the last rail refused its piece
+        fail_unsendable();
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::steal() noexcept {
+    // Nothing is left to hand out, so the rails end the transfers with what
+    // they hold: a rail that ran dry while another holds two pieces would
+    // idle for a piece's time (a chunk: 168 us at 100 Gb/s) at every
+    // transfer's end. Only a piece its scheduler has not started can move
+    // (cancel() says so), and only to a rail where it ends sooner.
+    for (std::size_t k = 0; k < max_rails; ++k) {
+        rail& to = rails_[k];
+        if (!to.up || to.pieces >= opts_.chunks_ahead)
+            continue;
+        std::size_t from = max_rails;
+        double latest = 0;
+        for (std::size_t j = 0; j < max_rails; ++j) {
+            const rail& r = rails_[j];
+            if (j == k || !r.up || r.pieces < 2)
+                continue;
+            const double finish = static_cast<double>(r.bytes_out) / weight(j);
+            if (from == max_rails || finish > latest) {
+                from = j;
+                latest = finish;
+            }
+        }
+        if (from == max_rails)
+            continue;
+        piece* last = nullptr;
+        for (piece& pc : pieces_)
+            if (pc.in_rail && pc.rail == from && !pc.owner->whole &&
+                pc.owner->result == IBV_WC_SUCCESS && (last == nullptr || pc.fed > last->fed))
+                last = &pc;
+        if (last == nullptr)
+            continue;
+        const double here = static_cast<double>(to.bytes_out + last->length) / weight(k);
+        if (here >= latest)
+            continue;
+        const std::uint64_t id = piece_tag | static_cast<std::uint64_t>(last - pieces_.data());
+        if (!rails_[from].s->cancel(id))
+            continue; // under way: it ends where it is
+        transfer& t = *last->owner;
+        rail& r = rails_[from];
+        last->in_rail = false;
+        --r.pieces;
+        r.bytes_out -= last->length;
+        r.bytes_at[t.prio.level] -= last->length;
+        --t.out;
+        ++counters_.steals;
+        if (!send_piece(*last, k))
+            finish_if_done(t); // back in `again`, for the next pass
+    }
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::drop_unsent(transfer& t) noexcept {
+    while (!t.again.empty()) {
+        piece& pc = t.again.front();
+        t.again.pop_front();
+        free_pieces_.push_front(pc);
+    }
+    t.cut = t.length;
+    unqueue(t);
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::fail_unsendable() noexcept {
+    const ibv_wc_status why =
+        last_rail_failure_ == IBV_WC_SUCCESS ? IBV_WC_WR_FLUSH_ERR : last_rail_failure_;
+    for (level_queue& q : queues_) {
+        while (!q.empty()) {
+            transfer& t = q.front();
+            if (t.result == IBV_WC_SUCCESS)
+                t.result = why;
+            drop_unsent(t);
+            finish_if_done(t);
+        }
+    }
+}
+
+// ---- completions ----------------------------------------------------------------------------
+
+template <class Scheduler>
+void basic_striper<Scheduler>::piece_done(std::uint64_t wr_id, ibv_wc_status st) noexcept {
+    const std::uint64_t index = wr_id & ~(0xffULL << 56);
+    if (index >= pieces_.size())
+        return; // not one of ours: the tag was the caller's (counted by poll)
+    piece& pc = pieces_[index];
+    transfer& t = *pc.owner;
+    rail& r = rails_[pc.rail];
+    pc.in_rail = false;
+    if (st == IBV_WC_LOC_QP_OP_ERR && t.local_qp_errors < 255)
+        ++t.local_qp_errors;
+    --r.pieces;
+    r.bytes_out -= pc.length;
+    r.bytes_at[t.prio.level] -= pc.length;
+    --t.out;
+    if (st == IBV_WC_SUCCESS) {
+        t.confirmed += pc.length;
+        counters_.rail_bytes[pc.rail] += pc.length;
+        free_pieces_.push_front(pc);
+    } else if (rail_failure(st, t) && t.result == IBV_WC_SUCCESS) {
+        // Its rail failed under it: the same bytes go again on another.
+        if (r.up)
+            take_out(pc.rail, st);
+        pc.retry = true;
+        t.again.push_front(pc);
+        if (!t.queued) {
+            queues_[t.prio.level].push_back(t);
+            t.queued = true;
+        }
+    } else {
+        if (t.result == IBV_WC_SUCCESS)
+            t.result = st;
+        free_pieces_.push_front(pc);
+        drop_unsent(t);
+    }
+    finish_if_done(t);
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::finish_if_done(transfer& t) noexcept {
+    if (t.out != 0)
+        return;
+    if (t.result == IBV_WC_SUCCESS && t.confirmed != t.length)
+        return;
+    drop_unsent(t);
+    order_.erase(order_.iterator_to(t));
+    --live_;
+    if (t.result == IBV_WC_SUCCESS)
+        ++counters_.completed;
+    else
+        ++counters_.failed;
+    if (t.result != IBV_WC_SUCCESS || t.flags.signaled)
+        done_.push_back(t);
+    else
+        release(t);
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::release(transfer& t) noexcept {
+    free_transfers_.push_front(t);
+}
+
+template <class Scheduler>
+std::size_t basic_striper<Scheduler>::first_to_poll() const noexcept {
+    // The rail of the most urgent piece out first (its completion is the
+    // one a caller waits for most), then the others in turn.
+    std::size_t first = next_rail_;
+    std::size_t most_urgent = priority_levels;
+    for (std::size_t j = 0; j < max_rails; ++j)
+        for (std::size_t l = 0; l < most_urgent; ++l)
+            if (rails_[j].bytes_at[l] != 0) {
+                most_urgent = l;
+                first = j;
+                break;
+            }
+    return first;
+}
+
+template <class Scheduler>
+std::size_t basic_striper<Scheduler>::poll_rail(std::size_t j, std::span<verbs::completion> out,
+                                                std::size_t k) noexcept {
+    rail& r = rails_[j];
+    if (r.up && r.s->failed())
+        take_out(j, r.s->failure());
+    // Until the scheduler has nothing to hand back: a call that hands back
+    // finished requests posts nothing (basic_priority_scheduler::poll), and
+    // a finished piece is no reason to leave its rail's link idle. No more
+    // at a time than the caller has room for: a completion that is not ours
+    // goes straight to it.
+    for (int round = 0; round < 8 && k < out.size(); ++round) {
+        std::array<verbs::completion, 16> wc;
+        const std::size_t room = std::min(wc.size(), out.size() - k);
+        const int n = r.s->poll(std::span(wc.data(), room));
+        for (int x = 0; x < n; ++x) {
+            const verbs::completion& c = wc[static_cast<std::size_t>(x)];
+            if ((c.wr_id & (0xffULL << 56)) == piece_tag) {
+                piece_done(c.wr_id, c.status);
+            } else {
+                out[k++] = c;
+                ++counters_.foreign;
+            }
+        }
+        if (n == 0)
+            break;
+    }
+    if (r.up && r.s->failed())
+        take_out(j, r.s->failure());
+    return k;
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::note_round(std::chrono::nanoseconds round) noexcept {
+    const auto ns = static_cast<double>(round.count());
+    away_ns_ = away_ns_ == 0 ? ns : (7 * away_ns_ + ns) / 8;
+    for (rail& r : rails_)
+        if (r.s != nullptr)
+            r.s->host_away(std::chrono::nanoseconds(static_cast<std::int64_t>(away_ns_)));
+}
+
+template <class Scheduler>
+int basic_striper<Scheduler>::poll(std::span<verbs::completion> out) noexcept {
+    using fine_clock = typename Scheduler::fine_clock;
+    // Every 16th call, with two rails or more, times one round over the
+    // rails: how long a rail's scheduler waits for the host to come back
+    // (host_away()).
+    const bool timed = ++polls_ % 16 == 0 && attached() > 1;
+    const auto began = timed ? fine_clock::now() : typename fine_clock::time_point{};
+    std::size_t k = 0;
+    const std::size_t first = first_to_poll();
+    for (std::size_t i = 0; i < max_rails && k < out.size(); ++i) {
+        const std::size_t j = (first + i) % max_rails;
+        if (rails_[j].s != nullptr)
+            k = poll_rail(j, out, k);
+    }
+    if (timed)
+        note_round(std::chrono::duration_cast<std::chrono::nanoseconds>(fine_clock::now() - began));
+    next_rail_ = (next_rail_ + 1) % max_rails;
+    feed();
+    while (!done_.empty() && k < out.size()) {
+        transfer& t = done_.front();
+        done_.pop_front();
+        verbs::completion c;
+        c.wr_id = t.wr_id;
+        c.status = t.result;
+        c.opcode = t.op == IBV_WR_RDMA_WRITE ? IBV_WC_RDMA_WRITE : IBV_WC_RDMA_READ;
+        out[k++] = c;
+        release(t);
+    }
+    return static_cast<int>(k);
+}
+
+template <class Scheduler>
+int basic_striper<Scheduler>::wait(std::span<verbs::completion> out,
+                                   std::chrono::microseconds timeout) noexcept {
+    using clock = typename Scheduler::clock;
+    const auto deadline = clock::now() + timeout;
+    for (std::uint32_t spins = 1;; ++spins) {
+        const int n = poll(out);
+        if (n != 0)
+            return n;
+        bool busy = live_ != 0 || !done_.empty();
+        for (const rail& r : rails_)
+            busy = busy || (r.s != nullptr && r.s->outstanding() != 0);
+        if (!busy)
+            return 0;
+        if (spins % 64 == 0 && clock::now() >= deadline)
+            return 0;
+    }
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::flush() noexcept {
+    for (rail& r : rails_)
+        if (r.s != nullptr && r.up)
+            r.s->flush();
+}
+
+} // namespace rdmax::sched

@@ -22,6 +22,7 @@
 #include <rdmax/mem/memory_region.hpp>
 #include <rdmax/mem/monitor.hpp>
 #include <rdmax/mem/on_demand_check.hpp>
+#include <rdmax/mem/rail_buffer.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registered_arena.hpp>
 #include <rdmax/mem/registrar.hpp>
@@ -42,6 +43,7 @@
 #include <rdmax/rpc/server.hpp>
 #include <rdmax/rpc/server_group.hpp>
 #include <rdmax/sched/basic_priority_scheduler.hpp>
+#include <rdmax/sched/basic_striper.hpp>
 #include <rdmax/sched/coarse_clock.hpp>
 #include <rdmax/sched/deficit_round_robin.hpp>
 #include <rdmax/sched/priority.hpp>
@@ -51,6 +53,7 @@
 #include <rdmax/sched/scheduler_options.hpp>
 #include <rdmax/sched/scheduling_policy.hpp>
 #include <rdmax/sched/send_port.hpp>
+#include <rdmax/sched/stripe_options.hpp>
 #include <rdmax/sched/sim/nic_model.hpp>
 #include <rdmax/sched/strict_priority.hpp>
 #include <rdmax/status.hpp>

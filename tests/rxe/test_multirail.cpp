@@ -536,3 +536,52 @@ TEST_CASE("a rail's link down mid-transfer: no error, every byte right; back onc
     CHECK(c.rail_bytes[1] > before);
     CHECK(c.failed == 0);
 }
+
+TEST_CASE("two soft-RoCE rails against one: the rate ratio, measured (not gated)", "[ratio]") {
+    // Both devices are the same guest's CPUs doing soft-RoCE's copies and
+    // checksums (docs/multirail.md): the ratio says what a second rail buys
+    // here, and is printed, not asserted, beyond every byte being right.
+    (void)rail1();
+    striped_pair p;
+    striper one{sched::stripe_options{}.with_env()};
+    REQUIRE(one.attach(0, *p.rail[0]->sched, 1));
+    const auto timed = [&](striper& s, ibv_wr_opcode op) {
+        const auto t0 = clock_type::now();
+        const status st = op == IBV_WR_RDMA_WRITE
+                              ? s.write(sched::bulk, p.local_src(), p.remote_dst(), 0, p.next_id++)
+                              : s.read(sched::bulk, p.local_src(), p.remote_dst(), 0, p.next_id++);
+        REQUIRE(st == status::ok);
+        const auto deadline = t0 + 60s;
+        std::array<verbs::completion, 4> done;
+        int n = 0;
+        while (n == 0) {
+            REQUIRE(clock_type::now() < deadline);
+            n = s.wait(done, 100ms);
+        }
+        REQUIRE(n == 1);
+        REQUIRE(done[0].ok());
+        return ms_since(t0);
+    };
+    fill_pattern(p.src, 91);
+    std::vector<double> two_w, one_w, two_r, one_r;
+    for (int round = 0; round < 5; ++round) { // alternated, in one boot
+        two_w.push_back(timed(p.st, IBV_WR_RDMA_WRITE));
+        one_w.push_back(timed(one, IBV_WR_RDMA_WRITE));
+        two_r.push_back(timed(p.st, IBV_WR_RDMA_READ));
+        one_r.push_back(timed(one, IBV_WR_RDMA_READ));
+    }
+    CHECK(has_pattern(p.dst, 91));
+    CHECK(has_pattern(p.src, 91));
+    const auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    const double mib = static_cast<double>(big) / (1 << 20);
+    fmt::print("64 MiB, medians of 5 alternated: WRITE 2 rails {:.0f} ms ({:.0f} MiB/s), 1 rail "
+               "{:.0f} ms ({:.0f} MiB/s), ratio {:.2f}; READ 2 rails {:.0f} ms, 1 rail {:.0f} ms, "
+               "ratio {:.2f}\n",
+               median(two_w), mib / median(two_w) * 1000, median(one_w), mib / median(one_w) * 1000,
+               median(one_w) / median(two_w), median(two_r), median(one_r),
+               median(one_r) / median(two_r));
+    CHECK(p.st.counters().rail_bytes[1] > 0);
+}

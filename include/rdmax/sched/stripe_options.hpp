@@ -14,11 +14,12 @@
 namespace rdmax::sched {
 
 struct stripe_options {
-    /// A transfer shorter than this goes whole to the least-loaded rail: below
-    /// it, the rails' fixed costs (a work request, a completion each) outweigh
-    /// the time a second rail saves. The NIC model's sweep set it
-    /// (docs/bench-multirail-sim.md).
-    std::uint64_t stripe_min = 512 * 1024;
+    /// A transfer shorter than this goes whole to the least-loaded rail. In
+    /// the NIC model (docs/bench-multirail-sim.md) a transfer alone on two
+    /// rails ends in 0.57 (100 Gb/s) to 0.73 (400 Gb/s) of its time whole
+    /// from 256 KiB; below, each piece's fixed costs (a work request, a
+    /// completion, the host's round) eat the gain (64 KiB at 400 Gb/s: 0.92).
+    std::uint64_t stripe_min = 256 * 1024;
     /// The bytes one rail takes at a time from a striped transfer. A rail
     /// asks for the next piece when one of its own completes, so the rails
     /// share a transfer in proportion to what each delivers, measured by
@@ -26,8 +27,9 @@ struct stripe_options {
     /// rails' rates so that they end together.
     std::uint64_t chunk = 2 * 1024 * 1024;
     /// Pieces a rail holds in its scheduler at once: two keep its link busy
-    /// while the host hands it the next, and leave little to move when the
-    /// rail fails.
+    /// while the host hands it the next (one: 4 x 400 Gb/s at 0.69-0.95 of
+    /// two in the model; four: no more than two), and leave little to move
+    /// when the rail fails.
     std::uint32_t chunks_ahead = 2;
     /// Transfers queued or in flight at once (preallocated: no allocation
     /// per transfer); more are refused with status::queue_full.

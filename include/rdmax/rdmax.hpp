@@ -53,9 +53,9 @@
 #include <rdmax/sched/scheduler_options.hpp>
 #include <rdmax/sched/scheduling_policy.hpp>
 #include <rdmax/sched/send_port.hpp>
-#include <rdmax/sched/stripe_options.hpp>
 #include <rdmax/sched/sim/nic_model.hpp>
 #include <rdmax/sched/strict_priority.hpp>
+#include <rdmax/sched/stripe_options.hpp>
 #include <rdmax/status.hpp>
 #include <rdmax/verbs/completion.hpp>
 #include <rdmax/verbs/completion_channel.hpp>

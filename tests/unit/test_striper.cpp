@@ -36,11 +36,12 @@ constexpr std::uint64_t MiB = 1024 * 1024;
 std::byte* const local_base = reinterpret_cast<std::byte*>(std::uintptr_t{1} << 32);
 constexpr std::uint64_t remote_base = std::uint64_t{1} << 40;
 
-rail_local<rw> local(std::uint64_t length) {
-    return {local_base, length, {0x10, 0x11, 0x12, 0x13}};
+rail_local<rw> local(std::uint64_t length, std::uint32_t rails = max_rails) {
+    return {local_base, length, {0x10, 0x11, 0x12, 0x13}, rails};
 }
-rail_remote<rw> remote(std::uint64_t length = std::uint64_t{1} << 32) {
-    return {remote_base, length, {0x20, 0x21, 0x22, 0x23}};
+rail_remote<rw> remote(std::uint64_t length = std::uint64_t{1} << 32,
+                       std::uint32_t rails = max_rails) {
+    return {remote_base, length, {0x20, 0x21, 0x22, 0x23}, rails, 0};
 }
 
 scheduler_options sched_options() {
@@ -336,7 +337,8 @@ TEST_CASE("striper: a fenced transfer starts only once every earlier one complet
     fenced.fence = true;
     REQUIRE(r.st.read(urgent, local(4 * MiB), remote(), 0, 2, fenced) == status::ok);
     // Until the write completed, the read has nothing in a rail.
-    while (r.completions(1) == 0) {
+    for (int step = 0; r.completions(1) == 0; ++step) {
+        REQUIRE(step < 1'000'000);
         std::uint64_t reads = 0;
         for (const auto& q : r.rail)
             for (const auto& rec : q->port().log)
@@ -397,6 +399,9 @@ TEST_CASE("striper: refusals post nothing") {
         rail_remote<rw>::of({remote_buffer<rw>{remote_base, 64, 1, 0}, {remote_base, 64, 2, 0}});
     REQUIRE(joined);
     CHECK(joined->rkey[1] == 2);
+    CHECK(joined->rails == 2);
+    // Keys for no rail: refused.
+    CHECK(r.st.write(bulk, local(64, 0), remote(), 0, 1) == status::not_permitted);
 }
 
 TEST_CASE("striper: no allocation per transfer once running") {
@@ -440,4 +445,118 @@ TEST_CASE("striper: IBV_WC_LOC_QP_OP_ERR is a rail's failure once per transfer, 
     REQUIRE(twice.got.size() == 1);
     CHECK(twice.got[0].status == IBV_WC_LOC_QP_OP_ERR);
     CHECK(twice.st.rails_up() == 1);
+}
+
+TEST_CASE("striper: a transfer uses only the rails its buffers have keys for") {
+    rig r({64 * 1024, 64 * 1024, 64 * 1024});
+    // Keys for rails 0 and 1 only (the remote side has two).
+    REQUIRE(r.st.write(bulk, local(16 * MiB), remote(std::uint64_t{1} << 32, 2), 0, 1) ==
+            status::ok);
+    REQUIRE(r.st.write(urgent, local(64, 2), remote(), 32 * MiB, 2) == status::ok);
+    r.run();
+    CHECK(r.completions(1) == 1);
+    CHECK(r.completions(2) == 1);
+    CHECK(r.rail[2]->port().log.empty());
+    CHECK(r.st.counters().rail_bytes[2] == 0);
+    // Its rails down: it fails, while a transfer with a key for rail 2 goes on.
+    rig down({64 * 1024, 64 * 1024, 64 * 1024});
+    REQUIRE(down.st.write(bulk, local(16 * MiB), remote(std::uint64_t{1} << 32, 2), 0, 1) ==
+            status::ok);
+    REQUIRE(down.st.write(bulk, local(16 * MiB), remote(), 32 * MiB, 2) == status::ok);
+    down.st.rail_down(0);
+    down.st.rail_down(1);
+    down.run();
+    REQUIRE(down.got.size() == 2);
+    for (const auto& c : down.got)
+        CHECK((c.wr_id == 1 ? !c.ok() : c.ok()));
+}
+
+TEST_CASE("striper: cancel after a scheduler refused a piece frees it; the slot is clean") {
+    // A scheduler that holds one request: the second whole transfer's piece
+    // is refused (queue_full) and waits in its transfer.
+    scheduler_options one_request = sched_options();
+    one_request.max_requests = 1;
+    sim_scheduler rail0(one_request, strict_priority{});
+    sim_scheduler* s0 = &rail0;
+    striper st(stripe());
+    REQUIRE(st.attach(0, *s0, 100));
+    REQUIRE(st.write(bulk, local(64 * 1024), remote(), 0, 1) == status::ok);
+    REQUIRE(st.write(bulk, local(100 * 1024), remote(), 0, 2) == status::ok);
+    CHECK(st.cancel(2));
+    REQUIRE(st.write(bulk, local(4096), remote(), 0, 3) == status::ok);
+    std::vector<verbs::completion> got;
+    std::array<verbs::completion, 8> c;
+    for (int i = 0; i < 100000 && st.outstanding() != 0; ++i) {
+        const int n = st.poll(c);
+        got.insert(got.end(), c.begin(), c.begin() + n);
+        s0->port().drain(64 * 1024);
+    }
+    REQUIRE(got.size() == 2);
+    CHECK(got[0].ok());
+    CHECK(got[1].ok());
+    // Nothing longer than its own transfer was posted.
+    for (const auto& rec : s0->port().log)
+        CHECK(rec.slice.length <= 64 * 1024);
+}
+
+TEST_CASE("striper: a caller's wr_id with the piece tag passes through untouched") {
+    rig r({64 * 1024, 64 * 1024});
+    const local_buffer<rw> msg{local_base, 64, 0x10};
+    const std::uint64_t forged = striper::piece_tag | 3; // a small index, a free piece
+    REQUIRE(r.rail[0]->send(urgent, msg, forged) == status::ok);
+    REQUIRE(r.st.write(bulk, local(4 * MiB), remote(), 0, 5) == status::ok);
+    r.run();
+    for (int i = 0; i < 100 && r.completions(forged) == 0; ++i)
+        r.step();
+    CHECK(r.completions(forged) == 1);
+    CHECK(r.completions(5) == 1);
+}
+
+TEST_CASE("striper: small transfers do not starve a striped one of a rail") {
+    rig r({96 * 1024, 32 * 1024});
+    REQUIRE(r.st.write(bulk, local(64 * MiB), remote(), 0, 1) == status::ok);
+    std::uint64_t id = 100;
+    for (int step = 0; r.completions(1) == 0; ++step) {
+        REQUIRE(step < 1'000'000);
+        for (int k = 0; k < 2; ++k)
+            REQUIRE(r.st.write(urgent, local(64), remote(), 128 * MiB, id++) == status::ok);
+        r.step();
+    }
+    // The fast rail carried its share (3:1) of the 64 MiB.
+    CHECK(r.st.counters().rail_bytes[0] > 40 * MiB);
+}
+
+TEST_CASE("striper: a rail that runs dry takes the unstarted last piece of a slower one") {
+    rig r({256 * 1024, 16 * 1024}, stripe(1 * MiB, 256 * 1024));
+    REQUIRE(r.st.write(bulk, local(24 * MiB), remote(), 0, 1) == status::ok);
+    r.run();
+    REQUIRE(r.completions(1) == 1);
+    CHECK(r.got[0].ok());
+    CHECK(r.st.counters().steals > 0);
+    // Every byte written exactly once still.
+    std::map<std::uint64_t, int> at;
+    for (auto& q : r.rail)
+        cover(at, q->port(), q->port().log.size());
+    CHECK(at.size() == 24 * MiB / 4096);
+    CHECK(std::all_of(at.begin(), at.end(), [](const auto& e) { return e.second == 1; }));
+}
+
+TEST_CASE("striper: a transfer's own failure withdraws its unstarted pieces from other rails") {
+    rig r({64 * 1024, 64 * 1024});
+    // Rail 0's first slice: the peer refuses the key.
+    r.rail[0]->port().fail_slice = 0;
+    r.rail[0]->port().fail_status = IBV_WC_REM_ACCESS_ERR;
+    REQUIRE(r.st.write(bulk, local(16 * MiB), remote(), 0, 1) == status::ok);
+    r.run();
+    REQUIRE(r.got.size() == 1);
+    CHECK(r.got[0].status == IBV_WC_REM_ACCESS_ERR);
+    CHECK(!r.st.rail_up(0));
+    // Rail 1's second piece never started: withdrawn, and rail 1 is still up
+    // (its first piece was under way and completed, as the simulated peer
+    // took it).
+    CHECK(r.st.rail_up(1));
+    REQUIRE(r.st.write(bulk, local(4 * MiB), remote(), 32 * MiB, 2) == status::ok);
+    r.run();
+    CHECK(r.completions(2) == 1);
+    CHECK(r.got.back().ok());
 }

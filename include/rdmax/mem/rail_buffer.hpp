@@ -27,6 +27,7 @@ struct rail_local {
     std::byte* addr = nullptr;
     std::uint64_t length = 0;
     std::array<std::uint32_t, max_rails> lkey{};
+    std::uint32_t rails = 0; ///< keys given: rails 0 .. rails - 1 (a striper uses no other)
 
     /// [offset, offset + len) with rail k's key. The caller keeps it inside.
     [[nodiscard]] constexpr local_buffer<Rights> on(std::size_t k, std::uint64_t offset,
@@ -42,6 +43,7 @@ struct rail_local {
         rail_local r;
         r.addr = per_rail.begin()->addr;
         r.length = per_rail.begin()->length;
+        r.rails = static_cast<std::uint32_t>(per_rail.size());
         std::size_t k = 0;
         for (const local_buffer<Rights>& b : per_rail) {
             if (b.addr != r.addr || b.length != r.length)
@@ -59,6 +61,8 @@ struct rail_remote {
     std::uint64_t addr = 0;
     std::uint64_t length = 0;
     std::array<std::uint32_t, max_rails> rkey{};
+    std::uint32_t rails = 0;    ///< keys given: rails 0 .. rails - 1 (a striper uses no other)
+    std::uint32_t reserved = 0; ///< named padding, always zero (the token crosses the wire)
 
     /// True when [offset, offset + len) lies inside, and inside the address space.
     [[nodiscard]] constexpr bool contains(std::uint64_t offset, std::uint64_t len) const noexcept {
@@ -75,6 +79,7 @@ struct rail_remote {
         rail_remote r;
         r.addr = per_rail.begin()->addr;
         r.length = per_rail.begin()->length;
+        r.rails = static_cast<std::uint32_t>(per_rail.size());
         std::size_t k = 0;
         for (const remote_buffer<Rights>& b : per_rail) {
             if (b.addr != r.addr || b.length != r.length)

@@ -473,7 +473,10 @@ inline void basic_priority_scheduler<Policy, Port, Clock, FineClock>::measure(
     // a host that comes back finds that much done, and must find the link
     // still busy. Without it, one thread driving several links measures its
     // own slowness as their rate, and the budget shrinks with it.
-    const auto away = static_cast<std::uint64_t>(best_rate * host_away_ns_);
+    // At most the base latency's worth (the budget at most doubled): a round
+    // timed long once, or a host that posts slowly because the budget is
+    // large, must not grow it without bound.
+    const auto away = static_cast<std::uint64_t>(best_rate * std::min(host_away_ns_, base_ns_));
     budget_ = std::clamp<std::uint64_t>(product + std::max(small_slice_, away), adaptive_floor,
                                         adaptive_ceiling);
     // Small slices an eighth of the budget, at most the option's and at

@@ -45,12 +45,16 @@ bool basic_striper<Scheduler>::attach(std::size_t k, Scheduler& s, double gbps) 
     if (k >= max_rails || rails_[k].pieces != 0)
         return false;
     rail& r = rails_[k];
-    if (r.s != nullptr && !r.up)
-        ++counters_.rejoins;
+    const bool was_out = r.s != nullptr && !r.up;
     r.s = &s;
-    r.gbps = gbps > 0 ? gbps : 1;
+    r.gbps = std::clamp(gbps, 1e-3, 1e6); // a weight: finite, positive (not NaN: clamp keeps it)
+    if (!(r.gbps > 0))
+        r.gbps = 1;
     r.bytes_out = 0;
     r.up = s.port().ready() && !s.failed();
+    if (was_out && r.up)
+        ++counters_.rejoins;
+    s.host_away(std::chrono::nanoseconds(0)); // until a round over the rails is timed
     return true;
 }
 
@@ -67,6 +71,10 @@ void basic_striper<Scheduler>::rail_down(std::size_t k) noexcept {
 
 template <class Scheduler>
 void basic_striper<Scheduler>::take_out(std::size_t k, ibv_wc_status why) noexcept {
+    // A transfer's own failure (a key the peer refused) broke this rail's
+    // queue pair too; others that find no rail left are told of a flush.
+    if (!rail_status(why))
+        why = IBV_WC_WR_FLUSH_ERR;
     rails_[k].up = false;
     ++counters_.failovers;
     if (why != IBV_WC_WR_FLUSH_ERR || last_rail_failure_ == IBV_WC_SUCCESS)
@@ -74,9 +82,27 @@ void basic_striper<Scheduler>::take_out(std::size_t k, ibv_wc_status why) noexce
 }
 
 template <class Scheduler>
+std::uint8_t basic_striper<Scheduler>::live_mask() const noexcept {
+    std::uint8_t m = 0;
+    for (std::size_t k = 0; k < max_rails; ++k)
+        if (rails_[k].up)
+            m = static_cast<std::uint8_t>(m | (1U << k));
+    return m;
+}
+
+template <class Scheduler>
 std::size_t basic_striper<Scheduler>::attached() const noexcept {
     return static_cast<std::size_t>(
         std::count_if(rails_.begin(), rails_.end(), [](const rail& r) { return r.s != nullptr; }));
+}
+
+template <class Scheduler>
+std::uint8_t basic_striper<Scheduler>::attached_mask() const noexcept {
+    std::uint8_t m = 0;
+    for (std::size_t k = 0; k < max_rails; ++k)
+        if (rails_[k].s != nullptr)
+            m = static_cast<std::uint8_t>(m | (1U << k));
+    return m;
 }
 
 template <class Scheduler>
@@ -97,11 +123,11 @@ double basic_striper<Scheduler>::weight(std::size_t k) const noexcept {
 }
 
 template <class Scheduler>
-std::size_t basic_striper<Scheduler>::least_loaded(priority p) const noexcept {
+std::size_t basic_striper<Scheduler>::least_loaded(priority p, std::uint8_t mask) const noexcept {
     std::size_t best = max_rails;
     double best_load = 0;
     for (std::size_t k = 0; k < max_rails; ++k) {
-        if (!rails_[k].up)
+        if (!rails_[k].up || ((mask >> k) & 1U) == 0)
             continue;
         // What a request of priority p waits for there: the bytes on the
         // wire, and the pieces of its level or more urgent ones (its
@@ -126,8 +152,8 @@ status basic_striper<Scheduler>::submit(priority p, ibv_wr_opcode op, std::byte*
                                         const std::array<std::uint32_t, max_rails>& lkey,
                                         std::uint64_t remote_addr, std::uint64_t remote_length,
                                         const std::array<std::uint32_t, max_rails>& rkey,
-                                        std::uint64_t remote_offset, std::uint64_t wr_id,
-                                        request_flags f) noexcept {
+                                        std::uint32_t keyed_rails, std::uint64_t remote_offset,
+                                        std::uint64_t wr_id, request_flags f) noexcept {
     if (p.level >= priority_levels)
         return status::out_of_range;
     if (local_length == 0)
@@ -135,7 +161,11 @@ status basic_striper<Scheduler>::submit(priority p, ibv_wr_opcode op, std::byte*
     if (remote_offset > remote_length || local_length > remote_length - remote_offset ||
         remote_addr + remote_length < remote_addr)
         return status::out_of_range;
-    if (rails_up() == 0)
+    const auto mask =
+        static_cast<std::uint8_t>((1U << std::min<std::uint32_t>(keyed_rails, max_rails)) - 1U);
+    if (mask == 0)
+        return status::not_permitted; // keys for no rail
+    if ((mask & live_mask()) == 0)
         return status::qp_failed;
     if (free_transfers_.empty())
         return status::queue_full;
@@ -156,7 +186,8 @@ status basic_striper<Scheduler>::submit(priority p, ibv_wr_opcode op, std::byte*
     t.tail_weight = 0;
     t.out = 0;
     t.result = IBV_WC_SUCCESS;
-    t.local_qp_errors = 0;
+    t.mask = mask;
+    t.loc_qp_rails = 0;
     t.prio = p;
     t.flags = f;
     t.whole = local_length < opts_.stripe_min;
@@ -175,7 +206,7 @@ bool basic_striper<Scheduler>::cancel(std::uint64_t wr_id) noexcept {
     for (transfer& t : order_) {
         if (t.wr_id != wr_id || t.fed)
             continue;
-        unqueue(t);
+        drop_unsent(t); // pieces cut and refused by a scheduler wait in `again`
         order_.erase(order_.iterator_to(t));
         --live_;
         release(t);
@@ -231,10 +262,10 @@ std::uint64_t basic_striper<Scheduler>::cut_length(transfer& t, std::size_t k) n
 
 template <class Scheduler>
 typename basic_striper<Scheduler>::transfer*
-basic_striper<Scheduler>::next_transfer(bool whole) noexcept {
+basic_striper<Scheduler>::next_transfer(bool whole, std::size_t k) noexcept {
     for (level_queue& q : queues_)
         for (transfer& t : q)
-            if (t.whole == whole && startable(t))
+            if (t.whole == whole && startable(t) && (k == max_rails || ((t.mask >> k) & 1U) != 0))
                 return &t;
     return nullptr;
 }
@@ -288,6 +319,7 @@ bool basic_striper<Scheduler>::send_piece(piece& pc, std::size_t k) noexcept {
         ++t.out;
         t.fed = true;
         ++r.pieces;
+        r.striped += t.whole ? 0U : 1U;
         r.bytes_out += pc.length;
         r.bytes_at[t.prio.level] += pc.length;
         ++counters_.chunks;
@@ -316,15 +348,13 @@ bool basic_striper<Scheduler>::send_piece(piece& pc, std::size_t k) noexcept {
 
 template <class Scheduler>
 void basic_striper<Scheduler>::feed() noexcept {
-    if (rails_up() == 0) {
+    if (live_mask() != attached_mask())
         fail_unsendable();
-        return;
-    }
     // Whole transfers: each to the rail where it waits least, whatever it holds.
-    while (transfer* t = next_transfer(true)) {
-        const std::size_t k = least_loaded(t->prio);
+    while (transfer* t = next_transfer(true, max_rails)) {
+        const std::size_t k = least_loaded(t->prio, t->mask);
         if (k == max_rails)
-            return;
+            break;
         piece* pc = take_piece(*t, k);
         if (pc == nullptr || !send_piece(*pc, k))
             break;
@@ -333,9 +363,9 @@ void basic_striper<Scheduler>::feed() noexcept {
     for (bool more = true; more;) {
         more = false;
         for (std::size_t k = 0; k < max_rails; ++k) {
-            if (!rails_[k].up || rails_[k].pieces >= opts_.chunks_ahead)
+            if (!rails_[k].up || rails_[k].striped >= opts_.chunks_ahead)
                 continue;
-            transfer* t = next_transfer(false);
+            transfer* t = next_transfer(false, k);
             piece* pc = t != nullptr ? take_piece(*t, k) : nullptr;
             if (pc == nullptr) {
                 steal();
@@ -345,7 +375,7 @@ void basic_striper<Scheduler>::feed() noexcept {
                 more = true;
         }
     }
-    if (rails_up() == 0) // the last rail refused its piece
+    if (live_mask() != attached_mask()) // a rail refused its piece: failed
         fail_unsendable();
 }
 
@@ -358,13 +388,13 @@ void basic_striper<Scheduler>::steal() noexcept {
     // (cancel() says so), and only to a rail where it ends sooner.
     for (std::size_t k = 0; k < max_rails; ++k) {
         rail& to = rails_[k];
-        if (!to.up || to.pieces >= opts_.chunks_ahead)
+        if (!to.up || to.striped >= opts_.chunks_ahead)
             continue;
         std::size_t from = max_rails;
         double latest = 0;
         for (std::size_t j = 0; j < max_rails; ++j) {
             const rail& r = rails_[j];
-            if (j == k || !r.up || r.pieces < 2)
+            if (j == k || !r.up || r.striped < 2)
                 continue;
             const double finish = static_cast<double>(r.bytes_out) / weight(j);
             if (from == max_rails || finish > latest) {
@@ -377,7 +407,8 @@ void basic_striper<Scheduler>::steal() noexcept {
         piece* last = nullptr;
         for (piece& pc : pieces_)
             if (pc.in_rail && pc.rail == from && !pc.owner->whole &&
-                pc.owner->result == IBV_WC_SUCCESS && (last == nullptr || pc.fed > last->fed))
+                ((pc.owner->mask >> k) & 1U) != 0 && pc.owner->result == IBV_WC_SUCCESS &&
+                (last == nullptr || pc.fed > last->fed))
                 last = &pc;
         if (last == nullptr)
             continue;
@@ -387,16 +418,12 @@ void basic_striper<Scheduler>::steal() noexcept {
         const std::uint64_t id = piece_tag | static_cast<std::uint64_t>(last - pieces_.data());
         if (!rails_[from].s->cancel(id))
             continue; // under way: it ends where it is
-        transfer& t = *last->owner;
-        rail& r = rails_[from];
-        last->in_rail = false;
-        --r.pieces;
-        r.bytes_out -= last->length;
-        r.bytes_at[t.prio.level] -= last->length;
-        --t.out;
+        unbook(*last);
+        --last->owner->out;
         ++counters_.steals;
-        if (!send_piece(*last, k))
-            finish_if_done(t); // back in `again`, for the next pass
+        // Refused: back in its transfer's `again` (which then has bytes to
+        // send: it is not done), or its transfer failed and finished there.
+        (void)send_piece(*last, k);
     }
 }
 
@@ -415,9 +442,12 @@ template <class Scheduler>
 void basic_striper<Scheduler>::fail_unsendable() noexcept {
     const ibv_wc_status why =
         last_rail_failure_ == IBV_WC_SUCCESS ? IBV_WC_WR_FLUSH_ERR : last_rail_failure_;
+    const std::uint8_t live = live_mask();
     for (level_queue& q : queues_) {
-        while (!q.empty()) {
-            transfer& t = q.front();
+        for (auto it = q.begin(); it != q.end();) {
+            transfer& t = *it++; // unqueued below: the iterator is past it
+            if ((t.mask & live) != 0)
+                continue;
             if (t.result == IBV_WC_SUCCESS)
                 t.result = why;
             drop_unsent(t);
@@ -429,28 +459,50 @@ void basic_striper<Scheduler>::fail_unsendable() noexcept {
 // ---- completions ----------------------------------------------------------------------------
 
 template <class Scheduler>
-void basic_striper<Scheduler>::piece_done(std::uint64_t wr_id, ibv_wc_status st) noexcept {
-    const std::uint64_t index = wr_id & ~(0xffULL << 56);
-    if (index >= pieces_.size())
-        return; // not one of ours: the tag was the caller's (counted by poll)
-    piece& pc = pieces_[index];
-    transfer& t = *pc.owner;
+void basic_striper<Scheduler>::unbook(piece& pc) noexcept {
     rail& r = rails_[pc.rail];
+    const transfer& t = *pc.owner;
     pc.in_rail = false;
-    if (st == IBV_WC_LOC_QP_OP_ERR && t.local_qp_errors < 255)
-        ++t.local_qp_errors;
     --r.pieces;
+    r.striped -= t.whole ? 0U : 1U;
     r.bytes_out -= pc.length;
     r.bytes_at[t.prio.level] -= pc.length;
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::withdraw(transfer& t) noexcept {
+    for (piece& pc : pieces_) {
+        if (!pc.in_rail || pc.owner != &t)
+            continue;
+        const std::uint64_t id = piece_tag | static_cast<std::uint64_t>(&pc - pieces_.data());
+        if (!rails_[pc.rail].s->cancel(id))
+            continue; // under way: it completes, in error or not
+        unbook(pc);
+        --t.out;
+        free_pieces_.push_front(pc);
+    }
+}
+
+template <class Scheduler>
+bool basic_striper<Scheduler>::piece_done(std::size_t k, std::uint64_t wr_id,
+                                          ibv_wc_status st) noexcept {
+    const std::uint64_t index = wr_id & ~(0xffULL << 56);
+    if (index >= pieces_.size() || !pieces_[index].in_rail || pieces_[index].rail != k)
+        return false; // the caller's wr_id with our tag: theirs
+    piece& pc = pieces_[index];
+    transfer& t = *pc.owner;
+    unbook(pc);
     --t.out;
+    if (st == IBV_WC_LOC_QP_OP_ERR)
+        t.loc_qp_rails = static_cast<std::uint8_t>(t.loc_qp_rails | (1U << k));
     if (st == IBV_WC_SUCCESS) {
         t.confirmed += pc.length;
-        counters_.rail_bytes[pc.rail] += pc.length;
+        counters_.rail_bytes[k] += pc.length;
         free_pieces_.push_front(pc);
-    } else if (rail_failure(st, t) && t.result == IBV_WC_SUCCESS) {
+    } else if (rail_failure(st, t, k) && t.result == IBV_WC_SUCCESS) {
         // Its rail failed under it: the same bytes go again on another.
-        if (r.up)
-            take_out(pc.rail, st);
+        if (rails_[k].up)
+            take_out(k, st);
         pc.retry = true;
         t.again.push_front(pc);
         if (!t.queued) {
@@ -462,8 +514,10 @@ void basic_striper<Scheduler>::piece_done(std::uint64_t wr_id, ibv_wc_status st)
             t.result = st;
         free_pieces_.push_front(pc);
         drop_unsent(t);
+        withdraw(t);
     }
     finish_if_done(t);
+    return true;
 }
 
 template <class Scheduler>
@@ -523,9 +577,9 @@ std::size_t basic_striper<Scheduler>::poll_rail(std::size_t j, std::span<verbs::
         const int n = r.s->poll(std::span(wc.data(), room));
         for (int x = 0; x < n; ++x) {
             const verbs::completion& c = wc[static_cast<std::size_t>(x)];
-            if ((c.wr_id & (0xffULL << 56)) == piece_tag) {
-                piece_done(c.wr_id, c.status);
-            } else {
+            const bool ours =
+                (c.wr_id & (0xffULL << 56)) == piece_tag && piece_done(j, c.wr_id, c.status);
+            if (!ours) {
                 out[k++] = c;
                 ++counters_.foreign;
             }
@@ -540,8 +594,9 @@ std::size_t basic_striper<Scheduler>::poll_rail(std::size_t j, std::span<verbs::
 
 template <class Scheduler>
 void basic_striper<Scheduler>::note_round(std::chrono::nanoseconds round) noexcept {
-    const auto ns = static_cast<double>(round.count());
-    away_ns_ = away_ns_ == 0 ? ns : (7 * away_ns_ + ns) / 8;
+    // One rail: a thread of its own, as far as its scheduler is concerned.
+    const auto ns = attached() > 1 ? static_cast<double>(round.count()) : 0.0;
+    away_ns_ = away_ns_ == 0 || ns == 0 ? ns : (7 * away_ns_ + ns) / 8;
     for (rail& r : rails_)
         if (r.s != nullptr)
             r.s->host_away(std::chrono::nanoseconds(static_cast<std::int64_t>(away_ns_)));
@@ -553,7 +608,7 @@ int basic_striper<Scheduler>::poll(std::span<verbs::completion> out) noexcept {
     // Every 16th call, with two rails or more, times one round over the
     // rails: how long a rail's scheduler waits for the host to come back
     // (host_away()).
-    const bool timed = ++polls_ % 16 == 0 && attached() > 1;
+    const bool timed = ++polls_ % 16 == 0;
     const auto began = timed ? fine_clock::now() : typename fine_clock::time_point{};
     std::size_t k = 0;
     const std::size_t first = first_to_poll();

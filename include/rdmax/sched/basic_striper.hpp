@@ -18,8 +18,13 @@
 //
 // What is guaranteed:
 // - one completion per transfer, with the caller's wr_id, once every piece
-//   completed (or on failure, once none of its pieces is in a scheduler);
-//   nothing of a transfer (no completion, no DMA) comes after its own;
+//   completed (or on failure, once none of its pieces is in a scheduler):
+//   no completion of it, and no DMA by this side's queue pairs, comes after
+//   it. A WRITE piece that went again after its rail failed may have sent
+//   packets that are still on their way to the peer's end of that rail,
+//   whose queue pair did not fail with ours: the peer must take that end
+//   down (or see it in error) before it reuses memory such a WRITE wrote
+//   (docs/multirail.md);
 // - failover: a piece that ends IBV_WC_WR_FLUSH_ERR, RETRY_EXC_ERR or
 //   RNR_RETRY_EXC_ERR (or, once per transfer, LOC_QP_OP_ERR: see
 //   rail_failure()) failed with its rail, not for its own reason. That
@@ -30,9 +35,13 @@
 //   transfer sees no error while a rail is left. rail_down() takes a rail
 //   out at once (a port event, a lost connection): its scheduler fails, its
 //   pieces come back flushed, and they go again likewise;
-// - with no rail left, a transfer fails with the status that took the last
-//   rail out; any other failure (a key the peer refuses: it would be refused
-//   on every rail) fails its transfer once its other pieces settled;
+// - with none of its rails left, a transfer fails with the status that took
+//   the last one out (a flush if that was another transfer's own failure);
+//   any other failure (a key the peer refuses: it would be refused on every
+//   rail) fails its transfer once its other pieces settled, and its pieces
+//   no scheduler started are withdrawn rather than failed on their rails;
+// - a transfer uses only the rails both its buffers have keys for
+//   (rail_local::rails, rail_remote::rails);
 // - no order between transfers: they run on several queue pairs. A transfer
 //   submitted with `fence` starts only once every transfer submitted before
 //   it completed, so a READ with fence sees every earlier WRITE;
@@ -104,7 +113,8 @@ public:
     /// The live rail where a request of priority `p` waits least: the
     /// fewest bytes ahead of it (on the wire, or pieces as urgent) for its
     /// rate. Where a whole transfer goes; max_rails when none is up.
-    [[nodiscard]] std::size_t least_loaded(priority p = bulk) const noexcept;
+    [[nodiscard]] std::size_t least_loaded(priority p = bulk,
+                                           std::uint8_t mask = 0xff) const noexcept;
     /// Rail k's weight: its measured rate in MB/s, else its line rate's.
     [[nodiscard]] double weight(std::size_t k) const noexcept;
 
@@ -116,7 +126,7 @@ public:
     status write(priority p, const rail_local<L>& src, const rail_remote<R>& dst,
                  std::uint64_t dst_offset, std::uint64_t wr_id, request_flags f = {}) noexcept {
         return submit(p, IBV_WR_RDMA_WRITE, src.addr, src.length, src.lkey, dst.addr, dst.length,
-                      dst.rkey, dst_offset, wr_id, f);
+                      dst.rkey, std::min(src.rails, dst.rails), dst_offset, wr_id, f);
     }
     /// RDMA read of src + src_offset into `dst`.
     template <rights L, rights R>
@@ -124,7 +134,7 @@ public:
     status read(priority p, const rail_local<L>& dst, const rail_remote<R>& src,
                 std::uint64_t src_offset, std::uint64_t wr_id, request_flags f = {}) noexcept {
         return submit(p, IBV_WR_RDMA_READ, dst.addr, dst.length, dst.lkey, src.addr, src.length,
-                      src.rkey, src_offset, wr_id, f);
+                      src.rkey, std::min(dst.rails, src.rails), src_offset, wr_id, f);
     }
     /// Withdraws a transfer none of which went to a rail yet: no completion
     /// comes for it. False otherwise (it runs its course).
@@ -191,10 +201,11 @@ private:
         ibv_wc_status result = IBV_WC_SUCCESS;
         priority prio{};
         request_flags flags{};
-        std::uint8_t local_qp_errors = 0; ///< pieces that ended IBV_WC_LOC_QP_OP_ERR
-        bool whole = false;               ///< shorter than stripe_min: one piece
-        bool queued = false;              ///< in its level's queue: has bytes to hand out
-        bool fed = false;                 ///< some piece went to a rail
+        std::uint8_t mask = 0;         ///< the rails it has keys for
+        std::uint8_t loc_qp_rails = 0; ///< rails where a piece ended IBV_WC_LOC_QP_OP_ERR
+        bool whole = false;            ///< shorter than stripe_min: one piece
+        bool queued = false;           ///< in its level's queue: has bytes to hand out
+        bool fed = false;              ///< some piece went to a rail
     };
     using level_queue = boost::intrusive::slist<transfer, boost::intrusive::base_hook<slist_hook>,
                                                 boost::intrusive::cache_last<true>,
@@ -208,20 +219,23 @@ private:
         std::uint64_t bytes_out = 0;                           ///< of pieces in its scheduler
         std::array<std::uint64_t, priority_levels> bytes_at{}; ///< the same by level
         std::uint32_t pieces = 0;                              ///< pieces in its scheduler
+        std::uint32_t striped = 0; ///< of those, striped transfers' (chunks_ahead counts these)
         bool up = false;
     };
     [[nodiscard]] std::size_t attached() const noexcept;
+    [[nodiscard]] std::uint8_t attached_mask() const noexcept;
 
     status submit(priority p, ibv_wr_opcode op, std::byte* local, std::uint64_t local_length,
                   const std::array<std::uint32_t, max_rails>& lkey, std::uint64_t remote_addr,
                   std::uint64_t remote_length, const std::array<std::uint32_t, max_rails>& rkey,
-                  std::uint64_t remote_offset, std::uint64_t wr_id, request_flags f) noexcept;
+                  std::uint32_t keyed_rails, std::uint64_t remote_offset, std::uint64_t wr_id,
+                  request_flags f) noexcept;
 
     /// Hands pieces to rails with room, most urgent transfers first.
     void feed() noexcept;
     /// The most urgent transfer with a piece to hand out, among the whole
-    /// ones or the striped ones.
-    transfer* next_transfer(bool whole) noexcept;
+    /// ones or the striped ones that may use rail k (max_rails: any).
+    transfer* next_transfer(bool whole, std::size_t k) noexcept;
     /// The next piece of `t` for rail k (one back from a failed rail first);
     /// nullptr when the pool is empty.
     piece* take_piece(transfer& t, std::size_t k) noexcept;
@@ -237,13 +251,14 @@ private:
     std::size_t poll_rail(std::size_t j, std::span<verbs::completion> out, std::size_t k) noexcept;
     /// One timed round over the rails took `round`: the rails' host_away().
     void note_round(std::chrono::nanoseconds round) noexcept;
-    /// A piece's completion from rail k.
-    void piece_done(std::uint64_t wr_id, ibv_wc_status st) noexcept;
+    /// A completion from rail k with the piece tag: false if it is not one
+    /// of ours there (the caller's own wr_id: passed on).
+    bool piece_done(std::size_t k, std::uint64_t wr_id, ibv_wc_status st) noexcept;
     /// A live rail with room and nothing to take: it takes the last piece
     /// of the rail expected to finish last, if none of that was posted yet
     /// and it finishes sooner here.
     void steal() noexcept;
-    /// No rail left: transfers with bytes still to send fail.
+    /// Transfers with bytes still to send and none of their rails up fail.
     void fail_unsendable() noexcept;
     /// Rail k failed (`why`): nothing more goes to it.
     void take_out(std::size_t k, ibv_wc_status why) noexcept;
@@ -254,16 +269,29 @@ private:
     void release(transfer& t) noexcept;
     /// A transfer may start now: not fenced behind an earlier one.
     [[nodiscard]] bool startable(const transfer& t) const noexcept;
-    /// A piece that ended so failed with its rail, not for its own reason.
-    /// IBV_WC_LOC_QP_OP_ERR is what soft-RoCE on Linux 6.1 gives a request
-    /// posted while its port is down (6.12 on: a flush); elsewhere it can be
-    /// the request's own fault, so a transfer takes it for a rail's failure
-    /// once, and fails with it the second time.
-    [[nodiscard]] static bool rail_failure(ibv_wc_status st, const transfer& t) noexcept {
+    /// A rail's failure, whoever's request saw it.
+    [[nodiscard]] static bool rail_status(ibv_wc_status st) noexcept {
         return st == IBV_WC_WR_FLUSH_ERR || st == IBV_WC_RETRY_EXC_ERR ||
-               st == IBV_WC_RNR_RETRY_EXC_ERR ||
-               (st == IBV_WC_LOC_QP_OP_ERR && t.local_qp_errors <= 1); // counted already
+               st == IBV_WC_RNR_RETRY_EXC_ERR || st == IBV_WC_LOC_QP_OP_ERR;
     }
+    /// A piece of `t` that ended `st` on rail k failed with its rail, not for
+    /// its own reason. IBV_WC_LOC_QP_OP_ERR is what soft-RoCE on Linux 6.1
+    /// gives a request posted while its port is down (6.12 on: a flush);
+    /// elsewhere it can be the request's own fault, so it counts as the
+    /// rail's only while no other rail gave it for the same transfer.
+    [[nodiscard]] static bool rail_failure(ibv_wc_status st, const transfer& t,
+                                           std::size_t k) noexcept {
+        if (st == IBV_WC_LOC_QP_OP_ERR)
+            return (t.loc_qp_rails & ~(1U << k)) == 0;
+        return rail_status(st);
+    }
+    /// The rails up, as a mask.
+    [[nodiscard]] std::uint8_t live_mask() const noexcept;
+    /// `t`'s pieces in a rail's scheduler that have not started go back
+    /// (its own failure: they would fail too, and take their rails down).
+    void withdraw(transfer& t) noexcept;
+    /// Takes `pc` out of its rail's books (it left its scheduler).
+    void unbook(piece& pc) noexcept;
 
     stripe_options opts_;
     std::array<rail, max_rails> rails_{};

@@ -86,7 +86,7 @@ public:
         , rails_(std::clamp<std::size_t>(o.rails, 1, max_rails))
         , end_(at_ms(o.duration_ms))
         , warm_(at_ms(o.warmup_ms))
-        , bin_(static_cast<picoseconds>(o.bin_us * 1e6))
+        , bin_(static_cast<picoseconds>(std::max(o.bin_us, 1.0) * 1e6))
         , bins_(rails_, std::vector<std::uint64_t>(static_cast<std::size_t>(end_ / bin_) + 1))
         , st_(o.stripe)
         , rng_(o.seed)
@@ -149,7 +149,7 @@ private:
     picoseconds next_gap() { return static_cast<picoseconds>(gap_(rng_) * 1e6); }
 
     void submit_bulk() {
-        const rail_local<rw> src{nominal_local, o_.bulk_bytes, {1, 1, 1, 1}};
+        const rail_local<rw> src{nominal_local, o_.bulk_bytes, {1, 1, 1, 1}, max_rails};
         if (st_.write(bulk, src, dst_, 0, bulk_tag | bulk_next_++) != status::ok)
             ++r_.refused;
     }
@@ -181,7 +181,7 @@ private:
     }
 
     void arrivals(picoseconds now) {
-        const rail_local<rw> src{nominal_local, o_.urgent_bytes, {1, 1, 1, 1}};
+        const rail_local<rw> src{nominal_local, o_.urgent_bytes, {1, 1, 1, 1}, max_rails};
         while (next_arrival_ <= now) {
             arrival_.push_back(next_arrival_);
             if (st_.write(urgent, src, dst_, urgent_remote - remote_base, arrival_.size() - 1) !=
@@ -246,7 +246,7 @@ private:
     std::vector<std::unique_ptr<model_scheduler>> sch_;
     std::vector<std::unique_ptr<model_scheduler>> retired_; ///< failed, kept while referenced
     basic_striper<model_scheduler> st_;
-    rail_remote<rw> dst_{remote_base, std::uint64_t{1} << 37, {2, 2, 2, 2}};
+    rail_remote<rw> dst_{remote_base, std::uint64_t{1} << 37, {2, 2, 2, 2}, max_rails, 0};
     std::mt19937_64 rng_;
     std::exponential_distribution<double> gap_;
     picoseconds next_arrival_ = never;

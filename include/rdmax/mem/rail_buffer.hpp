@@ -20,6 +20,28 @@ namespace rdmax {
 /// Rails one transfer can use at most (a server's NICs near one socket).
 inline constexpr std::size_t max_rails = 4;
 
+namespace detail {
+/// One range's registrations on rails 0, 1, ... joined into `out` (a
+/// rail_local or rail_remote): false unless they all name the same bytes
+/// and there are 1 to max_rails of them. `key` is the buffers' key member.
+template <class Joined, class Buffer, class Key>
+constexpr bool join_rails(std::initializer_list<Buffer> per_rail, Joined& out,
+                          std::array<std::uint32_t, max_rails>& keys, Key key) noexcept {
+    if (per_rail.size() == 0 || per_rail.size() > max_rails)
+        return false;
+    out.addr = per_rail.begin()->addr;
+    out.length = per_rail.begin()->length;
+    out.rails = static_cast<std::uint32_t>(per_rail.size());
+    std::size_t k = 0;
+    for (const Buffer& b : per_rail) {
+        if (b.addr != out.addr || b.length != out.length)
+            return false;
+        keys[k++] = b.*key;
+    }
+    return true;
+}
+} // namespace detail
+
 /// This process's memory, registered on each rail.
 template <rights Rights>
 struct rail_local {
@@ -38,18 +60,9 @@ struct rail_local {
     /// all name the same bytes (and there are at most max_rails).
     [[nodiscard]] static constexpr std::optional<rail_local>
     of(std::initializer_list<local_buffer<Rights>> per_rail) noexcept {
-        if (per_rail.size() == 0 || per_rail.size() > max_rails)
-            return std::nullopt;
         rail_local r;
-        r.addr = per_rail.begin()->addr;
-        r.length = per_rail.begin()->length;
-        r.rails = static_cast<std::uint32_t>(per_rail.size());
-        std::size_t k = 0;
-        for (const local_buffer<Rights>& b : per_rail) {
-            if (b.addr != r.addr || b.length != r.length)
-                return std::nullopt;
-            r.lkey[k++] = b.lkey;
-        }
+        if (!detail::join_rails(per_rail, r, r.lkey, &local_buffer<Rights>::lkey))
+            return std::nullopt;
         return r;
     }
 };
@@ -72,20 +85,13 @@ struct rail_remote {
     [[nodiscard]] constexpr remote_buffer<Rights> on(std::size_t k) const noexcept {
         return {addr, length, rkey[k], 0};
     }
+    /// The registrations of one range on the peer's rails 0, 1, ...: nullopt
+    /// unless they all name the same bytes (and there are at most max_rails).
     [[nodiscard]] static constexpr std::optional<rail_remote>
     of(std::initializer_list<remote_buffer<Rights>> per_rail) noexcept {
-        if (per_rail.size() == 0 || per_rail.size() > max_rails)
-            return std::nullopt;
         rail_remote r;
-        r.addr = per_rail.begin()->addr;
-        r.length = per_rail.begin()->length;
-        r.rails = static_cast<std::uint32_t>(per_rail.size());
-        std::size_t k = 0;
-        for (const remote_buffer<Rights>& b : per_rail) {
-            if (b.addr != r.addr || b.length != r.length)
-                return std::nullopt;
-            r.rkey[k++] = b.rkey;
-        }
+        if (!detail::join_rails(per_rail, r, r.rkey, &remote_buffer<Rights>::rkey))
+            return std::nullopt;
         return r;
     }
 };

@@ -80,10 +80,14 @@ sim::rail_run_options base(const bench_options& b, const sim::nic_params& p, std
     return o;
 }
 
-void scale(const bench_options& b, const sim::nic_params& p, json_list& json) {
+/// One rail's striped rate with nothing else on it: the unit of "the sum of the rails".
+double one_rail_Bps(const bench_options& b, const sim::nic_params& p) {
     sim::rail_run_options alone = base(b, p, 1);
     alone.with_urgent = false;
-    const double one = sim::run_rails(alone).bulk_Bps;
+    return sim::run_rails(alone).bulk_Bps;
+}
+
+void scale(const bench_options& b, const sim::nic_params& p, double one, json_list& json) {
     const sim::rail_run_result single = sim::run_rails(base(b, p, 1));
     fmt::print("rails  bulk GB/s  /sum   urgent p50 us  p99 us  p99/one rail  reposts steals\n");
     for (const std::uint32_t n : {1U, 2U, 4U}) {
@@ -101,10 +105,7 @@ void scale(const bench_options& b, const sim::nic_params& p, json_list& json) {
     }
 }
 
-void failover(const bench_options& b, const sim::nic_params& p, json_list& json) {
-    sim::rail_run_options alone = base(b, p, 1);
-    alone.with_urgent = false;
-    const double one = sim::run_rails(alone).bulk_Bps;
+void failover(const bench_options& b, const sim::nic_params& p, double one, json_list& json) {
     for (const std::uint32_t n : {2U, 4U}) {
         sim::rail_run_options o = base(b, p, n);
         o.duration_ms = std::max(b.duration_ms, 30.0);
@@ -185,8 +186,9 @@ int main(int argc, char** argv) try {
                so.chunks_ahead);
     for (const sim::nic_params& p : {sim::nic_params::cx5_100g(), sim::nic_params::cx7_400g()}) {
         fmt::print("\n== {}\n", p.name);
-        scale(b, p, json);
-        failover(b, p, json);
+        const double one = one_rail_Bps(b, p);
+        scale(b, p, one, json);
+        failover(b, p, one, json);
         sweep(b, p, json);
     }
     return 0;

@@ -117,29 +117,20 @@ struct loop_connection {
         return std::min<std::size_t>(client->qp().max_message(), std::size_t{4} << 20);
     }
 
-    /// WRITEs the client's buffer over the server's, a chunk the port takes at
-    /// a time, each completion waited for with a deadline.
-    void write_all() {
+    /// WRITEs the client's buffer over the server's (or READs the server's
+    /// into the client's), a chunk the port takes at a time, each
+    /// completion waited for with a deadline.
+    void move_all(ibv_wr_opcode op) {
         auto& qp = client->qp();
         const std::size_t n = client_mem.bytes.size();
+        const char* what = op == IBV_WR_RDMA_WRITE ? "WRITE" : "READ";
         for (std::size_t off = 0; off < n; off += chunk()) {
             const std::size_t len = std::min(chunk(), n - off);
-            REQUIRE(qp.write(client_mem.mr.local(off, len), to_server, off, off) == status::ok);
+            const local_buffer<all_rights> here = client_mem.mr.local(off, len);
+            REQUIRE((op == IBV_WR_RDMA_WRITE ? qp.write(here, to_server, off, off)
+                                             : qp.read(here, to_server, off, off)) == status::ok);
             const verbs::completion c = wait_send(qp, 10s);
-            INFO("WRITE at " << off << ": " << c.status_name());
-            REQUIRE(c.ok());
-        }
-    }
-
-    /// READs the server's buffer into the client's, likewise.
-    void read_all() {
-        auto& qp = client->qp();
-        const std::size_t n = client_mem.bytes.size();
-        for (std::size_t off = 0; off < n; off += chunk()) {
-            const std::size_t len = std::min(chunk(), n - off);
-            REQUIRE(qp.read(client_mem.mr.local(off, len), to_server, off, off) == status::ok);
-            const verbs::completion c = wait_send(qp, 10s);
-            INFO("READ at " << off << ": " << c.status_name());
+            INFO(what << " at " << off << ": " << c.status_name());
             REQUIRE(c.ok());
         }
     }
@@ -148,11 +139,11 @@ struct loop_connection {
     void write_and_read_checked(unsigned seed) {
         fill_pattern(client_mem.bytes, seed);
         std::fill(server_mem.bytes.begin(), server_mem.bytes.end(), std::byte{0});
-        write_all();
+        move_all(IBV_WR_RDMA_WRITE);
         CHECK(has_pattern(server_mem.bytes, seed));
         fill_pattern(server_mem.bytes, seed + 1);
         std::fill(client_mem.bytes.begin(), client_mem.bytes.end(), std::byte{0});
-        read_all();
+        move_all(IBV_WR_RDMA_READ);
         CHECK(has_pattern(client_mem.bytes, seed + 1));
     }
 };
@@ -425,12 +416,14 @@ struct striped_pair {
     [[nodiscard]] rail_remote<all_rights> remote_dst() const {
         return *rail_remote<all_rights>::of({rail[0]->dst_mr.remote(), rail[1]->dst_mr.remote()});
     }
-    /// Waits for the one request in flight: its completion, within 60 s.
-    verbs::completion wait_one() {
+    /// Waits for the one request in flight on `s` (the pair's striper by
+    /// default): its completion, within 60 s.
+    verbs::completion wait_one() { return wait_one(st); }
+    static verbs::completion wait_one(striper& s) {
         const auto deadline = clock_type::now() + 60s;
         std::array<verbs::completion, 4> done;
         while (clock_type::now() < deadline) {
-            const int n = st.wait(done, 100ms);
+            const int n = s.wait(done, 100ms);
             if (n == 1)
                 return done[0];
             REQUIRE(n == 0);
@@ -551,15 +544,7 @@ TEST_CASE("two soft-RoCE rails against one: the rate ratio, measured (not gated)
                               ? s.write(sched::bulk, p.local_src(), p.remote_dst(), 0, p.next_id++)
                               : s.read(sched::bulk, p.local_src(), p.remote_dst(), 0, p.next_id++);
         REQUIRE(st == status::ok);
-        const auto deadline = t0 + 60s;
-        std::array<verbs::completion, 4> done;
-        int n = 0;
-        while (n == 0) {
-            REQUIRE(clock_type::now() < deadline);
-            n = s.wait(done, 100ms);
-        }
-        REQUIRE(n == 1);
-        REQUIRE(done[0].ok());
+        REQUIRE(striped_pair::wait_one(s).ok());
         return ms_since(t0);
     };
     fill_pattern(p.src, 91);

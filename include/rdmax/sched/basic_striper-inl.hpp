@@ -91,24 +91,12 @@ std::uint8_t basic_striper<Scheduler>::live_mask() const noexcept {
 }
 
 template <class Scheduler>
-std::size_t basic_striper<Scheduler>::attached() const noexcept {
-    return static_cast<std::size_t>(
-        std::count_if(rails_.begin(), rails_.end(), [](const rail& r) { return r.s != nullptr; }));
-}
-
-template <class Scheduler>
 std::uint8_t basic_striper<Scheduler>::attached_mask() const noexcept {
     std::uint8_t m = 0;
     for (std::size_t k = 0; k < max_rails; ++k)
         if (rails_[k].s != nullptr)
             m = static_cast<std::uint8_t>(m | (1U << k));
     return m;
-}
-
-template <class Scheduler>
-std::size_t basic_striper<Scheduler>::rails_up() const noexcept {
-    return static_cast<std::size_t>(
-        std::count_if(rails_.begin(), rails_.end(), [](const rail& r) { return r.up; }));
 }
 
 template <class Scheduler>
@@ -297,7 +285,7 @@ template <class Scheduler>
 bool basic_striper<Scheduler>::send_piece(piece& pc, std::size_t k) noexcept {
     transfer& t = *pc.owner;
     rail& r = rails_[k];
-    const std::uint64_t id = piece_tag | static_cast<std::uint64_t>(&pc - pieces_.data());
+    const std::uint64_t id = id_of(pc);
     request_flags f = t.flags;
     f.fence = false;   // the striper orders fenced transfers itself
     f.signaled = true; // it needs every piece's completion
@@ -329,11 +317,7 @@ bool basic_striper<Scheduler>::send_piece(piece& pc, std::size_t k) noexcept {
         return true;
     }
     // Not taken: the piece waits in its transfer for the next pass.
-    t.again.push_front(pc);
-    if (!t.queued) {
-        queues_[t.prio.level].push_back(t);
-        t.queued = true;
-    }
+    send_again(pc);
     if (st == status::qp_failed || st == status::not_connected) {
         take_out(k, IBV_WC_WR_FLUSH_ERR);
     } else if (st != status::queue_full) {
@@ -415,8 +399,7 @@ void basic_striper<Scheduler>::steal() noexcept {
         const double here = static_cast<double>(to.bytes_out + last->length) / weight(k);
         if (here >= latest)
             continue;
-        const std::uint64_t id = piece_tag | static_cast<std::uint64_t>(last - pieces_.data());
-        if (!rails_[from].s->cancel(id))
+        if (!rails_[from].s->cancel(id_of(*last)))
             continue; // under way: it ends where it is
         unbook(*last);
         --last->owner->out;
@@ -424,6 +407,16 @@ void basic_striper<Scheduler>::steal() noexcept {
         // Refused: back in its transfer's `again` (which then has bytes to
         // send: it is not done), or its transfer failed and finished there.
         (void)send_piece(*last, k);
+    }
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::send_again(piece& pc) noexcept {
+    transfer& t = *pc.owner;
+    t.again.push_front(pc);
+    if (!t.queued) {
+        queues_[t.prio.level].push_back(t);
+        t.queued = true;
     }
 }
 
@@ -474,8 +467,7 @@ void basic_striper<Scheduler>::withdraw(transfer& t) noexcept {
     for (piece& pc : pieces_) {
         if (!pc.in_rail || pc.owner != &t)
             continue;
-        const std::uint64_t id = piece_tag | static_cast<std::uint64_t>(&pc - pieces_.data());
-        if (!rails_[pc.rail].s->cancel(id))
+        if (!rails_[pc.rail].s->cancel(id_of(pc)))
             continue; // under way: it completes, in error or not
         unbook(pc);
         --t.out;
@@ -486,7 +478,7 @@ void basic_striper<Scheduler>::withdraw(transfer& t) noexcept {
 template <class Scheduler>
 bool basic_striper<Scheduler>::piece_done(std::size_t k, std::uint64_t wr_id,
                                           ibv_wc_status st) noexcept {
-    const std::uint64_t index = wr_id & ~(0xffULL << 56);
+    const std::uint64_t index = wr_id & ~tag_mask;
     if (index >= pieces_.size() || !pieces_[index].in_rail || pieces_[index].rail != k)
         return false; // the caller's wr_id with our tag: theirs
     piece& pc = pieces_[index];
@@ -504,11 +496,7 @@ bool basic_striper<Scheduler>::piece_done(std::size_t k, std::uint64_t wr_id,
         if (rails_[k].up)
             take_out(k, st);
         pc.retry = true;
-        t.again.push_front(pc);
-        if (!t.queued) {
-            queues_[t.prio.level].push_back(t);
-            t.queued = true;
-        }
+        send_again(pc);
     } else {
         if (t.result == IBV_WC_SUCCESS)
             t.result = st;
@@ -577,8 +565,7 @@ std::size_t basic_striper<Scheduler>::poll_rail(std::size_t j, std::span<verbs::
         const int n = r.s->poll(std::span(wc.data(), room));
         for (int x = 0; x < n; ++x) {
             const verbs::completion& c = wc[static_cast<std::size_t>(x)];
-            const bool ours =
-                (c.wr_id & (0xffULL << 56)) == piece_tag && piece_done(j, c.wr_id, c.status);
+            const bool ours = (c.wr_id & tag_mask) == piece_tag && piece_done(j, c.wr_id, c.status);
             if (!ours) {
                 out[k++] = c;
                 ++counters_.foreign;

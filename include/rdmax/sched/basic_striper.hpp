@@ -60,6 +60,7 @@
 // sized up front. Used by one thread at a time, as its schedulers are.
 
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -109,7 +110,9 @@ public:
     [[nodiscard]] bool rail_idle(std::size_t k) const noexcept {
         return k < max_rails && rails_[k].pieces == 0;
     }
-    [[nodiscard]] std::size_t rails_up() const noexcept;
+    [[nodiscard]] std::size_t rails_up() const noexcept {
+        return static_cast<std::size_t>(std::popcount(live_mask()));
+    }
     /// The live rail where a request of priority `p` waits least: the
     /// fewest bytes ahead of it (on the wire, or pieces as urgent) for its
     /// rate. Where a whole transfer goes; max_rails when none is up.
@@ -222,8 +225,15 @@ private:
         std::uint32_t striped = 0; ///< of those, striped transfers' (chunks_ahead counts these)
         bool up = false;
     };
-    [[nodiscard]] std::size_t attached() const noexcept;
     [[nodiscard]] std::uint8_t attached_mask() const noexcept;
+    [[nodiscard]] std::size_t attached() const noexcept {
+        return static_cast<std::size_t>(std::popcount(attached_mask()));
+    }
+    static constexpr std::uint64_t tag_mask = 0xffULL << 56;
+    /// The wr_id a piece is posted with: the tag and its index in the pool.
+    [[nodiscard]] std::uint64_t id_of(const piece& pc) const noexcept {
+        return piece_tag | static_cast<std::uint64_t>(&pc - pieces_.data());
+    }
 
     status submit(priority p, ibv_wr_opcode op, std::byte* local, std::uint64_t local_length,
                   const std::array<std::uint32_t, max_rails>& lkey, std::uint64_t remote_addr,
@@ -262,6 +272,8 @@ private:
     void fail_unsendable() noexcept;
     /// Rail k failed (`why`): nothing more goes to it.
     void take_out(std::size_t k, ibv_wc_status why) noexcept;
+    /// `pc` goes back to its transfer, to be handed out again (re-queued).
+    void send_again(piece& pc) noexcept;
     /// `t` sends nothing more: its pieces waiting to go again are freed.
     void drop_unsent(transfer& t) noexcept;
     void finish_if_done(transfer& t) noexcept;

@@ -1,0 +1,76 @@
+// rail_registrar: one range registered on every rail (an inner registrar
+// each: counting ones here), rolled back when one refuses, and the
+// registration cache over it handing back every rail's key from one lookup.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include <rdmax/mem/rail_registrar.hpp>
+#include <rdmax/mem/registration_cache.hpp>
+
+#include "../support/catch.hpp"
+
+using namespace rdmax;
+
+namespace {
+
+using rails_t = rail_registrar<counting_registrar>;
+constexpr rights rw = rights::local_write | rights::remote_write | rights::remote_read;
+
+/// Two rails whose keys differ: rail 1's counter starts further on.
+rails_t two_rails() {
+    std::vector<counting_registrar> per_rail(2);
+    per_rail[1].regs = 100;
+    return rails_t(std::move(per_rail));
+}
+
+} // namespace
+
+TEST_CASE("rail_registrar: one reg registers on every rail; dereg on every rail") {
+    rails_t r = two_rails();
+    std::vector<std::byte> buf(8192);
+    const rails_t::handle h = r.reg(buf.data(), buf.size(), rw);
+    CHECK(h.rails == 2);
+    CHECK(r.rail(0).live == 1);
+    CHECK(r.rail(1).live == 1);
+    CHECK(rails_t::keys(h).lkey == rails_t::keys(h, 0).lkey);
+    CHECK(rails_t::keys(h, 0).lkey != rails_t::keys(h, 1).lkey);
+    const rail_local<rw> l = rails_t::local<rw>(h, buf.data(), buf.size());
+    CHECK(l.rails == 2);
+    CHECK(l.lkey[1] == rails_t::keys(h, 1).lkey);
+    const rail_remote<rw> t = rails_t::remote<rw>(h, buf.data(), buf.size());
+    CHECK(t.rkey[0] == rails_t::keys(h, 0).rkey);
+    CHECK(t.addr == reinterpret_cast<std::uintptr_t>(buf.data()));
+    r.dereg(h);
+    CHECK(r.rail(0).live == 0);
+    CHECK(r.rail(1).live == 0);
+}
+
+TEST_CASE("rail_registrar: a rail that refuses leaves the range registered on none") {
+    rails_t r = two_rails();
+    r.rail(1).fail_next = 1;
+    r.rail(1).fail_errno = ENOMEM;
+    std::vector<std::byte> buf(4096);
+    CHECK_THROWS_AS(r.reg(buf.data(), buf.size(), rw), rdmax::error);
+    CHECK(r.rail(0).regs == 1);
+    CHECK(r.rail(0).live == 0); // rolled back
+    CHECK(r.rail(1).live == 0);
+    CHECK_THROWS_AS(rails_t(std::vector<counting_registrar>(5)), rdmax::error);
+    CHECK_THROWS_AS(rails_t(std::vector<counting_registrar>{}), rdmax::error);
+}
+
+TEST_CASE("rail_registrar: the registration cache over it: one lookup, every rail's key") {
+    registration_cache<rails_t> c{two_rails()};
+    std::vector<std::byte> buf(64 * 1024);
+    auto h1 = c.get<rw>(buf.data(), 16 * 1024);
+    auto h2 = c.get<rw>(buf.data() + 4096, 4096); // a hit
+    CHECK(c.counters().hits == 1);
+    CHECK(c.registrar_ref().rail(0).regs == 1);
+    CHECK(c.registrar_ref().rail(1).regs == 101);
+    const rails_t::handle reg = h2.registration();
+    CHECK(reg.rails == 2);
+    CHECK(rails_t::keys(reg, 1).rkey == 101);
+    CHECK(h2.lkey() == rails_t::keys(reg, 0).lkey);
+}

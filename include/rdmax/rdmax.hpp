@@ -23,6 +23,8 @@
 #include <rdmax/mem/monitor.hpp>
 #include <rdmax/mem/on_demand_check.hpp>
 #include <rdmax/mem/rail_buffer.hpp>
+#include <rdmax/mem/rail_cache.hpp>
+#include <rdmax/mem/rail_registrar.hpp>
 #include <rdmax/mem/rcache_options.hpp>
 #include <rdmax/mem/registered_arena.hpp>
 #include <rdmax/mem/registrar.hpp>
@@ -68,9 +70,12 @@
 #include <rdmax/verbs/gid.hpp>
 #include <rdmax/verbs/listener.hpp>
 #include <rdmax/verbs/port.hpp>
+#include <rdmax/verbs/port_watch.hpp>
 #include <rdmax/verbs/prepared_connection.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 #include <rdmax/verbs/queue_pair.hpp>
+#include <rdmax/verbs/rail_options.hpp>
+#include <rdmax/verbs/rail_set.hpp>
 #include <rdmax/verbs/send_batch.hpp>
 #include <rdmax/verbs/shared_receive_queue.hpp>
 #include <rdmax/version.hpp>

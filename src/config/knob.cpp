@@ -21,6 +21,7 @@
 #include <rdmax/sched/scheduler_options.hpp>
 #include <rdmax/sched/stripe_options.hpp>
 #include <rdmax/stats/stat_options.hpp>
+#include <rdmax/verbs/rail_options.hpp>
 
 namespace rdmax::config {
 
@@ -100,6 +101,7 @@ std::vector<knob_row> knobs_from_env() {
     describe_env(handle_knobs, rows);
     describe_env(sched::scheduler_knobs, rows);
     describe_env(sched::stripe_knobs, rows);
+    describe_env(verbs::rail_knobs, rows);
     describe_env(rpc::rpc_knobs, rows);
     describe_env(local::mapping_knobs, rows);
     describe_env(local::team_knobs, rows);

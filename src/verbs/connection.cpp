@@ -395,11 +395,12 @@ void connection::established(std::vector<std::byte> peer_payload) noexcept {
 
 connection connection::connect(const protection_domain& pd, std::string_view addr,
                                std::uint16_t port, std::span<const std::byte> payload,
-                               const qp_config& cfg, std::chrono::milliseconds timeout) {
+                               const qp_config& cfg, std::chrono::milliseconds timeout,
+                               std::string_view source) {
     const auto deadline = clock::now() + timeout;
     // Refused before anything is resolved or made.
     (void)encode_payload(payload, max_connect_payload, "rdma_connect");
-    prepared_connection p(pd, addr, port, cfg, timeout);
+    prepared_connection p(pd, addr, port, cfg, timeout, source);
     return p.connect(payload, left_until(deadline));
 }
 
@@ -407,11 +408,15 @@ connection connection::connect(const protection_domain& pd, std::string_view add
 
 prepared_connection::prepared_connection(const protection_domain& pd, std::string_view addr,
                                          std::uint16_t port, const qp_config& cfg,
-                                         std::chrono::milliseconds timeout)
+                                         std::chrono::milliseconds timeout, std::string_view source)
     : conn_(nullptr, nullptr)
-    , target_(fmt::format("{}:{}", addr, port)) {
+    , target_(source.empty() ? fmt::format("{}:{}", addr, port)
+                             : fmt::format("{}:{} from {}", addr, port, source)) {
     const auto deadline = clock::now() + timeout;
     sockaddr_storage dst = resolve(addr, port, false);
+    sockaddr_storage src{};
+    if (!source.empty())
+        src = resolve(source, 0, false);
     detail::sweep_parked(); // ids parked while the link was down go first
 
     rdma_event_channel* ch = make_channel();
@@ -425,7 +430,8 @@ prepared_connection::prepared_connection(const protection_domain& pd, std::strin
     conn_ = connection(ch, id);    // frees id and channel on every way out from here
     conn_.disconnect_sent_ = true; // nothing to disconnect until it connects
 
-    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst),
+    if (rdma_resolve_addr(id, source.empty() ? nullptr : reinterpret_cast<sockaddr*>(&src),
+                          reinterpret_cast<sockaddr*>(&dst),
                           static_cast<int>(left_until(deadline).count()) + 1) != 0)
         throw_error("rdma_resolve_addr", errno, target_);
     expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "rdma_resolve_addr", target_);

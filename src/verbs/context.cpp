@@ -253,7 +253,35 @@ port_info context::port(std::uint8_t number) const {
     p.lid = attr.lid;
     p.gid_table_len = static_cast<std::uint32_t>(attr.gid_tbl_len);
     p.max_msg_size = attr.max_msg_sz;
+    p.active_speed = attr.active_speed;
+    p.active_width = attr.active_width;
     return p;
+}
+
+double port_info::gbps() const noexcept {
+    // ibv_port_attr's codes (verbs.h, ibv_query_port(3)).
+    double lane = 0;
+    switch (active_speed) {
+    case 1: lane = 2.5; break;       // SDR
+    case 2: lane = 5.0; break;       // DDR
+    case 4: lane = 10.0; break;      // QDR
+    case 8: lane = 10.3125; break;   // FDR10
+    case 16: lane = 14.0625; break;  // FDR
+    case 32: lane = 25.78125; break; // EDR
+    case 64: lane = 50.0; break;     // HDR
+    case 128: lane = 100.0; break;   // NDR
+    default: return 0;
+    }
+    unsigned lanes = 0;
+    switch (active_width) {
+    case 1: lanes = 1; break;
+    case 2: lanes = 4; break;
+    case 4: lanes = 8; break;
+    case 8: lanes = 12; break;
+    case 16: lanes = 2; break;
+    default: return 0;
+    }
+    return lane * lanes;
 }
 
 std::vector<gid_entry> context::gids(std::uint8_t port_number) const {

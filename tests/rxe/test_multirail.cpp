@@ -35,6 +35,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <rdmax/rdmax.hpp>
 
@@ -530,6 +531,57 @@ TEST_CASE("a rail's link down mid-transfer: no error, every byte right; back onc
     CHECK(c.failed == 0);
 }
 
+TEST_CASE("port events drive the striper: PORT_ERR takes a rail out, PORT_ACTIVE brings it back",
+          "[rail_set]") {
+    second_rail& r1 = rail1();
+    REQUIRE(r1.wait_active(clock_type::now() + 10s));
+    const up_at_end restore;
+    striped_pair p;
+    const std::vector<std::string> names{rail0_address(), rail1_address};
+    const verbs::rail_set rails = verbs::rail_set::of(names);
+    verbs::port_watch watch(rails);
+    const auto on_change = [&](const verbs::port_watch::change& c) {
+        if (!c.up)
+            p.st.rail_down(c.rail);
+    };
+    p.write_and_read_checked(81);
+    const std::uint64_t rail1_bytes = p.st.counters().rail_bytes[1];
+    CHECK(rail1_bytes > 0);
+
+    // Down: the watch says so, and the striper takes the rail out before any
+    // of its work failed (nothing is in flight between transfers here).
+    const auto t_down = clock_type::now();
+    r1.down();
+    REQUIRE(watch.wait(t_down + 10s, on_change) == 1);
+    CHECK(!p.st.rail_up(1));
+    CHECK(p.st.counters().failovers == 1);
+    p.write_and_read_checked(83); // rail 0 alone, no error
+    CHECK(p.st.counters().rail_bytes[1] == rail1_bytes);
+
+    // Up: once the port is ACTIVE with its GID (ready), a new connection
+    // through the rail, attached; it carries bytes again.
+    const auto t_up = clock_type::now();
+    r1.up();
+    REQUIRE(watch.wait(t_up + 10s, on_change) == 1);
+    REQUIRE(watch.up(1));
+    while (!watch.ready(1)) {
+        REQUIRE(clock_type::now() < t_up + 20s);
+        std::this_thread::sleep_for(20ms);
+    }
+    REQUIRE(p.st.rail_idle(1));
+    p.rail[1]->connect(rail1_address);
+    REQUIRE(p.st.attach(1, *p.rail[1]->sched, rails[1].gbps));
+    p.write_and_read_checked(85);
+    const auto& c = p.st.counters();
+    fmt::print("port events: rail 1 out at PORT_ERR, back {:.0f} ms after `up`; {}\n",
+               ms_since(t_up), c);
+    CHECK(c.rail_bytes[1] > rail1_bytes);
+    CHECK(c.rejoins == 1);
+    CHECK(c.failed == 0);
+    CHECK(watch.stats().downs == 1);
+    CHECK(watch.stats().ups == 1);
+}
+
 TEST_CASE("two soft-RoCE rails against one: the rate ratio, measured (not gated)", "[ratio]") {
     // Both devices are the same guest's CPUs doing soft-RoCE's copies and
     // checksums (docs/multirail.md): the ratio says what a second rail buys
@@ -569,4 +621,151 @@ TEST_CASE("two soft-RoCE rails against one: the rate ratio, measured (not gated)
                median(one_w) / median(two_w), median(two_r), median(one_r),
                median(one_r) / median(two_r));
     CHECK(p.st.counters().rail_bytes[1] > 0);
+}
+
+TEST_CASE("rail_set: auto finds both rails, a list keeps its order, bad names are refused",
+          "[rail_set]") {
+    (void)rail1();
+    const std::string dev0 = open_test_device().name();
+    {
+        verbs::rail_options o;
+        o.rails.how = verbs::rail_list::mode::automatic;
+        const verbs::rail_set all = verbs::rail_set::discover(o);
+        for (const verbs::rail& r : all.rails())
+            fmt::print("auto: {} port {} {} gid {} index {} {:.1f} Gb/s\n", r.device, r.port,
+                       r.address, r.gid.value, r.gid.index, r.gbps);
+        const auto has = [&](const std::string& address, const std::string& device) {
+            return std::any_of(all.rails().begin(), all.rails().end(), [&](const verbs::rail& r) {
+                return r.address == address && r.device == device;
+            });
+        };
+        CHECK(has(rail0_address(), dev0));
+        CHECK(has(rail1_address, rail1_device));
+        CHECK(all.domains() == all.size()); // one port per soft-RoCE device
+    }
+    const std::vector<std::string> names{rail1_address, dev0 + ":1"};
+    const verbs::rail_set two = verbs::rail_set::of(names);
+    REQUIRE(two.size() == 2);
+    CHECK(two[0].device == rail1_device);
+    CHECK(two[0].address == rail1_address);
+    CHECK(two[0].gid.value == rail1().gid());
+    CHECK(two[1].device == dev0);
+    CHECK(two[1].address == rail0_address());
+    CHECK(two.domains() == 2);
+    CHECK(&two.pd(0) != &two.pd(1));
+    CHECK(two.pd(1).device().name() == dev0);
+    CHECK(verbs::rail_set::discover(verbs::rail_options{}).empty()); // off
+
+    const auto refused = [](std::vector<std::string> bad, int code) {
+        INFO(fmt::format("{}", fmt::join(bad, ",")));
+        try {
+            (void)verbs::rail_set::of(bad);
+            FAIL("accepted");
+        } catch (const rdmax::error& e) {
+            fmt::print("refused: {}\n", e.what());
+            if (code != 0)
+                CHECK(e.code().value() == code);
+        }
+    };
+    refused({"198.51.100.77"}, 0);                   // no device carries it
+    refused({dev0 + ":2"}, EINVAL);                  // no such port
+    refused({"no_such_dev:1"}, 0);                   // no such device
+    refused({rail0_address(), dev0 + ":1"}, EINVAL); // one port twice
+    refused({"rxe0"}, EINVAL);                       // neither form
+    refused({}, EINVAL);
+}
+
+TEST_CASE("rail_cache: one lookup, a key per rail; a WRITE on each rail with its own key",
+          "[rail_set]") {
+    (void)rail1();
+    const std::vector<std::string> names{rail0_address(), rail1_address};
+    const verbs::rail_set rails = verbs::rail_set::of(names);
+    rail_cache cache = make_rail_cache(rails);
+    constexpr rights rw = all_rights;
+    constexpr std::size_t n = std::size_t{1} << 20;
+    std::vector<std::byte> src(n);
+    std::vector<std::byte> dst(n, std::byte{0});
+    fill_pattern(src, 5);
+
+    auto hs = cache.get<rw>(src.data(), n);
+    auto hd = cache.get<rw>(dst.data(), n);
+    auto again = cache.get<rw>(src.data() + 4096, 4096); // a hit: no registration
+    CHECK(cache.counters().registrations == 2);
+    CHECK(cache.counters().hits == 1);
+    const rail_local<rw> here = rail_verbs_registrar::local<rw>(hs.registration(), src.data(), n);
+    const rail_remote<rw> there =
+        rail_verbs_registrar::remote<rw>(hd.registration(), dst.data(), n);
+    REQUIRE(here.rails == 2);
+    REQUIRE(there.rails == 2);
+
+    // Rail k: a listener on its address, the connection made from it, half
+    // of the buffer written with rail k's keys.
+    for (std::size_t k = 0; k < rails.size(); ++k) {
+        INFO("rail " << k << " " << rails[k].address);
+        verbs::listener l(rails[k].address, 0);
+        CHECK(l.device().name() == rails[k].device);
+        auto accepted =
+            std::async(std::launch::async, [&] { return l.accept(rails.pd(k), {}, {}, 15s); });
+        verbs::connection c = rails.connect(k, rails[k].address, l.port(), {}, {}, 15s);
+        verbs::connection s = accepted.get();
+        const std::uint32_t half = n / 2;
+        REQUIRE(c.qp().write(here.on(k, k * half, half), there.on(k), k * half, k) == status::ok);
+        const verbs::completion done = wait_send(c.qp(), 10s);
+        INFO(done.status_name());
+        REQUIRE(done.ok());
+    }
+    CHECK(std::memcmp(src.data(), dst.data(), n) == 0);
+    CHECK(cache.counters().registrations == 2);
+}
+
+TEST_CASE("port_watch: a rail's link down and up are changes; ready() once its GID is back",
+          "[rail_set]") {
+    second_rail& r1 = rail1();
+    up_at_end restore;
+    const std::vector<std::string> names{rail0_address(), rail1_address};
+    const verbs::rail_set rails = verbs::rail_set::of(names);
+    verbs::port_watch watch(rails);
+    CHECK(watch.up(0));
+    CHECK(watch.up(1));
+    CHECK(watch.ready(1));
+    std::vector<verbs::port_watch::change> seen;
+    const auto keep = [&](const verbs::port_watch::change& c) { seen.push_back(c); };
+    CHECK(watch.poll(keep) == 0);
+
+    const auto t_down = clock_type::now();
+    r1.down();
+    REQUIRE(watch.wait(t_down + 10s, keep) >= 1);
+    fmt::print("port_watch: rail 1 down after {:.0f} ms\n", ms_since(t_down));
+    REQUIRE(!seen.empty());
+    CHECK(seen.back().rail == 1);
+    CHECK(!seen.back().up);
+    CHECK(!watch.up(1));
+    CHECK(watch.up(0));
+    CHECK(!watch.ready(1));
+    CHECK(watch.stats().downs == 1);
+
+    const auto t_up = clock_type::now();
+    r1.up();
+    REQUIRE(watch.wait(t_up + 10s, keep) >= 1);
+    const double up_ms = ms_since(t_up);
+    CHECK(seen.back().rail == 1);
+    CHECK(seen.back().up);
+    CHECK(watch.up(1));
+    bool ready = false;
+    while (!(ready = watch.ready(1)) && clock_type::now() < t_up + 10s)
+        std::this_thread::sleep_for(20ms);
+    fmt::print("port_watch: rail 1 up after {:.0f} ms, ready after {:.0f} ms\n", up_ms,
+               ms_since(t_up));
+    REQUIRE(ready);
+    CHECK(watch.stats().ups == 1);
+    CHECK(std::none_of(seen.begin(), seen.end(),
+                       [](const verbs::port_watch::change& c) { return c.rail == 0; }));
+
+    // The rail takes a new connection again.
+    verbs::listener l(rails[1].address, 0);
+    auto accepted =
+        std::async(std::launch::async, [&] { return l.accept(rails.pd(1), {}, {}, 15s); });
+    verbs::connection c = rails.connect(1, rails[1].address, l.port(), {}, {}, 15s);
+    verbs::connection s = accepted.get();
+    CHECK(c.qp().state() == IBV_QPS_RTS);
 }

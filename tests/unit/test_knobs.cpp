@@ -23,6 +23,7 @@
 #include <rdmax/rpc/rpc_options.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
 #include <rdmax/sched/stripe_options.hpp>
+#include <rdmax/verbs/rail_options.hpp>
 
 #include "../support/catch.hpp"
 
@@ -69,13 +70,33 @@ TEST_CASE("knobs: every default reads back as itself; names are unique") {
     check_round_trip(handle_knobs);
     check_round_trip(sched::scheduler_knobs);
     check_round_trip(sched::stripe_knobs);
+    check_round_trip(verbs::rail_knobs);
     check_round_trip(rpc::rpc_knobs);
     check_round_trip(local::mapping_knobs);
     check_round_trip(local::team_knobs);
     std::map<std::string, int> seen;
     for (const config::knob_row& r : config::knobs_from_env())
         CHECK(++seen[std::string(r.name)] == 1);
-    CHECK(seen.size() == 46);
+    CHECK(seen.size() == 47);
+}
+
+TEST_CASE("knobs: RDMAX_RAILS takes off, auto, or up to 4 addresses and device:port names") {
+    using verbs::rail_list;
+    const auto parse = [](std::string_view text) {
+        return verbs::rail_list_parser::parse_rails("test", "RDMAX_RAILS", text);
+    };
+    CHECK(parse("off").how == rail_list::mode::off);
+    CHECK(parse("auto").how == rail_list::mode::automatic);
+    const rail_list named = parse("192.0.2.1,mlx5_1:1,fe80::1");
+    CHECK(named.how == rail_list::mode::named);
+    CHECK(named.names == std::vector<std::string>{"192.0.2.1", "mlx5_1:1", "fe80::1"});
+    CHECK(verbs::rail_list_parser::format_rails(named) == "192.0.2.1,mlx5_1:1,fe80::1");
+    CHECK(parse(verbs::rail_list_parser::format_rails(named)) == named);
+    for (const char* bad : {"", "192.0.2.1,", ",192.0.2.1", "rxe0", "rxe0:0", "rxe0:256", ":1",
+                            "192.0.2.1,192.0.2.1", "a:1,b:1,c:1,d:1,e:1", "on", "192.0.2.300"}) {
+        INFO(bad);
+        CHECK_THROWS_AS(parse(bad), rdmax::error);
+    }
 }
 
 TEST_CASE("knobs: sizes take suffixes, print with the largest that divides") {

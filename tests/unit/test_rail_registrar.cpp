@@ -74,3 +74,30 @@ TEST_CASE("rail_registrar: the registration cache over it: one lookup, every rai
     CHECK(rails_t::keys(reg, 1).rkey == 101);
     CHECK(h2.lkey() == rails_t::keys(reg, 0).lkey);
 }
+
+TEST_CASE("rail_registrar: rails on ports of one device share its registration and key") {
+    // Three rails over two devices: rails 0 and 2 are ports of device 0.
+    std::vector<counting_registrar> per_domain(2);
+    per_domain[1].regs = 100;
+    rails_t r(std::move(per_domain), {0, 1, 0});
+    CHECK(r.rails() == 3);
+    CHECK(r.domains() == 2);
+    std::vector<std::byte> buf(4096);
+    const rails_t::handle h = r.reg(buf.data(), buf.size(), rw);
+    CHECK(h.rails == 3);
+    CHECK(h.domains == 2);
+    CHECK(r.rail(0).live == 1); // one registration on device 0, not two
+    CHECK(r.rail(1).live == 1);
+    CHECK(rails_t::keys(h, 2).rkey == rails_t::keys(h, 0).rkey);
+    CHECK(rails_t::keys(h, 1).rkey != rails_t::keys(h, 0).rkey);
+    const rail_remote<rw> t = rails_t::remote<rw>(h, buf.data(), buf.size());
+    CHECK(t.rails == 3);
+    CHECK(t.rkey[2] == t.rkey[0]);
+    r.dereg(h);
+    CHECK(r.rail(0).live == 0);
+    CHECK(r.rail(1).live == 0);
+    // Maps that leave a domain unused, or point past the domains, are refused.
+    CHECK_THROWS_AS(rails_t(std::vector<counting_registrar>(2), {0, 0}), rdmax::error);
+    CHECK_THROWS_AS(rails_t(std::vector<counting_registrar>(2), {0, 2}), rdmax::error);
+    CHECK_THROWS_AS(rails_t(std::vector<counting_registrar>(1), {0, 0, 0, 0, 0}), rdmax::error);
+}

@@ -41,11 +41,11 @@ public:
     /// device `pd` belongs to. Throws rdmax::error naming the step that failed
     /// (address, route, rejected, unreachable) or the deadline that passed.
     /// To post receives before the peer can send, use prepared_connection.
-    [[nodiscard]] static connection connect(const protection_domain& pd, std::string_view addr,
-                                            std::uint16_t port,
-                                            std::span<const std::byte> payload = {},
-                                            const qp_config& cfg = {},
-                                            std::chrono::milliseconds timeout = 5s);
+    /// A `source` address binds it to the device that carries that address.
+    [[nodiscard]] static connection
+    connect(const protection_domain& pd, std::string_view addr, std::uint16_t port,
+            std::span<const std::byte> payload = {}, const qp_config& cfg = {},
+            std::chrono::milliseconds timeout = 5s, std::string_view source = {});
 
     connection(connection&& other) noexcept;
     connection& operator=(connection&& other) noexcept;

@@ -37,6 +37,13 @@ struct port_info {
     std::uint16_t lid = 0; ///< InfiniBand only; 0 on RoCE
     std::uint32_t gid_table_len = 0;
     std::uint32_t max_msg_size = 0;
+    std::uint8_t active_speed = 0; ///< ibv_port_attr's code: per-lane rate
+    std::uint8_t active_width = 0; ///< ibv_port_attr's code: lanes
+
+    /// The link's signalling rate in Gb/s (lanes x per-lane rate), 0 when
+    /// the port reports a code this table does not know. Soft-RoCE reports
+    /// its netdev's speed (a dummy netdev has none: 2.5, SDR x1).
+    [[nodiscard]] double gbps() const noexcept;
 
     [[nodiscard]] bool active() const noexcept { return state == IBV_PORT_ACTIVE; }
     [[nodiscard]] bool is_roce() const noexcept { return layer == link_layer::ethernet; }

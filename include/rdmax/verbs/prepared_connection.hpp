@@ -26,8 +26,11 @@ public:
     /// Resolves addr:port's address and route (up to `timeout`) and makes the
     /// QP in `pd`, which must be on the device the route leads out of. Throws
     /// rdmax::error naming the step that failed, as connection::connect does.
+    /// A `source` address binds the connection to the device that carries it
+    /// (a rail's), whatever route the kernel would pick for addr.
     prepared_connection(const protection_domain& pd, std::string_view addr, std::uint16_t port,
-                        const qp_config& cfg = {}, std::chrono::milliseconds timeout = 5s);
+                        const qp_config& cfg = {}, std::chrono::milliseconds timeout = 5s,
+                        std::string_view source = {});
     prepared_connection(prepared_connection&&) noexcept = default;
     prepared_connection& operator=(prepared_connection&&) noexcept = default;
     prepared_connection(const prepared_connection&) = delete;

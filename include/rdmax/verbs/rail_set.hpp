@@ -1,0 +1,111 @@
+#pragma once
+// rail_set: the ports this process stripes over (issue 31), found from the
+// addresses a user names or from every ACTIVE RoCE port (RDMAX_RAILS), with
+// one protection domain per device. It hands out what the rest of a
+// multi-rail program needs per rail: the domain to register in and to make
+// the rail's queue pair in, a registrar that registers a range once per
+// device (so one cache lookup gives every rail's key), and connections bound
+// to the rail's own address, so that the kernel's routing cannot put rail k's
+// traffic on another device.
+//
+//     verbs::rail_set rails = verbs::rail_set::discover(); // RDMAX_RAILS
+//     auto cache = make_rail_cache(rails);   // mem/rail_cache.hpp
+//     auto c0 = rails.connect(0, peer_addr[0], port, token);
+//
+// A rail is what the kernel knew when the set was made: a port that goes
+// down later stays in the set (a port_watch says so; the striper takes the
+// rail out), and comes back when it is ACTIVE again.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <rdmax/verbs/connection.hpp>
+#include <rdmax/verbs/context.hpp>
+#include <rdmax/verbs/gid.hpp>
+#include <rdmax/verbs/protection_domain.hpp>
+#include <rdmax/verbs/rail_options.hpp>
+
+namespace rdmax::verbs {
+
+/// One rail: a port of a device, the GID and address its connections use.
+struct rail {
+    std::string device;      ///< "rxe0", "mlx5_0"
+    std::uint8_t port = 1;   ///< from 1
+    gid_entry gid;           ///< the IPv4-mapped RoCE v2 GID of `address`
+    std::string address;     ///< this machine's address on the rail
+    double gbps = 0;         ///< the port's signalling rate; 0 if it reports none
+    std::uint8_t domain = 0; ///< index of its device's protection domain in the set
+};
+
+class rail_set {
+public:
+    /// The rails `o` names (rail_options{}.with_env() by default): none for
+    /// off (the caller uses one device as without rails), every ACTIVE RoCE
+    /// port with an IPv4-mapped RoCE v2 GID for auto (in the kernel's device
+    /// order, at most max_rails), or the named ones in their order. Throws
+    /// rdmax::error naming the rail and why: an address no device carries, a
+    /// port that is not ACTIVE or has no such GID, a device:port that does
+    /// not exist, a rail named twice, or auto finding none.
+    [[nodiscard]] static rail_set discover(const rail_options& o = rail_options{}.with_env());
+    /// discover() of a list of addresses and device:port names.
+    [[nodiscard]] static rail_set of(std::span<const std::string> names);
+
+    rail_set(rail_set&&) noexcept = default;
+    rail_set& operator=(rail_set&&) noexcept = default;
+    rail_set(const rail_set&) = delete;
+    rail_set& operator=(const rail_set&) = delete;
+    ~rail_set() = default;
+
+    [[nodiscard]] std::size_t size() const noexcept { return rails_.size(); }
+    [[nodiscard]] bool empty() const noexcept { return rails_.empty(); }
+    [[nodiscard]] const rail& operator[](std::size_t k) const { return rails_.at(k); }
+    [[nodiscard]] std::span<const rail> rails() const noexcept { return rails_; }
+    /// Distinct devices (protection domains) under the rails.
+    [[nodiscard]] std::size_t domains() const noexcept { return domains_.size(); }
+    /// Rail k's protection domain (shared by rails on ports of one device).
+    [[nodiscard]] const protection_domain& pd(std::size_t k) const;
+    /// The protection domain of device index d (rail::domain).
+    [[nodiscard]] const protection_domain& domain(std::size_t d) const;
+    /// Rail k's device.
+    [[nodiscard]] const context& device(std::size_t k) const;
+    /// Rail k's port as it is now (state, speed).
+    [[nodiscard]] port_info port_now(std::size_t k) const;
+    /// Why auto left a port out ("mlx5_2 port 1: InfiniBand"), one line each.
+    [[nodiscard]] const std::vector<std::string>& skipped() const noexcept { return skipped_; }
+
+    /// Connects rail k to a listener at addr:port from rail k's own address
+    /// (connection::connect with the rail's address as source).
+    [[nodiscard]] connection
+    connect(std::size_t k, std::string_view addr, std::uint16_t port,
+            std::span<const std::byte> payload = {}, const qp_config& cfg = {},
+            std::chrono::milliseconds timeout = std::chrono::seconds(5)) const;
+
+private:
+    struct device_domain {
+        context ctx;
+        protection_domain pd{ctx}; // keeps a pointer to ctx: an entry never moves
+        explicit device_domain(context c)
+            : ctx(std::move(c)) {}
+    };
+
+    rail_set() = default;
+    /// Rail k's domain index, the device opened and its domain made the
+    /// first time it is seen.
+    std::uint8_t domain_for(context c);
+    void add_by_address(const std::string& address);
+    void add_by_port(const std::string& device, std::uint8_t port, const std::string& label);
+    void add_all_active();
+    void push(rail r);
+
+    std::vector<rail> rails_;
+    std::vector<std::unique_ptr<device_domain>> domains_;
+    std::vector<std::string> skipped_;
+};
+
+} // namespace rdmax::verbs

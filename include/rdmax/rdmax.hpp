@@ -22,6 +22,7 @@
 #include <rdmax/mem/memory_region.hpp>
 #include <rdmax/mem/monitor.hpp>
 #include <rdmax/mem/on_demand_check.hpp>
+#include <rdmax/mem/rail_arena.hpp>
 #include <rdmax/mem/rail_buffer.hpp>
 #include <rdmax/mem/rail_cache.hpp>
 #include <rdmax/mem/rail_registrar.hpp>

@@ -112,9 +112,10 @@ event_copy expect(rdma_event_channel* ch, rdma_cm_event_type expected, clock::ti
     return c;
 }
 
-sockaddr_storage resolve(std::string_view addr, std::uint16_t port, bool passive) {
+sockaddr_storage resolve(std::string_view addr, std::uint16_t port, bool passive,
+                         int family = AF_UNSPEC) {
     addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
+    hints.ai_family = family;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = passive ? AI_PASSIVE : 0;
     addrinfo* res = nullptr;
@@ -413,10 +414,12 @@ prepared_connection::prepared_connection(const protection_domain& pd, std::strin
     , target_(source.empty() ? fmt::format("{}:{}", addr, port)
                              : fmt::format("{}:{} from {}", addr, port, source)) {
     const auto deadline = clock::now() + timeout;
-    sockaddr_storage dst = resolve(addr, port, false);
+    // With a source, the destination in its family (rdma_cm refuses a
+    // pair of two families; a name with A and AAAA records has both).
     sockaddr_storage src{};
     if (!source.empty())
         src = resolve(source, 0, false);
+    sockaddr_storage dst = resolve(addr, port, false, source.empty() ? AF_UNSPEC : src.ss_family);
     detail::sweep_parked(); // ids parked while the link was down go first
 
     rdma_event_channel* ch = make_channel();

@@ -81,11 +81,19 @@ std::uint8_t rail_set::domain_for(context c) {
 }
 
 void rail_set::push(rail r) {
-    for (const rail& other : rails_)
+    for (const rail& other : rails_) {
         if (other.device == r.device && other.port == r.port)
             throw_error("rail_set", EINVAL,
                         fmt::format("{} port {} named twice ({} and {})", r.device, r.port,
                                     other.address, r.address));
+        // Two ports with one address (both under one bond, say): a
+        // connection bound to it could leave by either device.
+        if (other.address == r.address)
+            throw_error("rail_set", EINVAL,
+                        fmt::format("{} is on {} port {} and on {} port {}: a rail needs an "
+                                    "address of its own",
+                                    r.address, other.device, other.port, r.device, r.port));
+    }
     rails_.push_back(std::move(r));
 }
 
@@ -117,23 +125,38 @@ void rail_set::add_by_port(const std::string& device, std::uint8_t port, const s
     push(std::move(r));
 }
 
+void rail_set::add_active_port(const context& c, std::uint8_t port) {
+    const std::string label = fmt::format("{}:{}", c.name(), port);
+    const port_info p = c.port(port);
+    const std::optional<gid_entry> g = p.active() ? c.preferred_gid(port) : std::nullopt;
+    if (!p.active())
+        skipped_.push_back(fmt::format("{}: {}", label, to_string(p.state)));
+    else if (!p.is_roce())
+        skipped_.push_back(fmt::format("{}: {}", label, to_string(p.layer)));
+    else if (!g || g->type != gid_type::roce_v2 || !g->value.is_ipv4_mapped())
+        skipped_.push_back(fmt::format("{}: no IPv4 RoCE v2 GID", label));
+    else if (rails_.size() == max_rails)
+        skipped_.push_back(fmt::format("{}: {} rails already", label, max_rails));
+    else
+        add_by_port(c.name(), port, label);
+}
+
 void rail_set::add_all_active() {
+    // A device this process cannot open (a container given only some), or
+    // a port that changes under the scan, is left out with the reason; so
+    // is a port whose address an earlier rail has.
     for (const std::string& name : device_names()) {
-        context c = context::open(name);
-        for (std::uint8_t port = 1; port <= c.limits().phys_port_cnt; ++port) {
-            const std::string label = fmt::format("{}:{}", name, port);
-            const port_info p = c.port(port);
-            const std::optional<gid_entry> g = p.active() ? c.preferred_gid(port) : std::nullopt;
-            if (!p.active())
-                skipped_.push_back(fmt::format("{}: {}", label, to_string(p.state)));
-            else if (!p.is_roce())
-                skipped_.push_back(fmt::format("{}: {}", label, to_string(p.layer)));
-            else if (!g || g->type != gid_type::roce_v2 || !g->value.is_ipv4_mapped())
-                skipped_.push_back(fmt::format("{}: no IPv4 RoCE v2 GID", label));
-            else if (rails_.size() == max_rails)
-                skipped_.push_back(fmt::format("{}: {} rails already", label, max_rails));
-            else
-                add_by_port(name, port, label);
+        try {
+            const context c = context::open(name);
+            for (unsigned port = 1; port <= c.limits().phys_port_cnt; ++port) {
+                try {
+                    add_active_port(c, static_cast<std::uint8_t>(port));
+                } catch (const rdmax::error& e) {
+                    skipped_.push_back(fmt::format("{}:{}: {}", name, port, e.what()));
+                }
+            }
+        } catch (const rdmax::error& e) {
+            skipped_.push_back(fmt::format("{}: {}", name, e.what()));
         }
     }
     if (rails_.empty())

@@ -552,7 +552,7 @@ TEST_CASE("port events drive the striper: PORT_ERR takes a rail out, PORT_ACTIVE
     // of its work failed (nothing is in flight between transfers here).
     const auto t_down = clock_type::now();
     r1.down();
-    REQUIRE(watch.wait(t_down + 10s, on_change) == 1);
+    REQUIRE(watch.wait(t_down + 10s, on_change) >= 1);
     CHECK(!p.st.rail_up(1));
     CHECK(p.st.counters().failovers == 1);
     p.write_and_read_checked(83); // rail 0 alone, no error
@@ -562,7 +562,8 @@ TEST_CASE("port events drive the striper: PORT_ERR takes a rail out, PORT_ACTIVE
     // through the rail, attached; it carries bytes again.
     const auto t_up = clock_type::now();
     r1.up();
-    REQUIRE(watch.wait(t_up + 10s, on_change) == 1);
+    REQUIRE(watch.wait(t_up + 10s, on_change) >= 1);
+    (void)watch.poll(on_change); // a PORT_ERR queued behind would take the new one down
     REQUIRE(watch.up(1));
     while (!watch.ready(1)) {
         REQUIRE(clock_type::now() < t_up + 20s);
@@ -578,8 +579,8 @@ TEST_CASE("port events drive the striper: PORT_ERR takes a rail out, PORT_ACTIVE
     CHECK(c.rail_bytes[1] > rail1_bytes);
     CHECK(c.rejoins == 1);
     CHECK(c.failed == 0);
-    CHECK(watch.stats().downs == 1);
-    CHECK(watch.stats().ups == 1);
+    CHECK(watch.stats().downs >= 1);
+    CHECK(watch.stats().ups >= 1);
 }
 
 TEST_CASE("two soft-RoCE rails against one: the rate ratio, measured (not gated)", "[ratio]") {
@@ -675,7 +676,7 @@ TEST_CASE("rail_set: auto finds both rails, a list keeps its order, bad names ar
     refused({}, EINVAL);
 }
 
-TEST_CASE("rail_cache: one lookup, a key per rail; a WRITE on each rail with its own key",
+TEST_CASE("rail_cache and rail_arena: a key per rail; a WRITE on each rail with its own key",
           "[rail_set]") {
     (void)rail1();
     const std::vector<std::string> names{rail0_address(), rail1_address};
@@ -697,6 +698,19 @@ TEST_CASE("rail_cache: one lookup, a key per rail; a WRITE on each rail with its
         rail_verbs_registrar::remote<rw>(hd.registration(), dst.data(), n);
     REQUIRE(here.rails == 2);
     REQUIRE(there.rails == 2);
+    // An arena over the rails: a block with every rail's key, its area
+    // registered once on each device.
+    rail_arena arena = make_rail_arena(rails);
+    constexpr std::size_t block_bytes = 64 * 1024;
+    const auto block = arena.allocate(block_bytes);
+    fill_pattern(std::span(block.data, block_bytes), 9);
+    std::vector<std::byte> dst2(2 * block_bytes, std::byte{0});
+    auto hd2 = cache.get<rw>(dst2.data(), dst2.size());
+    const rail_local<rw> from_arena = rail_block_local<rw>(arena, block.data, block_bytes);
+    const rail_remote<rw> there2 =
+        rail_verbs_registrar::remote<rw>(hd2.registration(), dst2.data(), dst2.size());
+    REQUIRE(from_arena.rails == 2);
+    CHECK(from_arena.lkey[0] != from_arena.lkey[1]);
 
     // Rail k: a listener on its address, the connection made from it, half
     // of the buffer written with rail k's keys.
@@ -713,9 +727,18 @@ TEST_CASE("rail_cache: one lookup, a key per rail; a WRITE on each rail with its
         const verbs::completion done = wait_send(c.qp(), 10s);
         INFO(done.status_name());
         REQUIRE(done.ok());
+        // The arena's block, whole, to rail k's half of dst2.
+        REQUIRE(c.qp().write(from_arena.on(k, 0, block_bytes), there2.on(k), k * block_bytes,
+                             10 + k) == status::ok);
+        const verbs::completion from_block = wait_send(c.qp(), 10s);
+        INFO(from_block.status_name());
+        REQUIRE(from_block.ok());
     }
     CHECK(std::memcmp(src.data(), dst.data(), n) == 0);
-    CHECK(cache.counters().registrations == 2);
+    CHECK(std::memcmp(block.data, dst2.data(), block_bytes) == 0);
+    CHECK(std::memcmp(block.data, dst2.data() + block_bytes, block_bytes) == 0);
+    CHECK(cache.counters().registrations == 3);
+    arena.deallocate(block.data, block_bytes);
 }
 
 TEST_CASE("port_watch: a rail's link down and up are changes; ready() once its GID is back",
@@ -742,7 +765,7 @@ TEST_CASE("port_watch: a rail's link down and up are changes; ready() once its G
     CHECK(!watch.up(1));
     CHECK(watch.up(0));
     CHECK(!watch.ready(1));
-    CHECK(watch.stats().downs == 1);
+    CHECK(watch.stats().downs >= 1);
 
     const auto t_up = clock_type::now();
     r1.up();
@@ -757,7 +780,7 @@ TEST_CASE("port_watch: a rail's link down and up are changes; ready() once its G
     fmt::print("port_watch: rail 1 up after {:.0f} ms, ready after {:.0f} ms\n", up_ms,
                ms_since(t_up));
     REQUIRE(ready);
-    CHECK(watch.stats().ups == 1);
+    CHECK(watch.stats().ups >= 1);
     CHECK(std::none_of(seen.begin(), seen.end(),
                        [](const verbs::port_watch::change& c) { return c.rail == 0; }));
 

@@ -7,8 +7,11 @@
 #include <cstdlib>
 #include <vector>
 
+#include <rdmax/mem/rail_arena.hpp>
+#include <rdmax/mem/rail_cache.hpp>
 #include <rdmax/mem/rail_registrar.hpp>
 #include <rdmax/mem/registration_cache.hpp>
+#include <rdmax/verbs/port_watch.hpp>
 
 #include "../support/catch.hpp"
 
@@ -26,6 +29,18 @@ rails_t two_rails() {
     return rails_t(std::move(per_rail));
 }
 
+// What keeps pointers into a rail_set cannot be made from a temporary one.
+static_assert(!std::is_constructible_v<verbs::port_watch, verbs::rail_set&&>);
+static_assert(std::is_constructible_v<verbs::port_watch, const verbs::rail_set&>);
+template <class S>
+concept cache_from = requires(S&& s) { make_rail_cache(std::forward<S>(s)); };
+static_assert(!cache_from<verbs::rail_set>);
+static_assert(cache_from<const verbs::rail_set&>);
+template <class S>
+concept arena_from = requires(S&& s) { make_rail_arena(std::forward<S>(s)); };
+static_assert(!arena_from<verbs::rail_set>);
+static_assert(arena_from<const verbs::rail_set&>);
+
 } // namespace
 
 TEST_CASE("rail_registrar: one reg registers on every rail; dereg on every rail") {
@@ -37,6 +52,7 @@ TEST_CASE("rail_registrar: one reg registers on every rail; dereg on every rail"
     CHECK(r.rail(1).live == 1);
     CHECK(rails_t::keys(h).lkey == rails_t::keys(h, 0).lkey);
     CHECK(rails_t::keys(h, 0).lkey != rails_t::keys(h, 1).lkey);
+    CHECK(rails_t::keys(h, 3).rkey == 0); // no key for a rail it has none for
     const rail_local<rw> l = rails_t::local<rw>(h, buf.data(), buf.size());
     CHECK(l.rails == 2);
     CHECK(l.lkey[1] == rails_t::keys(h, 1).lkey);
@@ -100,4 +116,28 @@ TEST_CASE("rail_registrar: rails on ports of one device share its registration a
     CHECK_THROWS_AS(rails_t(std::vector<counting_registrar>(2), {0, 0}), rdmax::error);
     CHECK_THROWS_AS(rails_t(std::vector<counting_registrar>(2), {0, 2}), rdmax::error);
     CHECK_THROWS_AS(rails_t(std::vector<counting_registrar>(1), {0, 0, 0, 0, 0}), rdmax::error);
+}
+
+TEST_CASE(
+    "rail_registrar: an arena over it registers each area once per rail; blocks get every key") {
+    arena_options o;
+    o.area_bytes = std::size_t{2} << 20;
+    o.huge_pages = false;
+    o.trim_under_pressure = false;
+    basic_registered_arena<rails_t> arena(two_rails(), o);
+    const auto a = arena.allocate(4096);
+    const auto b = arena.allocate(8192);
+    CHECK(arena.registrar_ref().rail(0).regs == 1); // one area, registered once on each rail
+    CHECK(arena.registrar_ref().rail(1).regs == 101);
+    const rail_local<rw> l = rail_block_local<rw>(arena, b.data, 8192);
+    CHECK(l.rails == 2);
+    CHECK(l.lkey[0] == a.lkey); // rail 0's keys are what the arena hands out
+    CHECK(l.lkey[1] != l.lkey[0]);
+    const rail_remote<rw> t = rail_block_remote<rw>(arena, a.data, 4096);
+    CHECK(t.rkey[0] == a.rkey);
+    CHECK(t.rkey[1] == rails_t::keys(*arena.registration_of(a.data), 1).rkey);
+    std::vector<std::byte> outside(64);
+    CHECK_THROWS_AS(rail_block_local<rw>(arena, outside.data(), 64), rdmax::error);
+    arena.deallocate(a.data, 4096);
+    arena.deallocate(b.data, 8192);
 }

@@ -6,7 +6,7 @@
 //     verbs::rail_set rails = verbs::rail_set::discover();
 //     rdmax::rail_cache cache = rdmax::make_rail_cache(rails);
 //     auto h = cache.get<rights::local_read>(data, n);
-//     auto src = rail_cache::registrar_type::local<rights::local_read>(h.registration(), data, n);
+//     auto src = rail_verbs_registrar::local<rights::local_read>(h.registration(), data, n);
 //     striper.write(prio, src, peer, 0, wr_id); // keep h until it completes
 
 #include <algorithm>
@@ -45,11 +45,15 @@ using rail_cache = registration_cache<rail_verbs_registrar, auto_monitor>;
         domain_of.push_back(r.domain);
     return rail_verbs_registrar(std::move(per_domain), domain_of);
 }
+// A temporary set's protection domains would go with it.
+rail_verbs_registrar make_rail_registrar(const verbs::rail_set&&, bool = false) = delete;
 
 /// make_verbs_cache (verbs_cache.hpp) over every rail. Limits left at 0 come
 /// from the devices: the smallest max_count of any, and the byte limit
 /// divided by the devices, since each device pins the pages again and every
-/// pin counts against the one RLIMIT_MEMLOCK. With on_demand every device
+/// pin counts against the one RLIMIT_MEMLOCK (a byte limit the caller set,
+/// RDMAX_RCACHE_MAX_BYTES, is the cache's: it pins that many times the
+/// devices). With on_demand every device
 /// must pass check_on_demand, or this throws ENOTSUP naming the one that
 /// does not.
 [[nodiscard]] inline rail_cache make_rail_cache(const verbs::rail_set& rails,
@@ -64,8 +68,9 @@ using rail_cache = registration_cache<rail_verbs_registrar, auto_monitor>;
                 throw_error("make_rail_cache", ENOTSUP,
                             fmt::format("{}: {}: register pinned (RDMAX_RCACHE_ODP=0)",
                                         pd.device().name(), v.problem));
+        // The smallest limit any device has (0: none).
         const rcache_options one = opt.with_device_limits(pd.device().limits());
-        if (one.max_count < limits.max_count)
+        if (one.max_count != 0 && (limits.max_count == 0 || one.max_count < limits.max_count))
             limits.max_count = one.max_count;
     }
     if (opt.max_bytes == 0 && limits.max_bytes != 0)
@@ -75,5 +80,6 @@ using rail_cache = registration_cache<rail_verbs_registrar, auto_monitor>;
     return rail_cache(make_rail_registrar(rails, limits.on_demand), auto_monitor(limits.monitor),
                       limits);
 }
+rail_cache make_rail_cache(const verbs::rail_set&&, rcache_options = {}) = delete;
 
 } // namespace rdmax

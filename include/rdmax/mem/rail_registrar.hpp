@@ -68,7 +68,10 @@ public:
     }
     /// Rail 0's keys: what a single-rail user of the cache sees.
     [[nodiscard]] static mr_keys keys(handle h) noexcept { return keys(h, 0); }
+    /// Rail k's keys; {0, 0} for a rail the handle has none for.
     [[nodiscard]] static mr_keys keys(handle h, std::size_t k) noexcept {
+        if (k >= h.rails)
+            return {};
         return Inner::keys(h.per_domain[h.domain_of[k]]);
     }
     /// [addr, addr + len) of a registration, with every rail's lkey.

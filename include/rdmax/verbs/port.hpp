@@ -40,9 +40,11 @@ struct port_info {
     std::uint8_t active_speed = 0; ///< ibv_port_attr's code: per-lane rate
     std::uint8_t active_width = 0; ///< ibv_port_attr's code: lanes
 
-    /// The link's signalling rate in Gb/s (lanes x per-lane rate), 0 when
-    /// the port reports a code this table does not know. Soft-RoCE reports
-    /// its netdev's speed (a dummy netdev has none: 2.5, SDR x1).
+    /// The link's rate in Gb/s, lanes x the per-lane rate its speed code
+    /// names (SDR 2.5 .. EDR 25.78, HDR 50, NDR 100: a weight, not a
+    /// measurement); 0 for a code this table does not know (verbs.h here
+    /// has no active_speed_ex, so XDR reads 0). Soft-RoCE reports its
+    /// netdev's speed (a dummy netdev has none: 2.5, SDR x1).
     [[nodiscard]] double gbps() const noexcept;
 
     [[nodiscard]] bool active() const noexcept { return state == IBV_PORT_ACTIVE; }

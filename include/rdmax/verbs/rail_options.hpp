@@ -57,7 +57,7 @@ struct rail_options {
 /// RDMAX_RAILS: read by with_env() only.
 inline constexpr std::tuple rail_knobs{
     config::knob{"RDMAX_RAILS", &rail_options::rails, rail_list_parser{},
-                 "the ports a rail_set stripes over: off, auto or a list"},
+                 "the ports a rail_set holds: off, auto or a list"},
 };
 
 } // namespace rdmax::verbs

@@ -14,7 +14,11 @@
 //
 // A rail is what the kernel knew when the set was made: a port that goes
 // down later stays in the set (a port_watch says so; the striper takes the
-// rail out), and comes back when it is ACTIVE again.
+// rail out), and comes back when it is ACTIVE again. A named rail must be
+// ACTIVE when the set is made (a down one is an error: start with the rails
+// that are up, or auto). Binding a connection's source picks the device it
+// leaves by; the replies' way back is the peer's routing (two rails in one
+// subnet want arp_ignore / arp_announce, or a subnet each).
 
 #include <chrono>
 #include <cstddef>
@@ -35,11 +39,13 @@ namespace rdmax::verbs {
 
 /// One rail: a port of a device, the GID and address its connections use.
 struct rail {
-    std::string device;      ///< "rxe0", "mlx5_0"
-    std::uint8_t port = 1;   ///< from 1
-    gid_entry gid;           ///< the IPv4-mapped RoCE v2 GID of `address`
-    std::string address;     ///< this machine's address on the rail
-    double gbps = 0;         ///< the port's signalling rate; 0 if it reports none
+    std::string device;    ///< "rxe0", "mlx5_0"
+    std::uint8_t port = 1; ///< from 1
+    gid_entry gid;         ///< the RoCE v2 GID of `address` (IPv4-mapped for IPv4)
+    std::string address;   ///< this machine's address on the rail
+    /// The port's rate (port_info::gbps); 0 when its speed code is unknown:
+    /// then give the striper's attach() a weight of your own.
+    double gbps = 0;
     std::uint8_t domain = 0; ///< index of its device's protection domain in the set
 };
 
@@ -76,7 +82,7 @@ public:
     [[nodiscard]] const context& device(std::size_t k) const;
     /// Rail k's port as it is now (state, speed).
     [[nodiscard]] port_info port_now(std::size_t k) const;
-    /// Why auto left a port out ("mlx5_2 port 1: InfiniBand"), one line each.
+    /// Why auto left a device or port out ("mlx5_2:1: InfiniBand"), one line each.
     [[nodiscard]] const std::vector<std::string>& skipped() const noexcept { return skipped_; }
 
     /// Connects rail k to a listener at addr:port from rail k's own address
@@ -101,6 +107,7 @@ private:
     void add_by_address(const std::string& address);
     void add_by_port(const std::string& device, std::uint8_t port, const std::string& label);
     void add_all_active();
+    void add_active_port(const context& c, std::uint8_t port);
     void push(rail r);
 
     std::vector<rail> rails_;

@@ -10,20 +10,17 @@
 
 namespace rdmax::verbs {
 
-namespace {
-
-/// "mlx5_0:1": a device name and a port from 1 to 255.
-bool is_device_port(std::string_view word) {
+std::optional<device_port> parse_device_port(std::string_view word) noexcept {
     const std::size_t colon = word.rfind(':');
     if (colon == 0 || colon == std::string_view::npos || colon + 1 == word.size())
-        return false;
+        return std::nullopt;
     unsigned port = 0;
     const std::string_view digits = word.substr(colon + 1);
     const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
-    return ec == std::errc{} && end == digits.data() + digits.size() && port >= 1 && port <= 255;
+    if (ec != std::errc{} || end != digits.data() + digits.size() || port < 1 || port > 255)
+        return std::nullopt;
+    return device_port{word.substr(0, colon), static_cast<std::uint8_t>(port)};
 }
-
-} // namespace
 
 rail_list rail_list_parser::parse_rails(const char* who, std::string_view name,
                                         std::string_view text) {
@@ -37,7 +34,7 @@ rail_list rail_list_parser::parse_rails(const char* who, std::string_view name,
     while (true) {
         const std::size_t comma = rest.find(',');
         const std::string_view word = rest.substr(0, comma);
-        if (word.empty() || (!gid::parse(word) && !is_device_port(word)))
+        if (word.empty() || (!gid::parse(word) && !parse_device_port(word)))
             config::refuse(who, name, text, why + fmt::format(": '{}' is neither", word));
         if (std::find(out.names.begin(), out.names.end(), word) != out.names.end())
             config::refuse(who, name, text, why + fmt::format(": '{}' twice", word));

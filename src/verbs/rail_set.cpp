@@ -1,6 +1,5 @@
 #include <arpa/inet.h>
 #include <cerrno>
-#include <charconv>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -19,6 +18,15 @@ std::string ipv4_of(const gid& g) {
     if (inet_ntop(AF_INET, g.raw.data() + 12, buf, sizeof buf) == nullptr)
         return "?";
     return buf;
+}
+
+/// The port's preferred GID when it is an IPv4-mapped RoCE v2 one (what
+/// rdma_cm needs on a rail), else nullopt.
+std::optional<gid_entry> ipv4_roce_v2_gid(const context& c, std::uint8_t port) {
+    std::optional<gid_entry> g = c.preferred_gid(port);
+    if (!g || g->type != gid_type::roce_v2 || !g->value.is_ipv4_mapped())
+        return std::nullopt;
+    return g;
 }
 
 /// The rail's port: ACTIVE and RoCE, or throws naming the rail.
@@ -55,32 +63,19 @@ rail_set rail_set::of(std::span<const std::string> names) {
     for (const std::string& n : names) {
         if (gid::parse(n)) {
             s.add_by_address(n);
-            continue;
-        }
-        const std::size_t colon = n.rfind(':');
-        unsigned port = 0;
-        const char* digits = n.data() + (colon == std::string::npos ? n.size() : colon + 1);
-        const auto [end, ec] = std::from_chars(digits, n.data() + n.size(), port);
-        if (colon == std::string::npos || colon == 0 || ec != std::errc{} ||
-            end != n.data() + n.size() || port == 0 || port > 255)
+        } else if (const std::optional<device_port> dp = parse_device_port(n)) {
+            s.add_by_port(context::open(dp->device), dp->port, n);
+        } else {
             throw_error("rail_set", EINVAL,
                         fmt::format("rail '{}': neither an address nor device:port", n));
-        s.add_by_port(n.substr(0, colon), static_cast<std::uint8_t>(port), n);
+        }
     }
     return s;
 }
 
-std::uint8_t rail_set::domain_for(context c) {
-    for (std::size_t d = 0; d < domains_.size(); ++d)
-        if (domains_[d]->ctx.name() == c.name())
-            return static_cast<std::uint8_t>(d);
-    // librdmacm's context of the device where rdma_cm is available: the one
-    // connections on the rail are made on (context::open's contract).
-    domains_.push_back(std::make_unique<device_domain>(context::open(c.name())));
-    return static_cast<std::uint8_t>(domains_.size() - 1);
-}
-
-void rail_set::push(rail r) {
+void rail_set::add(const context& c, std::uint8_t port, const port_info& p, const gid_entry& g,
+                   std::string address) {
+    rail r{c.name(), port, g, std::move(address), p.gbps(), 0};
     for (const rail& other : rails_) {
         if (other.device == r.device && other.port == r.port)
             throw_error("rail_set", EINVAL,
@@ -94,51 +89,49 @@ void rail_set::push(rail r) {
                                     "address of its own",
                                     r.address, other.device, other.port, r.device, r.port));
     }
+    // librdmacm's context of the device where rdma_cm is available: the one
+    // connections on the rail are made on (domain_per_device's contract).
+    r.domain = static_cast<std::uint8_t>(domains_.index_of(c));
     rails_.push_back(std::move(r));
 }
 
 void rail_set::add_by_address(const std::string& address) {
     std::uint8_t port = 0;
-    context c = context::open_by_address(address, &port);
+    const context c = context::open_by_address(address, &port);
     const port_info p = usable_port(c, port, address);
     const std::optional<gid_entry> g = c.find_gid(port, *gid::parse(address), gid_type::roce_v2);
     if (!g)
         throw_error(
             "rail_set", EADDRNOTAVAIL,
             fmt::format("rail {}: {} port {} has no RoCE v2 GID for it", address, c.name(), port));
-    rail r{c.name(), port, *g, address, p.gbps(), 0};
-    r.domain = domain_for(std::move(c));
-    push(std::move(r));
+    add(c, port, p, *g, address);
 }
 
-void rail_set::add_by_port(const std::string& device, std::uint8_t port, const std::string& label) {
-    context c = context::open(device);
+void rail_set::add_by_port(const context& c, std::uint8_t port, const std::string& label) {
     const port_info p = usable_port(c, port, label);
-    const std::optional<gid_entry> g = c.preferred_gid(port);
-    if (!g || g->type != gid_type::roce_v2 || !g->value.is_ipv4_mapped())
+    const std::optional<gid_entry> g = ipv4_roce_v2_gid(c, port);
+    if (!g)
         throw_error("rail_set", EADDRNOTAVAIL,
                     fmt::format("rail {}: {} port {} has no IPv4 RoCE v2 GID (rdma_cm needs an "
                                 "IP address on each rail)",
-                                label, device, port));
-    rail r{device, port, *g, ipv4_of(g->value), p.gbps(), 0};
-    r.domain = domain_for(std::move(c));
-    push(std::move(r));
+                                label, c.name(), port));
+    add(c, port, p, *g, ipv4_of(g->value));
 }
 
 void rail_set::add_active_port(const context& c, std::uint8_t port) {
     const std::string label = fmt::format("{}:{}", c.name(), port);
     const port_info p = c.port(port);
-    const std::optional<gid_entry> g = p.active() ? c.preferred_gid(port) : std::nullopt;
+    const std::optional<gid_entry> g = p.active() ? ipv4_roce_v2_gid(c, port) : std::nullopt;
     if (!p.active())
         skipped_.push_back(fmt::format("{}: {}", label, to_string(p.state)));
     else if (!p.is_roce())
         skipped_.push_back(fmt::format("{}: {}", label, to_string(p.layer)));
-    else if (!g || g->type != gid_type::roce_v2 || !g->value.is_ipv4_mapped())
+    else if (!g)
         skipped_.push_back(fmt::format("{}: no IPv4 RoCE v2 GID", label));
     else if (rails_.size() == max_rails)
         skipped_.push_back(fmt::format("{}: {} rails already", label, max_rails));
     else
-        add_by_port(c.name(), port, label);
+        add(c, port, p, *g, ipv4_of(g->value));
 }
 
 void rail_set::add_all_active() {
@@ -167,15 +160,15 @@ void rail_set::add_all_active() {
 }
 
 const protection_domain& rail_set::pd(std::size_t k) const {
-    return domains_.at(rails_.at(k).domain)->pd;
+    return domains_.at(rails_.at(k).domain);
 }
 
 const protection_domain& rail_set::domain(std::size_t d) const {
-    return domains_.at(d)->pd;
+    return domains_.at(d);
 }
 
 const context& rail_set::device(std::size_t k) const {
-    return domains_.at(rails_.at(k).domain)->ctx;
+    return pd(k).device();
 }
 
 port_info rail_set::port_now(std::size_t k) const {

@@ -396,6 +396,22 @@ struct striped_rail {
     }
 };
 
+/// Rail k of a rail_set connected to itself: a listener on the rail's
+/// address, the connection made from that address, and the one accepted.
+struct rail_loop {
+    verbs::listener l;
+    std::optional<verbs::connection> server;
+    std::optional<verbs::connection> client;
+
+    rail_loop(const verbs::rail_set& rails, std::size_t k)
+        : l(rails[k].address, 0) {
+        auto accepted =
+            std::async(std::launch::async, [&] { return l.accept(rails.pd(k), {}, {}, 15s); });
+        client.emplace(rails.connect(k, rails[k].address, l.port(), {}, {}, 15s));
+        server.emplace(accepted.get());
+    }
+};
+
 /// 64 MiB at `src` moved over both rails to `dst` (both in this process:
 /// each rail is a loopback), one striped request at a time.
 struct striped_pair {
@@ -716,12 +732,9 @@ TEST_CASE("rail_cache and rail_arena: a key per rail; a WRITE on each rail with 
     // of the buffer written with rail k's keys.
     for (std::size_t k = 0; k < rails.size(); ++k) {
         INFO("rail " << k << " " << rails[k].address);
-        verbs::listener l(rails[k].address, 0);
-        CHECK(l.device().name() == rails[k].device);
-        auto accepted =
-            std::async(std::launch::async, [&] { return l.accept(rails.pd(k), {}, {}, 15s); });
-        verbs::connection c = rails.connect(k, rails[k].address, l.port(), {}, {}, 15s);
-        verbs::connection s = accepted.get();
+        rail_loop loop(rails, k);
+        CHECK(loop.l.device().name() == rails[k].device);
+        verbs::connection& c = *loop.client;
         const std::uint32_t half = n / 2;
         REQUIRE(c.qp().write(here.on(k, k * half, half), there.on(k), k * half, k) == status::ok);
         const verbs::completion done = wait_send(c.qp(), 10s);
@@ -785,10 +798,6 @@ TEST_CASE("port_watch: a rail's link down and up are changes; ready() once its G
                        [](const verbs::port_watch::change& c) { return c.rail == 0; }));
 
     // The rail takes a new connection again.
-    verbs::listener l(rails[1].address, 0);
-    auto accepted =
-        std::async(std::launch::async, [&] { return l.accept(rails.pd(1), {}, {}, 15s); });
-    verbs::connection c = rails.connect(1, rails[1].address, l.port(), {}, {}, 15s);
-    verbs::connection s = accepted.get();
-    CHECK(c.qp().state() == IBV_QPS_RTS);
+    rail_loop loop(rails, 1);
+    CHECK(loop.client->qp().state() == IBV_QPS_RTS);
 }

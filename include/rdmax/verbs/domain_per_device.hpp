@@ -30,12 +30,19 @@ public:
     /// `device` is. The domain lives as long as this object, and does not
     /// move when other devices are added.
     const protection_domain& operator()(const context& device) {
-        for (const auto& e : entries_)
-            if (e->ctx.name() == device.name())
-                return e->pd;
-        entries_.push_back(std::make_unique<entry>(context::open(device.name())));
-        return entries_.back()->pd;
+        return entries_[index_of(device)]->pd;
     }
+    /// The index of `device`'s domain here (0, 1, ... in the order the
+    /// devices were first asked for), the domain made as operator() does.
+    std::size_t index_of(const context& device) {
+        for (std::size_t d = 0; d < entries_.size(); ++d)
+            if (entries_[d]->ctx.name() == device.name())
+                return d;
+        entries_.push_back(std::make_unique<entry>(context::open(device.name())));
+        return entries_.size() - 1;
+    }
+    /// The domain of index d (index_of); throws std::out_of_range past size().
+    [[nodiscard]] const protection_domain& at(std::size_t d) const { return entries_.at(d)->pd; }
 
     /// How many devices have a domain here.
     [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }

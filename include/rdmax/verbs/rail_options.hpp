@@ -6,6 +6,7 @@
 // ("192.0.2.1,203.0.113.1", "mlx5_0:1,mlx5_1:1").
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -23,6 +24,14 @@ struct rail_list {
 
     friend bool operator==(const rail_list&, const rail_list&) = default;
 };
+
+/// A device's port named as "mlx5_0:1".
+struct device_port {
+    std::string_view device;
+    std::uint8_t port = 0;
+};
+/// "name:N" with a name and a port from 1 to 255, or nullopt.
+[[nodiscard]] std::optional<device_port> parse_device_port(std::string_view word) noexcept;
 
 /// RDMAX_RAILS' parser: off, auto, or a comma list of up to max_rails
 /// addresses (IPv4 or IPv6) and device:port names, none twice.

@@ -23,7 +23,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +30,7 @@
 
 #include <rdmax/verbs/connection.hpp>
 #include <rdmax/verbs/context.hpp>
+#include <rdmax/verbs/domain_per_device.hpp>
 #include <rdmax/verbs/gid.hpp>
 #include <rdmax/verbs/protection_domain.hpp>
 #include <rdmax/verbs/rail_options.hpp>
@@ -93,25 +93,18 @@ public:
             std::chrono::milliseconds timeout = std::chrono::seconds(5)) const;
 
 private:
-    struct device_domain {
-        context ctx;
-        protection_domain pd{ctx}; // keeps a pointer to ctx: an entry never moves
-        explicit device_domain(context c)
-            : ctx(std::move(c)) {}
-    };
-
     rail_set() = default;
-    /// Rail k's domain index, the device opened and its domain made the
-    /// first time it is seen.
-    std::uint8_t domain_for(context c);
     void add_by_address(const std::string& address);
-    void add_by_port(const std::string& device, std::uint8_t port, const std::string& label);
+    void add_by_port(const context& c, std::uint8_t port, const std::string& label);
     void add_all_active();
     void add_active_port(const context& c, std::uint8_t port);
-    void push(rail r);
+    /// Rail `port` of `c` at `address`, its GID g, its device's domain made
+    /// the first time the device is seen; refused if it repeats a rail.
+    void add(const context& c, std::uint8_t port, const port_info& p, const gid_entry& g,
+             std::string address);
 
     std::vector<rail> rails_;
-    std::vector<std::unique_ptr<device_domain>> domains_;
+    domain_per_device domains_; // a domain never moves: the set may
     std::vector<std::string> skipped_;
 };
 

@@ -394,11 +394,25 @@ struct protocol_test_access {
     static void redial(client& c, std::function<std::unique_ptr<detail::link>()> f) {
         c.redial_ = [f = std::move(f)](std::uint32_t) { return f(); };
     }
-    /// The endpoints' deadlines on another clock (a virtual one).
-    static void use_clock(client& c, detail::clock_fn f) { c.ep_.clock = f; }
+    /// The endpoints' deadlines on another clock (a virtual one). What was
+    /// stamped on the old clock is stamped again on the new: a connection's
+    /// silence counted from a real time on a virtual clock (which starts at
+    /// one hour) ended every call peer_gone on a machine up for less.
+    static void use_clock(client& c, detail::clock_fn f) {
+        c.ep_.clock = f;
+        restamp(c.ep_);
+    }
     static void use_clock(server& s, detail::clock_fn f) {
         s.ep_.clock = f;
         s.housekept_ = f();
+        restamp(s.ep_);
+    }
+    template <class Endpoint>
+    static void restamp(Endpoint& ep) {
+        for (auto& p : ep.peers) {
+            p.last_heard = ep.now();
+            p.probed = {};
+        }
     }
     static void begin_drain(server& s) { s.begin_drain(); }
     static bool drained(const server& s) { return s.drained(); }

@@ -1,0 +1,350 @@
+// Two rails between two hosts (issue 31; tests/multihost/run.sh, step
+// multirail): each host has two soft-RoCE devices on two links, and this
+// program runs on both.
+//
+//   multirail_pair --serve --rails A0,A1 --port P [--deadline S]
+//       host 0: 64 MiB registered once per rail (make_rail_cache), a listener
+//       on each rail's address; each connection accepted carries the buffer's
+//       token (every rail's key). Accepts new connections on rail 1 (the
+//       client's reconnect) until the client closes rail 0, then exits 0.
+//   multirail_pair --rails B0,B1 --peer A0,A1 --port P --netdev DEV
+//       host 1: rail k connects to the peer's rail k, a scheduler each, one
+//       striper over both. Striped 64 MiB WRITEs and READs, every byte
+//       checked; rail 1's link (DEV) taken down mid-transfer (no error, every
+//       byte right) and up again (port_watch's PORT_ACTIVE and ready(), a
+//       reconnect from rail 1's address, attach): rail 1 carries bytes again.
+// Exit status 0 when every check held; 1 with the failed check on stderr.
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <rdmax/rdmax.hpp>
+
+using namespace rdmax;
+using namespace std::chrono_literals;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using rail_scheduler = sched::priority_scheduler<>;
+using striper = sched::basic_striper<rail_scheduler>;
+constexpr rights rw = all_rights;
+constexpr std::size_t big = std::size_t{64} << 20;
+
+struct check_failed : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+void check(bool ok, const std::string& what) {
+    if (!ok)
+        throw check_failed(what);
+}
+
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
+    for (std::size_t at = 0; at <= s.size();) {
+        const std::size_t comma = std::min(s.find(',', at), s.size());
+        out.push_back(s.substr(at, comma - at));
+        at = comma + 1;
+    }
+    return out;
+}
+
+double ms_since(clock_type::time_point t) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
+}
+
+void fill_pattern(std::span<std::byte> out, unsigned seed) {
+    for (std::size_t i = 0; i < out.size(); ++i)
+        out[i] = static_cast<std::byte>((i + seed) % 251);
+}
+bool has_pattern(std::span<const std::byte> in, unsigned seed) {
+    for (std::size_t i = 0; i < in.size(); ++i)
+        if (in[i] != static_cast<std::byte>((i + seed) % 251))
+            return false;
+    return true;
+}
+
+struct options {
+    bool serve = false;
+    std::vector<std::string> rails, peer;
+    std::uint16_t port = 0;
+    std::string netdev;
+    int deadline_s = 200;
+};
+
+// ---- host 0 ---------------------------------------------------------------------------------
+
+int serve(const options& o) {
+    const verbs::rail_set rails = verbs::rail_set::of(o.rails);
+    check(rails.size() == 2, "two rails");
+    rail_cache cache = make_rail_cache(rails);
+    std::vector<std::byte> buf(big);
+    auto h = cache.get<rw>(buf.data(), buf.size());
+    const rail_remote<rw> token = rail_verbs_registrar::remote<rw>(h.registration(), buf.data(), big);
+    check(token.rails == 2 && token.rkey[0] != 0 && token.rkey[1] != 0, "a key on each rail");
+    std::array<verbs::listener, 2> l{verbs::listener(rails[0].address, o.port),
+                                     verbs::listener(rails[1].address, o.port)};
+    const auto deadline = clock_type::now() + std::chrono::seconds(o.deadline_s);
+    const auto left = [&] {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+    };
+    fmt::print("multirail_pair: serving 64 MiB on {} and {} port {}\n", rails[0].address,
+               rails[1].address, o.port);
+    std::fflush(stdout);
+    verbs::connection c0 = l[0].accept(rails.pd(0), verbs::payload_of(token), {}, left());
+    std::optional<verbs::connection> c1 =
+        l[1].accept(rails.pd(1), verbs::payload_of(token), {}, left());
+    int accepted = 2;
+    // Rail 1 again when the client reconnects it; done when rail 0 closes.
+    while (!c0.wait_disconnected(100ms)) {
+        check(clock_type::now() < deadline, "the client closed rail 0 before the deadline");
+        if (std::optional<verbs::connection_request> r = l[1].poll_request()) {
+            (void)r->create_qp(rails.pd(1));
+            c1.reset(); // the old one (its peer's end failed with the link)
+            c1.emplace(r->accept(verbs::payload_of(token), 10s));
+            ++accepted;
+        }
+    }
+    fmt::print("multirail_pair: served {} connections; the client closed rail 0\n", accepted);
+    check(accepted == 3, "rail 0, rail 1, and rail 1 once more after its link came back");
+    return 0;
+}
+
+// ---- host 1 ---------------------------------------------------------------------------------
+
+/// `ip link set DEV up|down`, and up again when the program leaves early.
+struct link_switch {
+    std::string dev;
+    bool is_down = false;
+    explicit link_switch(std::string d)
+        : dev(std::move(d)) {}
+    void set(bool up) {
+        const std::string cmd = fmt::format("ip link set dev {} {}", dev, up ? "up" : "down");
+        check(std::system(cmd.c_str()) == 0, cmd);
+        is_down = !up;
+    }
+    link_switch(const link_switch&) = delete;
+    link_switch& operator=(const link_switch&) = delete;
+    ~link_switch() {
+        if (is_down)
+            (void)std::system(fmt::format("ip link set dev {} up", dev).c_str());
+    }
+};
+
+struct client {
+    const options& o;
+    verbs::rail_set rails = verbs::rail_set::of(o.rails);
+    rail_cache cache = make_rail_cache(rails);
+    std::vector<std::byte> buf = std::vector<std::byte>(big);
+    rail_cache::handle h = cache.get<rw>(buf.data(), buf.size());
+    rail_local<rw> here = rail_verbs_registrar::local<rw>(h.registration(), buf.data(), big);
+    rail_remote<rw> there{};
+    std::array<std::optional<verbs::connection>, 2> conn;
+    std::array<std::optional<rail_scheduler>, 2> sch;
+    striper st{sched::stripe_options{}.with_env()};
+    std::uint64_t next_id = 1;
+    /// When a poll first saw a rail taken out.
+    std::optional<clock_type::time_point> out_at;
+
+    explicit client(const options& opts)
+        : o(opts) {
+        check(rails.size() == 2, "two rails");
+        for (std::size_t k = 0; k < 2; ++k)
+            connect(k, 60s);
+    }
+
+    /// Rail k to the peer's rail k (retried while the server is not there
+    /// yet, or the link is coming back), a scheduler on it, attached.
+    void connect(std::size_t k, std::chrono::seconds patience) {
+        const auto until = clock_type::now() + patience;
+        for (;;) {
+            try {
+                conn[k].emplace(rails.connect(k, o.peer[k], o.port, {}, {}, 10s));
+                break;
+            } catch (const rdmax::error& e) {
+                check(clock_type::now() < until,
+                      fmt::format("rail {} to {}: {}", k, o.peer[k], e.what()));
+                std::this_thread::sleep_for(500ms);
+            }
+        }
+        const auto t = conn[k]->peer_payload_as<rail_remote<rw>>();
+        check(t.has_value() && t->rails == 2, "the server's token, with two rails' keys");
+        if (k == 0)
+            there = *t;
+        check(std::memcmp(&*t, &there, sizeof there) == 0, "one token on every rail");
+        sch[k].emplace(conn[k]->qp());
+        check(st.attach(k, *sch[k], rails[k].gbps), fmt::format("attach rail {}", k));
+    }
+
+    verbs::completion wait_one() {
+        const auto deadline = clock_type::now() + 60s;
+        std::array<verbs::completion, 4> done;
+        while (clock_type::now() < deadline) {
+            const int n = st.wait(done, 100ms);
+            if (!out_at && st.counters().failovers > 0)
+                out_at = clock_type::now();
+            if (n == 1)
+                return done[0];
+            check(n == 0, "one completion per striped request");
+        }
+        throw check_failed("a striped request did not complete in 60 s");
+    }
+    /// A striped WRITE of a pattern, then a striped READ of it back into a
+    /// cleared buffer; every byte checked.
+    void write_and_read_checked(unsigned seed) {
+        fill_pattern(buf, seed);
+        check(st.write(sched::bulk, here, there, 0, next_id++) == status::ok, "WRITE submitted");
+        const verbs::completion w = wait_one();
+        check(w.ok(), fmt::format("striped WRITE: {}", w.status_name()));
+        read_back_checked(seed);
+    }
+    void read_back_checked(unsigned seed) {
+        std::memset(buf.data(), 0, buf.size());
+        check(st.read(sched::bulk, here, there, 0, next_id++) == status::ok, "READ submitted");
+        const verbs::completion r = wait_one();
+        check(r.ok(), fmt::format("striped READ: {}", r.status_name()));
+        check(has_pattern(buf, seed), "every byte read back is the pattern written");
+    }
+};
+
+int run_client(const options& o) {
+    link_switch link{o.netdev};
+    client c(o);
+    const auto& n = c.st.counters();
+    verbs::port_watch watch(c.rails);
+    const auto on_change = [&](const verbs::port_watch::change& ch) {
+        if (!ch.up)
+            c.st.rail_down(ch.rail);
+    };
+
+    // 1. Striped over both links.
+    const auto t0 = clock_type::now();
+    c.write_and_read_checked(11);
+    const double both_ms = ms_since(t0);
+    check(n.rail_bytes[0] > 0 && n.rail_bytes[1] > 0, "both rails carried bytes");
+    fmt::print("multirail_pair: 64 MiB WRITE + READ over both rails in {:.0f} ms ({} + {} bytes)\n",
+               both_ms, n.rail_bytes[0], n.rail_bytes[1]);
+
+    // 2. Rail 1's link down while a WRITE is under way on both: it ends ok,
+    // and later ones go on rail 0 alone, every byte right.
+    fill_pattern(c.buf, 21);
+    check(c.st.write(sched::bulk, c.here, c.there, 0, c.next_id++) == status::ok, "WRITE");
+    const std::uint64_t before = n.rail_bytes[1];
+    std::array<verbs::completion, 4> done;
+    int finished = 0;
+    const auto deadline = clock_type::now() + 120s;
+    while (n.rail_bytes[1] == before && finished == 0) {
+        check(clock_type::now() < deadline, "rail 1 took part in the WRITE");
+        finished = c.st.poll(done);
+    }
+    const auto t_down = clock_type::now();
+    std::atomic<bool> down{false};
+    auto taker = std::async(std::launch::async, [&] {
+        link.set(false);
+        down = true;
+    });
+    const verbs::completion first = finished != 0 ? done[0] : c.wait_one();
+    check(first.ok(), fmt::format("the WRITE under way as the link went down: {}",
+                                  first.status_name()));
+    c.read_back_checked(21);
+    // Two more once the striper took rail 1 out (its port event, or its
+    // work failing, whichever came first).
+    unsigned seed = 23;
+    for (int after = 0; after < 2; seed += 2) {
+        check(clock_type::now() < deadline, "the striper took rail 1 out within 120 s");
+        if (watch.poll(on_change) != 0 && !c.out_at)
+            c.out_at = clock_type::now();
+        c.write_and_read_checked(seed);
+        if (down && n.failovers > 0)
+            ++after;
+    }
+    taker.get();
+    const double out_ms =
+        c.out_at ? std::chrono::duration<double, std::milli>(*c.out_at - t_down).count() : -1;
+    check(!c.st.rail_up(1) && c.st.rail_up(0), "rail 1 out, rail 0 in");
+    check(n.failed == 0, "no request failed");
+    fmt::print("multirail_pair: rail 1 down mid-transfer: {} requests, none failed; {} pieces "
+               "sent again\n",
+               n.completed, n.reposts);
+
+    // 3. Up again: PORT_ACTIVE, ready (the port's GID back), a reconnect
+    // from rail 1's address, attach; rail 1 carries bytes again.
+    const auto t_up = clock_type::now();
+    link.set(true);
+    while (!watch.ready(1)) {
+        check(clock_type::now() < t_up + 30s, "rail 1 ready within 30 s of `ip link set up`");
+        (void)watch.wait(clock_type::now() + 100ms, on_change);
+    }
+    const double ready_ms = ms_since(t_up);
+    check(c.st.rail_idle(1), "nothing of rail 1's old queue pair left");
+    c.sch[1].reset();
+    c.connect(1, 60s);
+    const double back_ms = ms_since(t_up);
+    const std::uint64_t rail1_before = n.rail_bytes[1];
+    c.write_and_read_checked(seed);
+    check(n.rail_bytes[1] > rail1_before, "rail 1 carries bytes again");
+    check(n.rejoins == 1 && n.failed == 0, "one rejoin, no failure");
+    fmt::print("multirail_pair: rail 1 out {:.0f} ms after `ip link set down` began; ready {:.0f} "
+               "ms and attached {:.0f} ms after `up`; {}\n",
+               out_ms, ready_ms, back_ms, n);
+    // Rail 1 first, rail 0 last: the server's sign that the client is done.
+    c.conn[1]->disconnect();
+    c.conn[0]->disconnect();
+    return 0;
+}
+
+options parse(int argc, char** argv) {
+    options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        const auto value = [&]() -> std::string {
+            if (i + 1 >= argc)
+                throw std::invalid_argument(a + ": a value is missing");
+            return argv[++i];
+        };
+        if (a == "--serve")
+            o.serve = true;
+        else if (a == "--rails")
+            o.rails = split(value());
+        else if (a == "--peer")
+            o.peer = split(value());
+        else if (a == "--port")
+            o.port = static_cast<std::uint16_t>(std::stoul(value()));
+        else if (a == "--netdev")
+            o.netdev = value();
+        else if (a == "--deadline")
+            o.deadline_s = std::stoi(value());
+        else
+            throw std::invalid_argument(a + ": unknown");
+    }
+    if (o.rails.size() != 2 || o.port == 0 || (!o.serve && (o.peer.size() != 2 || o.netdev.empty())))
+        throw std::invalid_argument("--rails A,B and --port P; a client also --peer A,B and "
+                                    "--netdev DEV");
+    return o;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const options o = parse(argc, argv);
+        return o.serve ? serve(o) : run_client(o);
+    } catch (const check_failed& e) {
+        fmt::print(stderr, "multirail_pair: FAILED: {}\n", e.what());
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "multirail_pair: {}\n", e.what());
+    }
+    return 1;
+}

@@ -52,6 +52,7 @@
 #include <rdmax/sched/priority.hpp>
 #include <rdmax/sched/priority_scheduler.hpp>
 #include <rdmax/sched/queue_pair_port.hpp>
+#include <rdmax/sched/rail_group.hpp>
 #include <rdmax/sched/request_flags.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
 #include <rdmax/sched/scheduling_policy.hpp>

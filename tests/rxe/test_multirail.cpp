@@ -25,6 +25,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <future>
+#include <memory>
 #include <optional>
 #include <poll.h>
 #include <span>
@@ -800,4 +801,187 @@ TEST_CASE("port_watch: a rail's link down and up are changes; ready() once its G
     // The rail takes a new connection again.
     rail_loop loop(rails, 1);
     CHECK(loop.client->qp().state() == IBV_QPS_RTS);
+}
+
+// ---- sched::rail_group: the rails kept connected ------------------------------------------
+
+namespace {
+
+/// The passive end of a rail_group's dials in this process: a listener on
+/// each rail's address, accepting on a thread of its own until closed. A
+/// rail's listener can be closed (dials to it are refused) and opened again
+/// on the same port.
+class rail_acceptor {
+public:
+    explicit rail_acceptor(const verbs::rail_set& rails)
+        : rails_(rails) {
+        for (std::size_t k = 0; k < rails.size(); ++k)
+            open(k, 0);
+    }
+    rail_acceptor(const rail_acceptor&) = delete;
+    rail_acceptor& operator=(const rail_acceptor&) = delete;
+    ~rail_acceptor() {
+        for (std::size_t k = 0; k < ends_.size(); ++k)
+            close(k);
+    }
+    [[nodiscard]] std::uint16_t port(std::size_t k) const { return ports_.at(k); }
+    [[nodiscard]] int accepted(std::size_t k) const { return ends_.at(k)->accepted; }
+    /// Rail k's listener on `port` (0: a free one), accepting.
+    void open(std::size_t k, std::uint16_t port) {
+        if (ends_.size() <= k) {
+            ends_.resize(k + 1);
+            ports_.resize(k + 1);
+        }
+        auto e = std::make_unique<end>(rails_[k].address, port);
+        ports_[k] = e->l.port();
+        end* raw = e.get();
+        e->t = std::thread([this, raw, k] {
+            while (!raw->stop) {
+                std::optional<verbs::connection_request> r = raw->l.poll_request();
+                if (!r) {
+                    std::this_thread::sleep_for(5ms);
+                    continue;
+                }
+                try {
+                    (void)r->create_qp(rails_.pd(k));
+                    raw->conns.push_back(r->accept({}, 10s));
+                    ++raw->accepted;
+                } catch (const std::exception& ex) { // the dial's own error says it
+                    fmt::print("rail_acceptor: rail {}: {}\n", k, ex.what());
+                }
+            }
+        });
+        ends_[k] = std::move(e);
+    }
+    /// Rail k's listener and the connections it accepted go.
+    void close(std::size_t k) {
+        if (!ends_.at(k) || ends_[k]->stop)
+            return;
+        ends_[k]->stop = true;
+        ends_[k]->t.join();
+        ends_[k]->conns.clear();
+        ends_[k]->l = verbs::listener();
+    }
+
+private:
+    struct end {
+        verbs::listener l;
+        std::thread t;
+        std::atomic<bool> stop{false};
+        std::atomic<int> accepted{0};
+        std::vector<verbs::connection> conns;
+        end(const std::string& address, std::uint16_t port)
+            : l(address, port) {}
+    };
+    const verbs::rail_set& rails_;
+    std::vector<std::unique_ptr<end>> ends_;
+    std::vector<std::uint16_t> ports_;
+};
+
+} // namespace
+
+TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refused dial waits",
+          "[rail_group]") {
+    second_rail& r1 = rail1();
+    REQUIRE(r1.wait_active(clock_type::now() + 10s));
+    const up_at_end restore;
+    const std::vector<std::string> names{rail0_address(), rail1_address};
+    const verbs::rail_set rails = verbs::rail_set::of(names);
+    rail_acceptor acc(rails);
+    rail_cache cache = make_rail_cache(rails);
+    std::vector<std::byte> src(big);
+    std::vector<std::byte> dst(big);
+    auto hs = cache.get<all_rights>(src.data(), big);
+    auto hd = cache.get<all_rights>(dst.data(), big);
+    const rail_local<all_rights> here =
+        rail_verbs_registrar::local<all_rights>(hs.registration(), src.data(), big);
+    const rail_remote<all_rights> there =
+        rail_verbs_registrar::remote<all_rights>(hd.registration(), dst.data(), big);
+    sched::rail_group_options o;
+    o.retry_min = 100ms;
+    o.retry_max = 400ms;
+    sched::rail_group<> group(
+        rails, [&](std::size_t k) { return rails.connect(k, rails[k].address, acc.port(k)); }, o);
+    auto& st = group.striper();
+    const auto& n = st.counters();
+    const auto& g = group.counters();
+    REQUIRE(st.rails_up() == 2);
+    REQUIRE(group.connection(1) != nullptr);
+
+    std::uint64_t next_id = 1;
+    const auto wait_one = [&] {
+        const auto deadline = clock_type::now() + 60s;
+        std::array<verbs::completion, 4> done;
+        while (clock_type::now() < deadline) {
+            const int got = st.wait(done, 100ms);
+            (void)group.keep();
+            if (got == 1)
+                return done[0];
+            REQUIRE(got == 0);
+        }
+        FAIL("a striped request did not complete in 60 s");
+        return verbs::completion{};
+    };
+    const auto write_checked = [&](unsigned seed) {
+        fill_pattern(src, seed);
+        std::fill(dst.begin(), dst.end(), std::byte{0});
+        REQUIRE(st.write(sched::bulk, here, there, 0, next_id++) == status::ok);
+        const verbs::completion w = wait_one();
+        INFO("striped WRITE: " << w.status_name());
+        REQUIRE(w.ok());
+        CHECK(has_pattern(dst, seed));
+    };
+    write_checked(101);
+    CHECK(n.rail_bytes[0] > 0);
+    CHECK(n.rail_bytes[1] > 0);
+
+    // Down: keep() takes the rail out at its PORT_ERR (or its work failing
+    // does); nothing is dialed while the port is down.
+    const auto t_down = clock_type::now();
+    r1.down();
+    while (st.rail_up(1)) {
+        REQUIRE(clock_type::now() < t_down + 10s);
+        (void)group.keep();
+        std::this_thread::sleep_for(5ms);
+    }
+    const double out_ms = ms_since(t_down);
+    write_checked(103); // rail 0 alone, no error
+    const std::uint64_t rail1_bytes = n.rail_bytes[1];
+    std::this_thread::sleep_for(300ms);
+    (void)group.keep();
+    CHECK(g.dials == 0);
+    CHECK(!st.rail_up(1));
+
+    // Up, with rail 1's listener closed: the dials are refused, and tried
+    // again with backoff; once it listens again the next dial attaches it.
+    acc.close(1);
+    const auto t_up = clock_type::now();
+    r1.up();
+    while (g.dial_failures < 2) {
+        REQUIRE(clock_type::now() < t_up + 30s);
+        (void)group.keep();
+        std::this_thread::sleep_for(5ms);
+    }
+    CHECK(!group.last_failure(1).empty());
+    CHECK(!st.rail_up(1));
+    fmt::print("rail_group: rail 1's dials refused while nothing listens: {}\n",
+               group.last_failure(1));
+    acc.open(1, acc.port(1));
+    const auto t_listen = clock_type::now();
+    while (!st.rail_up(1)) {
+        REQUIRE(clock_type::now() < t_listen + 30s);
+        (void)group.keep();
+        std::this_thread::sleep_for(5ms);
+    }
+    fmt::print("rail_group: rail 1 out {:.0f} ms after `down`; back {:.0f} ms after its listener "
+               "returned ({:.0f} ms after `up`); port downs {}, dials {} ({} failed), rejoins {}\n",
+               out_ms, ms_since(t_listen), ms_since(t_up), g.port_downs, g.dials, g.dial_failures,
+               g.rejoins);
+    CHECK(g.rejoins == 1);
+    CHECK(g.dials == g.dial_failures + 1);
+    CHECK(group.last_failure(1).empty());
+    CHECK(acc.accepted(1) == 1); // the reopened listener's one
+    write_checked(105);
+    CHECK(n.rail_bytes[1] > rail1_bytes);
+    CHECK(n.failed == 0);
 }

@@ -64,10 +64,10 @@ struct rail_group_options {
 
 /// What keep() has done.
 struct rail_group_counters {
-    std::uint64_t port_downs = 0;   ///< rails taken out at a port event
-    std::uint64_t dials = 0;        ///< dials started after a rail went out
+    std::uint64_t port_downs = 0;    ///< rails taken out at a port event
+    std::uint64_t dials = 0;         ///< dials started after a rail went out
     std::uint64_t dial_failures = 0; ///< of those, failed (tried again later)
-    std::uint64_t rejoins = 0;      ///< rails attached again
+    std::uint64_t rejoins = 0;       ///< rails attached again
 };
 
 template <class Scheduler = priority_scheduler<>>
@@ -85,7 +85,7 @@ public:
     rail_group(const verbs::rail_set& rails, dial_fn dial, rail_group_options o = {})
         : rails_(rails)
         , dial_(std::move(dial))
-        , opts_(std::move(o))
+        , opts_(o)
         , watch_(rails)
         , slots_(rails.size())
         , striper_(opts_.stripe) {
@@ -96,6 +96,7 @@ public:
             } catch (const std::exception& e) {
                 why += fmt::format("{}rail {} ({}): {}", why.empty() ? "" : "; ", k,
                                    rails_[k].address, e.what());
+                slots_[k].failure = e.what();
                 slots_[k].retry_at = clock::now() + opts_.retry_min;
                 slots_[k].backoff = opts_.retry_min;
             }
@@ -184,6 +185,10 @@ private:
                             ? opts_.retry_min
                             : std::min<std::chrono::milliseconds>(s.backoff * 2, opts_.retry_max);
             s.retry_at = now + s.backoff;
+            return false;
+        }
+        if (!watch_.ready(k)) {
+            s.pending.reset(); // the port went down again while it dialed: once it is back
             return false;
         }
         return attach_pending(k);

@@ -26,6 +26,11 @@
 #   resilience-linkdown  2 such clients; host 1's link down for 5 s under load, then
 #                   up: every call ok, none lost, none run twice; detection and
 #                   recovery times
+#   multirail       two rails, one a link (the second link, 203.0.113.1 and .2, with
+#                   rxe1 on it, made for this step): build/tests/multirail_pair serves
+#                   64 MiB on host 0; host 1 stripes WRITEs and READs over both, every
+#                   byte checked, takes its second link down mid-transfer (no error)
+#                   and up (port events, a reconnect): the rail carries bytes again
 # A program that is not built is SKIPPED, said loudly, never passed. The two
 # resilience steps are also checked here, after the guests, by
 # tests/rxe/resilience_check.py (the server's log of executions on host 0
@@ -52,9 +57,10 @@ steps="rdma-pingpong:0,1 rdmax-pingpong:0,1 allreduce:0,1 mpirun-1host:0 mpirun-
 # QP1 and a teardown through a port that is down); RDMAX_MULTIHOST_LINKDOWN=0 skips it.
 linkdown=${RDMAX_MULTIHOST_LINKDOWN:-1}
 [ "$linkdown" != 1 ] || steps+=" resilience-linkdown:0,1"
+steps+=" multirail:0,1"
 
 if [ "${1:-}" != --guest ]; then
-    [ $# -eq 0 ] || { sed -n '2,39p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+    [ $# -eq 0 ] || { sed -n '2,47p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
     RDMAX_WHO=$0
     # shellcheck source=../lib/packages.sh
     . "$project/tests/lib/packages.sh"
@@ -487,6 +493,39 @@ elif [ "$me" = 0 ]; then
 else
     run_step resilience-loss loss_clients
     [ "$linkdown" != 1 ] || run_step resilience-linkdown linkdown_clients
+fi
+
+# 10. Two rails between the hosts (issue 31): the second link and rxe1 on it,
+# then multirail_pair, its server on host 0 and its client on host 1 (which
+# waits for the server itself: no retry of the whole run, whose server counts
+# the connections it accepts).
+rail2_ready() {
+    local mapped
+    mapped=$(echo "$RDMAX_RAIL2_ADDR" | awk -F. '{ printf "ffff:%02x%02x:%02x%02x", $1, $2, $3, $4 }')
+    # grep on the files, not through a pipe: under pipefail, grep -q leaving
+    # early would fail a `cat | grep -q`.
+    grep -qs ACTIVE /sys/class/infiniband/rxe1/ports/1/state &&
+        grep -qs "$mapped\$" /sys/class/infiniband/rxe1/ports/1/gids/*
+}
+rail2_up() {
+    ip link set dev "$RDMAX_VM_NETDEV2" up && rdma link add rxe1 type rxe netdev "$RDMAX_VM_NETDEV2" &&
+        poll_until 20 rail2_ready
+}
+pair=$project/build/tests/multirail_pair
+rails="$RDMAX_HOST_ADDR,${RDMAX_RAIL2_ADDR:-}"
+rail2_start=$SECONDS
+if [ ! -x "$pair" ]; then
+    echo "multihost[host$me]: ******** multirail SKIPPED: build/tests/multirail_pair is not built ********"
+    record multirail SKIP 0 "build/tests/multirail_pair is not built"
+elif [ -z "${RDMAX_VM_NETDEV2:-}" ]; then
+    record multirail FAIL 0 "no second link (tests/vm/run gives one with --hosts 2)"
+elif ! rail2_up; then
+    record multirail FAIL $((SECONDS - rail2_start)) "rxe1 on $RDMAX_VM_NETDEV2 ($RDMAX_RAIL2_ADDR) not ACTIVE with its GID in 20 s"
+elif [ "$me" = 0 ]; then
+    run_step multirail timeout 240 "$pair" --serve --rails "$rails" --port 7490 --deadline 230
+else
+    run_step multirail timeout 240 "$pair" --rails "$rails" \
+        --peer "$RDMAX_PEER_ADDR,$RDMAX_PEER_RAIL2_ADDR" --port 7490 --netdev "$RDMAX_VM_NETDEV2"
 fi
 
 exit "$any_failed"

@@ -8,11 +8,11 @@
 //       token (every rail's key). Accepts new connections on rail 1 (the
 //       client's reconnect) until the client closes rail 0, then exits 0.
 //   multirail_pair --rails B0,B1 --peer A0,A1 --port P --netdev DEV
-//       host 1: rail k connects to the peer's rail k, a scheduler each, one
-//       striper over both. Striped 64 MiB WRITEs and READs, every byte
-//       checked; rail 1's link (DEV) taken down mid-transfer (no error, every
-//       byte right) and up again (port_watch's PORT_ACTIVE and ready(), a
-//       reconnect from rail 1's address, attach): rail 1 carries bytes again.
+//       host 1: a sched::rail_group over both rails (rail k dialed to the
+//       peer's rail k). Striped 64 MiB WRITEs and READs, every byte checked;
+//       rail 1's link (DEV) taken down mid-transfer (no error, every byte
+//       right) and up again: the group dials rail 1 again once its port is
+//       ready and attaches it, and it carries bytes again.
 // Exit status 0 when every check held; 1 with the failed check on stderr.
 #include <array>
 #include <atomic>
@@ -38,8 +38,7 @@ using namespace std::chrono_literals;
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-using rail_scheduler = sched::priority_scheduler<>;
-using striper = sched::basic_striper<rail_scheduler>;
+using striper = sched::rail_group<>::striper_type;
 constexpr rights rw = all_rights;
 constexpr std::size_t big = std::size_t{64} << 20;
 
@@ -92,7 +91,8 @@ int serve(const options& o) {
     rail_cache cache = make_rail_cache(rails);
     std::vector<std::byte> buf(big);
     auto h = cache.get<rw>(buf.data(), buf.size());
-    const rail_remote<rw> token = rail_verbs_registrar::remote<rw>(h.registration(), buf.data(), big);
+    const rail_remote<rw> token =
+        rail_verbs_registrar::remote<rw>(h.registration(), buf.data(), big);
     check(token.rails == 2 && token.rkey[0] != 0 && token.rkey[1] != 0, "a key on each rail");
     std::array<verbs::listener, 2> l{verbs::listener(rails[0].address, o.port),
                                      verbs::listener(rails[1].address, o.port)};
@@ -150,50 +150,58 @@ struct client {
     std::vector<std::byte> buf = std::vector<std::byte>(big);
     rail_cache::handle h = cache.get<rw>(buf.data(), buf.size());
     rail_local<rw> here = rail_verbs_registrar::local<rw>(h.registration(), buf.data(), big);
+    std::optional<sched::rail_group<>> group;
     rail_remote<rw> there{};
-    std::array<std::optional<verbs::connection>, 2> conn;
-    std::array<std::optional<rail_scheduler>, 2> sch;
-    striper st{sched::stripe_options{}.with_env()};
     std::uint64_t next_id = 1;
-    /// When a poll first saw a rail taken out.
+    /// When the striper was first seen with a rail taken out.
     std::optional<clock_type::time_point> out_at;
 
     explicit client(const options& opts)
         : o(opts) {
         check(rails.size() == 2, "two rails");
-        for (std::size_t k = 0; k < 2; ++k)
-            connect(k, 60s);
-    }
-
-    /// Rail k to the peer's rail k (retried while the server is not there
-    /// yet, or the link is coming back), a scheduler on it, attached.
-    void connect(std::size_t k, std::chrono::seconds patience) {
-        const auto until = clock_type::now() + patience;
-        for (;;) {
+        // Until the server listens (it may start later), then until both
+        // rails are up (keep() dials again one that failed).
+        const auto until = clock_type::now() + 120s;
+        while (!group) {
             try {
-                conn[k].emplace(rails.connect(k, o.peer[k], o.port, {}, {}, 10s));
-                break;
+                group.emplace(rails, [this](std::size_t k) {
+                    return rails.connect(k, o.peer[k], o.port, {}, {}, 10s);
+                });
             } catch (const rdmax::error& e) {
-                check(clock_type::now() < until,
-                      fmt::format("rail {} to {}: {}", k, o.peer[k], e.what()));
+                check(clock_type::now() < until, fmt::format("connecting: {}", e.what()));
                 std::this_thread::sleep_for(500ms);
             }
         }
-        const auto t = conn[k]->peer_payload_as<rail_remote<rw>>();
-        check(t.has_value() && t->rails == 2, "the server's token, with two rails' keys");
-        if (k == 0)
-            there = *t;
-        check(std::memcmp(&*t, &there, sizeof there) == 0, "one token on every rail");
-        sch[k].emplace(conn[k]->qp());
-        check(st.attach(k, *sch[k], rails[k].gbps), fmt::format("attach rail {}", k));
+        while (st().rails_up() < 2) {
+            check(clock_type::now() < until, fmt::format("rail 1: {}", group->last_failure(1)));
+            (void)group->keep();
+            std::this_thread::sleep_for(10ms);
+        }
+        there = token_of(0);
+        check(there.rails == 2, "the server's token, with two rails' keys");
+        check(same_token(1), "one token on every rail");
+    }
+    [[nodiscard]] striper& st() noexcept { return group->striper(); }
+    [[nodiscard]] rail_remote<rw> token_of(std::size_t k) {
+        const verbs::connection* c = group->connection(k);
+        if (c == nullptr)
+            throw check_failed(fmt::format("rail {} has a connection", k));
+        const auto t = c->peer_payload_as<rail_remote<rw>>();
+        check(t.has_value(), fmt::format("a token in rail {}'s accept", k));
+        return *t;
+    }
+    [[nodiscard]] bool same_token(std::size_t k) {
+        const rail_remote<rw> t = token_of(k);
+        return std::memcmp(&t, &there, sizeof t) == 0;
     }
 
     verbs::completion wait_one() {
         const auto deadline = clock_type::now() + 60s;
         std::array<verbs::completion, 4> done;
         while (clock_type::now() < deadline) {
-            const int n = st.wait(done, 100ms);
-            if (!out_at && st.counters().failovers > 0)
+            const int n = st().wait(done, 100ms);
+            (void)group->keep();
+            if (!out_at && st().counters().failovers > 0)
                 out_at = clock_type::now();
             if (n == 1)
                 return done[0];
@@ -205,14 +213,14 @@ struct client {
     /// cleared buffer; every byte checked.
     void write_and_read_checked(unsigned seed) {
         fill_pattern(buf, seed);
-        check(st.write(sched::bulk, here, there, 0, next_id++) == status::ok, "WRITE submitted");
+        check(st().write(sched::bulk, here, there, 0, next_id++) == status::ok, "WRITE submitted");
         const verbs::completion w = wait_one();
         check(w.ok(), fmt::format("striped WRITE: {}", w.status_name()));
         read_back_checked(seed);
     }
     void read_back_checked(unsigned seed) {
         std::memset(buf.data(), 0, buf.size());
-        check(st.read(sched::bulk, here, there, 0, next_id++) == status::ok, "READ submitted");
+        check(st().read(sched::bulk, here, there, 0, next_id++) == status::ok, "READ submitted");
         const verbs::completion r = wait_one();
         check(r.ok(), fmt::format("striped READ: {}", r.status_name()));
         check(has_pattern(buf, seed), "every byte read back is the pattern written");
@@ -222,12 +230,8 @@ struct client {
 int run_client(const options& o) {
     link_switch link{o.netdev};
     client c(o);
-    const auto& n = c.st.counters();
-    verbs::port_watch watch(c.rails);
-    const auto on_change = [&](const verbs::port_watch::change& ch) {
-        if (!ch.up)
-            c.st.rail_down(ch.rail);
-    };
+    const auto& n = c.st().counters();
+    const auto& g = c.group->counters();
 
     // 1. Striped over both links.
     const auto t0 = clock_type::now();
@@ -240,14 +244,14 @@ int run_client(const options& o) {
     // 2. Rail 1's link down while a WRITE is under way on both: it ends ok,
     // and later ones go on rail 0 alone, every byte right.
     fill_pattern(c.buf, 21);
-    check(c.st.write(sched::bulk, c.here, c.there, 0, c.next_id++) == status::ok, "WRITE");
+    check(c.st().write(sched::bulk, c.here, c.there, 0, c.next_id++) == status::ok, "WRITE");
     const std::uint64_t before = n.rail_bytes[1];
     std::array<verbs::completion, 4> done;
     int finished = 0;
     const auto deadline = clock_type::now() + 120s;
     while (n.rail_bytes[1] == before && finished == 0) {
         check(clock_type::now() < deadline, "rail 1 took part in the WRITE");
-        finished = c.st.poll(done);
+        finished = c.st().poll(done);
     }
     const auto t_down = clock_type::now();
     std::atomic<bool> down{false};
@@ -256,16 +260,14 @@ int run_client(const options& o) {
         down = true;
     });
     const verbs::completion first = finished != 0 ? done[0] : c.wait_one();
-    check(first.ok(), fmt::format("the WRITE under way as the link went down: {}",
-                                  first.status_name()));
+    check(first.ok(),
+          fmt::format("the WRITE under way as the link went down: {}", first.status_name()));
     c.read_back_checked(21);
-    // Two more once the striper took rail 1 out (its port event, or its
-    // work failing, whichever came first).
+    // Two more once the striper took rail 1 out (its port event, through
+    // keep(), or its work failing, whichever came first).
     unsigned seed = 23;
     for (int after = 0; after < 2; seed += 2) {
         check(clock_type::now() < deadline, "the striper took rail 1 out within 120 s");
-        if (watch.poll(on_change) != 0 && !c.out_at)
-            c.out_at = clock_type::now();
         c.write_and_read_checked(seed);
         if (down && n.failovers > 0)
             ++after;
@@ -273,35 +275,36 @@ int run_client(const options& o) {
     taker.get();
     const double out_ms =
         c.out_at ? std::chrono::duration<double, std::milli>(*c.out_at - t_down).count() : -1;
-    check(!c.st.rail_up(1) && c.st.rail_up(0), "rail 1 out, rail 0 in");
+    check(!c.st().rail_up(1) && c.st().rail_up(0), "rail 1 out, rail 0 in");
     check(n.failed == 0, "no request failed");
     fmt::print("multirail_pair: rail 1 down mid-transfer: {} requests, none failed; {} pieces "
                "sent again\n",
                n.completed, n.reposts);
 
-    // 3. Up again: PORT_ACTIVE, ready (the port's GID back), a reconnect
-    // from rail 1's address, attach; rail 1 carries bytes again.
+    // 3. Up again: the group dials rail 1 once its port is ready (PORT_ACTIVE,
+    // its GID back) and attaches it; it carries bytes again.
     const auto t_up = clock_type::now();
     link.set(true);
-    while (!watch.ready(1)) {
-        check(clock_type::now() < t_up + 30s, "rail 1 ready within 30 s of `ip link set up`");
-        (void)watch.wait(clock_type::now() + 100ms, on_change);
+    while (!c.st().rail_up(1)) {
+        check(clock_type::now() < t_up + 60s,
+              fmt::format("rail 1 back within 60 s of `ip link set up` (last dial: {})",
+                          c.group->last_failure(1)));
+        (void)c.group->keep();
+        std::this_thread::sleep_for(5ms);
     }
-    const double ready_ms = ms_since(t_up);
-    check(c.st.rail_idle(1), "nothing of rail 1's old queue pair left");
-    c.sch[1].reset();
-    c.connect(1, 60s);
     const double back_ms = ms_since(t_up);
+    check(c.same_token(1), "the same token on the new connection");
     const std::uint64_t rail1_before = n.rail_bytes[1];
     c.write_and_read_checked(seed);
     check(n.rail_bytes[1] > rail1_before, "rail 1 carries bytes again");
-    check(n.rejoins == 1 && n.failed == 0, "one rejoin, no failure");
-    fmt::print("multirail_pair: rail 1 out {:.0f} ms after `ip link set down` began; ready {:.0f} "
-               "ms and attached {:.0f} ms after `up`; {}\n",
-               out_ms, ready_ms, back_ms, n);
+    check(n.rejoins == 1 && n.failed == 0 && g.rejoins == 1, "one rejoin, no failure");
+    fmt::print("multirail_pair: rail 1 out {:.0f} ms after `ip link set down` began, back {:.0f} "
+               "ms after `up`; {}; group: port downs {}, dials {} ({} failed), rejoins {}\n",
+               out_ms, back_ms, n, g.port_downs, g.dials, g.dial_failures, g.rejoins);
     // Rail 1 first, rail 0 last: the server's sign that the client is done.
-    c.conn[1]->disconnect();
-    c.conn[0]->disconnect();
+    for (const std::size_t k : {1, 0})
+        if (verbs::connection* conn = c.group->connection(k))
+            conn->disconnect();
     return 0;
 }
 
@@ -329,7 +332,8 @@ options parse(int argc, char** argv) {
         else
             throw std::invalid_argument(a + ": unknown");
     }
-    if (o.rails.size() != 2 || o.port == 0 || (!o.serve && (o.peer.size() != 2 || o.netdev.empty())))
+    if (o.rails.size() != 2 || o.port == 0 ||
+        (!o.serve && (o.peer.size() != 2 || o.netdev.empty())))
         throw std::invalid_argument("--rails A,B and --port P; a client also --peer A,B and "
                                     "--netdev DEV");
     return o;

@@ -49,16 +49,24 @@ if [ -n "${RDMAX_VM_NIC:-}" ]; then
     esac
     modprobe "$driver" >"$results/setup.log" 2>&1 || [ -d "$driver_dir" ] ||
         { echo "rdmax-vm: setup failed: modprobe $driver"; cat "$results/setup.log"; echo 125 >"$results/status"; exit 125; }
-    netdev_by_mac() {
+    netdev_by_mac() { # MAC
         local d
         for d in /sys/class/net/*; do
-            [ "$(cat "$d/address" 2>/dev/null)" = "$RDMAX_VM_MAC" ] && { basename "$d"; return 0; }
+            [ "$(cat "$d/address" 2>/dev/null)" = "$1" ] && { basename "$d"; return 0; }
         done
         return 1
     }
-    wait_until netdev_by_mac >/dev/null || not_ready "no network interface with MAC $RDMAX_VM_MAC"
-    RDMAX_VM_NETDEV=$(netdev_by_mac)
+    wait_until netdev_by_mac "$RDMAX_VM_MAC" >/dev/null || not_ready "no network interface with MAC $RDMAX_VM_MAC"
+    RDMAX_VM_NETDEV=$(netdev_by_mac "$RDMAX_VM_MAC")
     export RDMAX_VM_NETDEV
+    if [ -n "${RDMAX_VM_MAC2:-}" ]; then
+        # The second link (the multirail step's): its address now, the link
+        # and its soft-RoCE device only when a job brings them up.
+        wait_until netdev_by_mac "$RDMAX_VM_MAC2" >/dev/null || not_ready "no network interface with MAC $RDMAX_VM_MAC2"
+        RDMAX_VM_NETDEV2=$(netdev_by_mac "$RDMAX_VM_MAC2")
+        export RDMAX_VM_NETDEV2
+        step ip addr add "$RDMAX_RAIL2_ADDR/24" dev "$RDMAX_VM_NETDEV2"
+    fi
 else
     step modprobe dummy numdummies=0
     step ip link add "$RDMAX_VM_NETDEV" type dummy

@@ -64,8 +64,15 @@ void port_watch::pass(std::size_t device, ibv_event_type type, std::uint8_t port
 std::size_t port_watch::poll(const std::function<void(const change&)>& on_change) {
     std::size_t changes = 0;
     for (std::size_t d = 0; d < devices_.size(); ++d) {
+        // Readable first, whatever the descriptor's flags: another watch of
+        // the device that went (against the one-watch rule) gave them back
+        // blocking, and a read would then wait for the next event.
+        const auto readable = [&] {
+            pollfd p{fds_[d], POLLIN, 0};
+            return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+        };
         ibv_async_event e{};
-        while (ibv_get_async_event(devices_[d].ctx->get(), &e) == 0) {
+        while (readable() && ibv_get_async_event(devices_[d].ctx->get(), &e) == 0) {
             const ibv_event_type type = e.event_type;
             const bool port_event = type == IBV_EVENT_PORT_ERR || type == IBV_EVENT_PORT_ACTIVE;
             const bool ours = port_event || type == IBV_EVENT_DEVICE_FATAL;

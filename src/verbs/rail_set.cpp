@@ -1,5 +1,9 @@
 #include <arpa/inet.h>
+#include <bit>
 #include <cerrno>
+#include <cstring>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,6 +22,43 @@ std::string ipv4_of(const gid& g) {
     if (inet_ntop(AF_INET, g.raw.data() + 12, buf, sizeof buf) == nullptr)
         return "?";
     return buf;
+}
+
+/// IPv4 `s` in host order, or nullopt.
+std::optional<std::uint32_t> ipv4_bits(std::string_view s) noexcept {
+    char buf[INET_ADDRSTRLEN] = {};
+    if (s.size() >= sizeof buf)
+        return std::nullopt;
+    std::memcpy(buf, s.data(), s.size());
+    in_addr a{};
+    if (inet_pton(AF_INET, buf, &a) != 1)
+        return std::nullopt;
+    return ntohl(a.s_addr);
+}
+
+/// The prefix length of IPv4 `address` on the interface that carries it; 0
+/// when none does (or the interfaces cannot be listed).
+unsigned prefix_of(std::string_view address) noexcept {
+    const std::optional<std::uint32_t> want = ipv4_bits(address);
+    ifaddrs* all = nullptr;
+    if (!want || getifaddrs(&all) != 0)
+        return 0;
+    unsigned prefix = 0;
+    for (const ifaddrs* i = all; i != nullptr; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr || i->ifa_netmask == nullptr ||
+            i->ifa_addr->sa_family != AF_INET)
+            continue;
+        sockaddr_in a{};
+        sockaddr_in m{};
+        std::memcpy(&a, i->ifa_addr, sizeof a);
+        std::memcpy(&m, i->ifa_netmask, sizeof m);
+        if (ntohl(a.sin_addr.s_addr) == *want) {
+            prefix = static_cast<unsigned>(std::popcount(ntohl(m.sin_addr.s_addr)));
+            break;
+        }
+    }
+    freeifaddrs(all);
+    return prefix;
 }
 
 /// The port's preferred GID when it is an IPv4-mapped RoCE v2 one (what
@@ -75,7 +116,8 @@ rail_set rail_set::of(std::span<const std::string> names) {
 
 void rail_set::add(const context& c, std::uint8_t port, const port_info& p, const gid_entry& g,
                    std::string address) {
-    rail r{c.name(), port, g, std::move(address), p.gbps(), 0};
+    rail r{c.name(), port, g, std::move(address), p.gbps(), 0, 0};
+    r.prefix = prefix_of(r.address);
     for (const rail& other : rails_) {
         if (other.device == r.device && other.port == r.port)
             throw_error("rail_set", EINVAL,
@@ -179,6 +221,26 @@ connection rail_set::connect(std::size_t k, std::string_view addr, std::uint16_t
                              std::span<const std::byte> payload, const qp_config& cfg,
                              std::chrono::milliseconds timeout) const {
     return connection::connect(pd(k), addr, port, payload, cfg, timeout, rails_.at(k).address);
+}
+
+std::optional<std::size_t> rail_set::peer_for(std::size_t k,
+                                              std::span<const std::string> peer) const {
+    const rail& r = rails_.at(k);
+    for (std::size_t i = 0; i < peer.size(); ++i)
+        if (same_subnet(r.address, peer[i], r.prefix))
+            return i;
+    return std::nullopt;
+}
+
+bool rail_set::same_subnet(std::string_view a, std::string_view b, unsigned prefix) noexcept {
+    if (prefix == 0 || prefix > 32)
+        return false;
+    const std::optional<std::uint32_t> x = ipv4_bits(a);
+    const std::optional<std::uint32_t> y = ipv4_bits(b);
+    if (!x || !y)
+        return false;
+    const std::uint32_t mask = ~std::uint32_t{0} << (32 - prefix);
+    return (*x & mask) == (*y & mask);
 }
 
 } // namespace rdmax::verbs

@@ -524,8 +524,9 @@ elif ! rail2_up; then
 elif [ "$me" = 0 ]; then
     run_step multirail timeout 240 "$pair" --serve --rails "$rails" --port 7490 --deadline 230
 else
+    # The peer's addresses in the other order: each rail finds its own by subnet.
     run_step multirail timeout 240 "$pair" --rails "$rails" \
-        --peer "$RDMAX_PEER_ADDR,$RDMAX_PEER_RAIL2_ADDR" --port 7490 --netdev "$RDMAX_VM_NETDEV2"
+        --peer "$RDMAX_PEER_RAIL2_ADDR,$RDMAX_PEER_ADDR" --port 7490 --netdev "$RDMAX_VM_NETDEV2"
 fi
 
 exit "$any_failed"

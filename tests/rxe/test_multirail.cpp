@@ -672,6 +672,14 @@ TEST_CASE("rail_set: auto finds both rails, a list keeps its order, bad names ar
     CHECK(two.domains() == 2);
     CHECK(&two.pd(0) != &two.pd(1));
     CHECK(two.pd(1).device().name() == dev0);
+    // Each rail's subnet (the VM's addresses are /24s), and the peer's
+    // matching rail found by it, whatever the order of the peer's list.
+    CHECK(two[0].prefix == 24);
+    CHECK(two[1].prefix == 24);
+    const std::vector<std::string> peer{"198.18.0.9", "192.0.2.77", "203.0.113.200"};
+    CHECK(two.peer_for(0, peer) == std::optional<std::size_t>(2));
+    CHECK(two.peer_for(1, peer) == std::optional<std::size_t>(1));
+    CHECK(!two.peer_for(0, std::vector<std::string>{"192.0.2.77"}).has_value());
     CHECK(verbs::rail_set::discover(verbs::rail_options{}).empty()); // off
 
     const auto refused = [](std::vector<std::string> bad, int code) {

@@ -413,6 +413,7 @@ struct protocol_test_access {
             p.last_heard = ep.now();
             p.probed = {};
         }
+        ep.housekeep_soon(); // its next housekeeping was set on the old clock
     }
     static void begin_drain(server& s) { s.begin_drain(); }
     static bool drained(const server& s) { return s.drained(); }

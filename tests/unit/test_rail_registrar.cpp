@@ -1,10 +1,12 @@
 // rail_registrar: one range registered on every rail (an inner registrar
 // each: counting ones here), rolled back when one refuses, and the
-// registration cache over it handing back every rail's key from one lookup.
+// registration cache over it handing back every rail's key from one lookup;
+// and how a rail finds the peer's matching rail (rail_set::same_subnet).
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include <rdmax/mem/rail_arena.hpp>
@@ -140,4 +142,23 @@ TEST_CASE(
     CHECK_THROWS_AS(rail_block_local<rw>(arena, outside.data(), 64), rdmax::error);
     arena.deallocate(a.data, 4096);
     arena.deallocate(b.data, 8192);
+}
+
+TEST_CASE("rail_set::same_subnet: the first prefix bits of two IPv4 addresses") {
+    using verbs::rail_set;
+    CHECK(rail_set::same_subnet("192.0.2.1", "192.0.2.254", 24));
+    CHECK_FALSE(rail_set::same_subnet("192.0.2.1", "192.0.3.1", 24));
+    CHECK(rail_set::same_subnet("192.0.2.1", "192.0.3.1", 23));
+    CHECK(rail_set::same_subnet("203.0.113.1", "203.0.113.2", 32) == false);
+    CHECK(rail_set::same_subnet("203.0.113.1", "203.0.113.1", 32));
+    CHECK(rail_set::same_subnet("10.1.2.3", "10.200.0.0", 8));
+    CHECK(rail_set::same_subnet("10.1.2.3", "138.1.2.3", 1) == false);
+    CHECK(rail_set::same_subnet("10.1.2.3", "74.1.2.3", 1));
+    // No subnet known (prefix 0), or not one: never a match.
+    CHECK_FALSE(rail_set::same_subnet("192.0.2.1", "192.0.2.1", 0));
+    CHECK_FALSE(rail_set::same_subnet("192.0.2.1", "192.0.2.1", 33));
+    CHECK_FALSE(rail_set::same_subnet("192.0.2.1", "fe80::1", 24));
+    CHECK_FALSE(rail_set::same_subnet("192.0.2.1", "rdmax-host0", 24));
+    CHECK_FALSE(rail_set::same_subnet("", "", 24));
+    CHECK_FALSE(rail_set::same_subnet("192.0.2.1", std::string(64, '1'), 24));
 }

@@ -4,16 +4,17 @@
 // does what a rail's failure and return need (issue 31, failover):
 //
 //   - a rail's PORT_ERR or DEVICE_FATAL (verbs::port_watch) takes it out at
-//     once (basic_striper::rail_down), before its work fails; a rail whose
-//     work failed without a port event (a link down at the peer's end, a peer
-//     gone) the striper takes out by itself;
+//     once (basic_striper::rail_down), before its work fails; so does a
+//     disconnect from the peer (rdma_cm's DISCONNECTED: it closed or went
+//     away). A rail whose work failed without either (a link down at the
+//     peer's end) the striper takes out by itself;
 //   - a rail that is out is dialed again once its port is ready (ACTIVE, its
 //     GID back), on a thread of its own: the dial blocks (address and route
 //     resolution, the handshake) and the data path must not. A failed dial is
 //     tried again after a delay that doubles, from retry_min to retry_max;
-//   - once the new connection is made and none of the rail's old pieces is
-//     out, keep() makes its scheduler and attaches it: the rail carries
-//     pieces again. The old connection and scheduler go then.
+//   - once the new connection is made, the port still ready and none of the
+//     rail's old pieces out, keep() makes its scheduler and attaches it: the
+//     rail carries pieces again. The old connection and scheduler go then.
 //
 //     verbs::rail_set rails = verbs::rail_set::discover();
 //     sched::rail_group<> group(rails, [&](std::size_t k) {
@@ -23,11 +24,15 @@
 //     for (;;) { group.striper().poll(done); group.keep(); } // keep(): every ms or so
 //
 // The passive end accepts on each rail's listener again (a dial is a new
-// connection; the old one's queue pair failed with the link). keep() reads
-// the devices' event descriptors (a system call each): call it from the
-// loop now and then (the failed work takes the rail out meanwhile), or when
-// fds() is readable. One thread: the group, its striper and keep(). The dial
-// runs on another thread: it must use nothing the polling thread changes.
+// connection; the old one's queue pair failed with the link). keep() makes
+// system calls (a look at each device's event descriptor and each rail's
+// connection events; a port query of each rail that is out): call it from
+// the loop, or a timer, every millisecond or so. A readable fds() is one
+// more reason to call it, not the only one: a dial that ended or a GID that
+// came back makes nothing readable. One thread: the group, its striper and
+// keep(). The dial runs on another: it must use nothing that thread
+// changes. A device's events reach one reader per process: one group (or
+// port_watch) per device.
 
 #include <algorithm>
 #include <cerrno>
@@ -38,6 +43,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,8 +62,9 @@ namespace rdmax::sched {
 struct rail_group_options {
     stripe_options stripe = stripe_options{}.with_env();
     scheduler_options sched = scheduler_options{}.with_env(); ///< each rail's scheduler
-    /// The delay before a failed dial is tried again, doubled at each
-    /// failure up to retry_max (a peer whose link is still down).
+    /// The delay before a failed dial is tried again (at least 1 ms),
+    /// doubled at each failure up to retry_max (a peer whose link is still
+    /// down).
     std::chrono::milliseconds retry_min{200};
     std::chrono::milliseconds retry_max{5000};
 };
@@ -65,9 +72,11 @@ struct rail_group_options {
 /// What keep() has done.
 struct rail_group_counters {
     std::uint64_t port_downs = 0;    ///< rails taken out at a port event
-    std::uint64_t dials = 0;         ///< dials started after a rail went out
+    std::uint64_t peer_downs = 0;    ///< rails taken out at the peer's disconnect
+    std::uint64_t dials = 0;         ///< dials started by keep()
     std::uint64_t dial_failures = 0; ///< of those, failed (tried again later)
-    std::uint64_t rejoins = 0;       ///< rails attached again
+    std::uint64_t rejoins = 0;       ///< rails attached again after they were out
+    std::uint64_t late_joins = 0;    ///< rails whose first dial failed, attached later
 };
 
 template <class Scheduler = priority_scheduler<>>
@@ -79,26 +88,27 @@ public:
     using striper_type = basic_striper<Scheduler>;
 
     /// Dials every rail of `rails` (in this thread) and attaches those that
-    /// connect; the others are dialed again by keep(). Throws rdmax::error,
-    /// naming each rail's failure, if none connects. `rails` must outlive
-    /// the group.
+    /// connect; keep() dials the others again. Throws rdmax::error, naming
+    /// each rail's failure, if none connects. The rails' devices must
+    /// outlive the group (the set may be moved).
     rail_group(const verbs::rail_set& rails, dial_fn dial, rail_group_options o = {})
-        : rails_(rails)
-        , dial_(std::move(dial))
+        : dial_(std::move(dial))
         , opts_(o)
         , watch_(rails)
         , slots_(rails.size())
         , striper_(opts_.stripe) {
+        opts_.retry_min = std::max(opts_.retry_min, std::chrono::milliseconds(1));
+        opts_.retry_max = std::max(opts_.retry_max, opts_.retry_min);
         std::string why;
         for (std::size_t k = 0; k < slots_.size(); ++k) {
+            slots_[k].address = rails[k].address;
+            slots_[k].gbps = rails[k].gbps;
             try {
                 bring_up(k, dial_(k));
             } catch (const std::exception& e) {
                 why += fmt::format("{}rail {} ({}): {}", why.empty() ? "" : "; ", k,
-                                   rails_[k].address, e.what());
-                slots_[k].failure = e.what();
-                slots_[k].retry_at = clock::now() + opts_.retry_min;
-                slots_[k].backoff = opts_.retry_min;
+                                   slots_[k].address, e.what());
+                failed(k, e.what(), clock::now());
             }
         }
         if (striper_.rails_up() == 0)
@@ -111,7 +121,7 @@ public:
     ~rail_group() = default;
 
     [[nodiscard]] striper_type& striper() noexcept { return striper_; }
-    [[nodiscard]] const verbs::rail_set& rails() const noexcept { return rails_; }
+    [[nodiscard]] std::size_t size() const noexcept { return slots_.size(); }
     /// Rail k's connection now (nullptr while it has none).
     [[nodiscard]] verbs::connection* connection(std::size_t k) noexcept {
         return k < slots_.size() && slots_[k].conn ? slots_[k].conn.get() : nullptr;
@@ -121,17 +131,20 @@ public:
     [[nodiscard]] const std::string& last_failure(std::size_t k) const {
         return slots_.at(k).failure;
     }
-    /// The devices' event descriptors: keep() has work when one is readable.
+    /// The devices' event descriptors: readable, keep() has work (see the top).
     [[nodiscard]] const std::vector<int>& fds() const noexcept { return watch_.fds(); }
 
-    /// Port events, dials and returns (see the top of this header); never
-    /// blocks. Returns how many rails it took out or brought back. Throws
-    /// what making a rail's scheduler throws (the rail stays out, and is
-    /// dialed again at the next call).
+    /// Port events, peers' disconnects, dials and returns (see the top of
+    /// this header); never blocks. Returns how many rails it took out or
+    /// brought back. Throws what making a rail's scheduler throws (that
+    /// rail stays out and is dialed again after the delay).
     std::size_t keep() {
         std::size_t changed = 0;
         (void)watch_.poll([&](const verbs::port_watch::change& c) {
-            if (!c.up && striper_.rail_up(c.rail)) {
+            if (c.up)
+                return;
+            slots_.at(c.rail).pending.reset(); // made before the port went down
+            if (striper_.rail_up(c.rail)) {
                 striper_.rail_down(c.rail);
                 ++counters_.port_downs;
                 ++changed;
@@ -140,17 +153,22 @@ public:
         const auto now = clock::now();
         for (std::size_t k = 0; k < slots_.size(); ++k) {
             slot& s = slots_[k];
-            if (striper_.rail_up(k))
+            if (striper_.rail_up(k)) {
+                if (s.conn && s.conn->peer_disconnected()) {
+                    striper_.rail_down(k);
+                    ++counters_.peer_downs;
+                    ++changed;
+                }
                 continue;
+            }
             if (s.pending) {
-                if (attach_pending(k))
+                if (attach_pending(k, now))
                     ++changed;
             } else if (s.dialing.valid()) {
-                if (s.dialing.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
-                    continue;
-                if (finish_dial(k, now))
+                if (s.dialing.wait_for(std::chrono::seconds(0)) == std::future_status::ready &&
+                    finish_dial(k, now))
                     ++changed;
-            } else if (now >= s.retry_at && watch_.ready(k)) {
+            } else if (now >= s.retry_at && ready(k)) {
                 ++counters_.dials;
                 s.dialing = std::async(std::launch::async, [this, k] { return dial_(k); });
             }
@@ -161,6 +179,8 @@ public:
 private:
     using clock = std::chrono::steady_clock;
     struct slot {
+        std::string address; ///< the rail's (for errors)
+        double gbps = 0;     ///< its weight until the striper measured one
         std::unique_ptr<verbs::connection> conn;
         std::unique_ptr<Scheduler> sched;
         std::future<verbs::connection> dialing;
@@ -170,8 +190,27 @@ private:
         clock::time_point retry_at{};
         std::chrono::milliseconds backoff{};
         std::string failure;
+        bool attached_before = false;
     };
 
+    /// The port of rail k ready for a connection; a device that fails the
+    /// query (gone, fatal) is not.
+    [[nodiscard]] bool ready(std::size_t k) const noexcept {
+        try {
+            return watch_.ready(k);
+        } catch (...) {
+            return false;
+        }
+    }
+    /// A dial of rail k failed (or what it made could not be used): why,
+    /// and the next try after the delay, doubled.
+    void failed(std::size_t k, std::string_view why, clock::time_point now) {
+        slot& s = slots_[k];
+        s.failure = why;
+        s.backoff =
+            s.backoff.count() == 0 ? opts_.retry_min : std::min(s.backoff * 2, opts_.retry_max);
+        s.retry_at = now + s.backoff;
+    }
     /// The dial of rail k ended: its connection attached (or kept until the
     /// rail is idle), or the failure noted and the next try set.
     bool finish_dial(std::size_t k, clock::time_point now) {
@@ -179,27 +218,33 @@ private:
         try {
             s.pending = std::make_unique<verbs::connection>(s.dialing.get());
         } catch (const std::exception& e) {
-            s.failure = e.what();
             ++counters_.dial_failures;
-            s.backoff = s.backoff.count() == 0
-                            ? opts_.retry_min
-                            : std::min<std::chrono::milliseconds>(s.backoff * 2, opts_.retry_max);
-            s.retry_at = now + s.backoff;
+            failed(k, e.what(), now);
+            return false;
+        } catch (...) {
+            ++counters_.dial_failures;
+            failed(k, "the dial threw something other than an exception", now);
             return false;
         }
-        if (!watch_.ready(k)) {
-            s.pending.reset(); // the port went down again while it dialed: once it is back
-            return false;
-        }
-        return attach_pending(k);
+        return attach_pending(k, now);
     }
-    bool attach_pending(std::size_t k) {
+    bool attach_pending(std::size_t k, clock::time_point now) {
         slot& s = slots_[k];
+        if (!ready(k)) {
+            s.pending.reset(); // the port went down again: dial once it is back
+            return false;
+        }
         if (!striper_.rail_idle(k))
             return false; // keep() comes back: the dial is not redone
         const std::unique_ptr<verbs::connection> c = std::move(s.pending);
-        bring_up(k, std::move(*c));
-        ++counters_.rejoins;
+        const bool again = s.attached_before;
+        try {
+            bring_up(k, std::move(*c));
+        } catch (...) {
+            failed(k, "its scheduler could not be made", now);
+            throw;
+        }
+        ++(again ? counters_.rejoins : counters_.late_joins);
         return true;
     }
     /// Rail k on connection c: a scheduler on it, attached; the old
@@ -208,15 +253,15 @@ private:
         slot& s = slots_[k];
         auto conn = std::make_unique<verbs::connection>(std::move(c));
         auto sched = std::make_unique<Scheduler>(conn->qp(), opts_.sched);
-        if (!striper_.attach(k, *sched, rails_[k].gbps))
+        if (!striper_.attach(k, *sched, s.gbps))
             throw error("rail_group: attach", EBUSY, fmt::format("rail {} has pieces out", k));
         s.sched = std::move(sched);
         s.conn = std::move(conn);
         s.failure.clear();
         s.backoff = {};
+        s.attached_before = true;
     }
 
-    const verbs::rail_set& rails_;
     dial_fn dial_;
     rail_group_options opts_;
     verbs::port_watch watch_;

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,6 +48,10 @@ struct rail {
     /// then give the striper's attach() a weight of your own.
     double gbps = 0;
     std::uint8_t domain = 0; ///< index of its device's protection domain in the set
+    /// The length of `address`'s prefix on the interface that carries it
+    /// (24 for a /24): the rail's subnet, which peer_for() matches the
+    /// peer's addresses against. 0 when no interface shows the address.
+    unsigned prefix = 0;
 };
 
 class rail_set {
@@ -84,6 +89,16 @@ public:
     [[nodiscard]] port_info port_now(std::size_t k) const;
     /// Why auto left a device or port out ("mlx5_2:1: InfiniBand"), one line each.
     [[nodiscard]] const std::vector<std::string>& skipped() const noexcept { return skipped_; }
+
+    /// The index in `peer` of the first of the peer's addresses on rail k's
+    /// subnet (rail::prefix), or nullopt: the peer's matching rail, whatever
+    /// the order or number of the peer's rails.
+    [[nodiscard]] std::optional<std::size_t> peer_for(std::size_t k,
+                                                      std::span<const std::string> peer) const;
+    /// True when IPv4 addresses `a` and `b` agree in their first `prefix`
+    /// bits; false when either is not an IPv4 address or prefix is not 1..32.
+    [[nodiscard]] static bool same_subnet(std::string_view a, std::string_view b,
+                                          unsigned prefix) noexcept;
 
     /// Connects rail k to a listener at addr:port from rail k's own address
     /// (connection::connect with the rail's address as source).

@@ -27,7 +27,7 @@ std::string ipv4_of(const gid& g) {
 /// IPv4 `s` in host order, or nullopt.
 std::optional<std::uint32_t> ipv4_bits(std::string_view s) noexcept {
     char buf[INET_ADDRSTRLEN] = {};
-    if (s.size() >= sizeof buf)
+    if (s.size() >= sizeof buf || s.find('\0') != std::string_view::npos)
         return std::nullopt;
     std::memcpy(buf, s.data(), s.size());
     in_addr a{};
@@ -226,6 +226,10 @@ connection rail_set::connect(std::size_t k, std::string_view addr, std::uint16_t
 std::optional<std::size_t> rail_set::peer_for(std::size_t k,
                                               std::span<const std::string> peer) const {
     const rail& r = rails_.at(k);
+    // Where several are (rails that share a subnet), the k-th of the
+    // peer's, if it is one of them: rail k to the peer's rail k.
+    if (k < peer.size() && same_subnet(r.address, peer[k], r.prefix))
+        return k;
     for (std::size_t i = 0; i < peer.size(); ++i)
         if (same_subnet(r.address, peer[i], r.prefix))
             return i;

@@ -14,6 +14,7 @@
 //       error, every byte right) and up again: the group dials rail 1 again once its port is ready
 //       and attaches it, and it carries bytes again.
 // Exit status 0 when every check held; 1 with the failed check on stderr.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -115,7 +116,11 @@ int serve(const options& o) {
             any = true;
             try {
                 (void)r->create_qp(rails.pd(k));
-                verbs::connection c = r->accept(verbs::payload_of(token), 10s);
+                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - clock_type::now());
+                verbs::connection c =
+                    r->accept(verbs::payload_of(token),
+                              std::clamp<std::chrono::milliseconds>(left, 1ms, 10s));
                 conn[k].reset(); // the old one (its peer's end failed with the link)
                 conn[k].emplace(std::move(c));
                 ++accepted[k];

@@ -161,4 +161,5 @@ TEST_CASE("rail_set::same_subnet: the first prefix bits of two IPv4 addresses") 
     CHECK_FALSE(rail_set::same_subnet("192.0.2.1", "rdmax-host0", 24));
     CHECK_FALSE(rail_set::same_subnet("", "", 24));
     CHECK_FALSE(rail_set::same_subnet("192.0.2.1", std::string(64, '1'), 24));
+    CHECK_FALSE(rail_set::same_subnet("192.0.2.1", std::string("192.0.2.2\0junk", 14), 24));
 }

@@ -12,9 +12,12 @@
 //     GID back), on a thread of its own: the dial blocks (address and route
 //     resolution, the handshake) and the data path must not. A failed dial is
 //     tried again after a delay that doubles, from retry_min to retry_max;
-//   - once the new connection is made, the port still ready and none of the
-//     rail's old pieces out, keep() makes its scheduler and attaches it: the
-//     rail carries pieces again. The old connection and scheduler go then.
+//   - once the new connection is made, the port still ready (and not down
+//     meanwhile) and none of the rail's old pieces out, keep() makes its
+//     scheduler and attaches it: the rail carries pieces again. The old
+//     connection and scheduler go then. A rail that goes out again soon
+//     after (within retry_max) waits the delay, doubled, before its next
+//     dial: a peer that accepts and closes at once is not dialed in a loop.
 //
 //     verbs::rail_set rails = verbs::rail_set::discover();
 //     sched::rail_group<> group(rails, [&](std::size_t k) {
@@ -74,7 +77,7 @@ struct rail_group_counters {
     std::uint64_t port_downs = 0;    ///< rails taken out at a port event
     std::uint64_t peer_downs = 0;    ///< rails taken out at the peer's disconnect
     std::uint64_t dials = 0;         ///< dials started by keep()
-    std::uint64_t dial_failures = 0; ///< of those, failed (tried again later)
+    std::uint64_t dial_failures = 0; ///< of those, failed or of no use (tried again later)
     std::uint64_t rejoins = 0;       ///< rails attached again after they were out
     std::uint64_t late_joins = 0;    ///< rails whose first dial failed, attached later
 };
@@ -101,15 +104,18 @@ public:
         opts_.retry_max = std::max(opts_.retry_max, opts_.retry_min);
         std::string why;
         for (std::size_t k = 0; k < slots_.size(); ++k) {
-            slots_[k].address = rails[k].address;
-            slots_[k].gbps = rails[k].gbps;
+            slot& s = slots_[k];
+            s.address = rails[k].address;
+            s.gbps = rails[k].gbps;
             try {
                 bring_up(k, dial_(k));
+                s.joined_before = joined(k, clock::now());
             } catch (const std::exception& e) {
-                why += fmt::format("{}rail {} ({}): {}", why.empty() ? "" : "; ", k,
-                                   slots_[k].address, e.what());
                 failed(k, e.what(), clock::now());
             }
+            if (!s.joined_before)
+                why += fmt::format("{}rail {} ({}): {}", why.empty() ? "" : "; ", k, s.address,
+                                   s.failure);
         }
         if (striper_.rails_up() == 0)
             throw error("rail_group: no rail connected", ENOTCONN, why.empty() ? "no rails" : why);
@@ -143,7 +149,10 @@ public:
         (void)watch_.poll([&](const verbs::port_watch::change& c) {
             if (c.up)
                 return;
-            slots_.at(c.rail).pending.reset(); // made before the port went down
+            slot& s = slots_.at(c.rail);
+            ++s.epoch; // a dial under way or waiting is from before: dropped
+            if (s.pending)
+                dropped(c.rail, clock::now());
             if (striper_.rail_up(c.rail)) {
                 striper_.rail_down(c.rail);
                 ++counters_.port_downs;
@@ -154,13 +163,14 @@ public:
         for (std::size_t k = 0; k < slots_.size(); ++k) {
             slot& s = slots_[k];
             if (striper_.rail_up(k)) {
-                if (s.conn && s.conn->peer_disconnected()) {
-                    striper_.rail_down(k);
-                    ++counters_.peer_downs;
-                    ++changed;
-                }
-                continue;
+                if (!s.conn || !s.conn->peer_disconnected())
+                    continue;
+                striper_.rail_down(k);
+                ++counters_.peer_downs;
+                ++changed;
             }
+            if (s.up)
+                went_out(k, now);
             if (s.pending) {
                 if (attach_pending(k, now))
                     ++changed;
@@ -169,8 +179,9 @@ public:
                     finish_dial(k, now))
                     ++changed;
             } else if (now >= s.retry_at && ready(k)) {
-                ++counters_.dials;
+                s.dial_epoch = s.epoch;
                 s.dialing = std::async(std::launch::async, [this, k] { return dial_(k); });
+                ++counters_.dials;
             }
         }
         return changed;
@@ -190,7 +201,11 @@ private:
         clock::time_point retry_at{};
         std::chrono::milliseconds backoff{};
         std::string failure;
-        bool attached_before = false;
+        unsigned epoch = 0;      ///< the rail's port went down this many times
+        unsigned dial_epoch = 0; ///< epoch when the dial under way began
+        bool up = false;         ///< attached and up, as keep() last saw it
+        bool joined_before = false;
+        clock::time_point up_since{};
     };
 
     /// The port of rail k ready for a connection; a device that fails the
@@ -211,6 +226,25 @@ private:
             s.backoff.count() == 0 ? opts_.retry_min : std::min(s.backoff * 2, opts_.retry_max);
         s.retry_at = now + s.backoff;
     }
+    /// What rail k's dial made is of no use: its port went down meanwhile.
+    void dropped(std::size_t k, clock::time_point now) {
+        slots_[k].pending.reset();
+        ++counters_.dial_failures;
+        failed(k, "its port went down while it was dialed", now);
+    }
+    /// Rail k was seen out, after it was up: dialed at once once its port is
+    /// ready if it had stayed up a while (retry_max), else after the delay,
+    /// doubled (a peer that accepts and closes at once is not dialed in a loop).
+    void went_out(std::size_t k, clock::time_point now) {
+        slot& s = slots_[k];
+        s.up = false;
+        if (now - s.up_since >= opts_.retry_max) {
+            s.backoff = {};
+            s.retry_at = now;
+        } else {
+            failed(k, "it went out soon after it was attached", now);
+        }
+    }
     /// The dial of rail k ended: its connection attached (or kept until the
     /// rail is idle), or the failure noted and the next try set.
     bool finish_dial(std::size_t k, clock::time_point now) {
@@ -226,25 +260,34 @@ private:
             failed(k, "the dial threw something other than an exception", now);
             return false;
         }
+        if (s.dial_epoch != s.epoch) {
+            dropped(k, now); // the port went down and up while it dialed
+            return false;
+        }
         return attach_pending(k, now);
     }
     bool attach_pending(std::size_t k, clock::time_point now) {
         slot& s = slots_[k];
         if (!ready(k)) {
-            s.pending.reset(); // the port went down again: dial once it is back
+            dropped(k, now);
             return false;
         }
         if (!striper_.rail_idle(k))
             return false; // keep() comes back: the dial is not redone
         const std::unique_ptr<verbs::connection> c = std::move(s.pending);
-        const bool again = s.attached_before;
         try {
             bring_up(k, std::move(*c));
-        } catch (...) {
-            failed(k, "its scheduler could not be made", now);
+        } catch (const std::exception& e) {
+            ++counters_.dial_failures;
+            failed(k, e.what(), now);
             throw;
         }
-        ++(again ? counters_.rejoins : counters_.late_joins);
+        if (!joined(k, now)) {
+            ++counters_.dial_failures;
+            return false;
+        }
+        ++(s.joined_before ? counters_.rejoins : counters_.late_joins);
+        s.joined_before = true;
         return true;
     }
     /// Rail k on connection c: a scheduler on it, attached; the old
@@ -257,9 +300,20 @@ private:
             throw error("rail_group: attach", EBUSY, fmt::format("rail {} has pieces out", k));
         s.sched = std::move(sched);
         s.conn = std::move(conn);
+    }
+    /// After bring_up: rail k up (the striper uses it), or noted as a
+    /// failure (attached, its queue pair not ready to send): dialed again
+    /// after the delay.
+    bool joined(std::size_t k, clock::time_point now) {
+        slot& s = slots_[k];
+        if (!striper_.rail_up(k)) {
+            failed(k, "attached, but its queue pair was not ready to send", now);
+            return false;
+        }
+        s.up = true;
+        s.up_since = now;
         s.failure.clear();
-        s.backoff = {};
-        s.attached_before = true;
+        return true;
     }
 
     dial_fn dial_;

@@ -92,7 +92,8 @@ public:
 
     /// The index in `peer` of the first of the peer's addresses on rail k's
     /// subnet (rail::prefix), or nullopt: the peer's matching rail, whatever
-    /// the order or number of the peer's rails.
+    /// the order or number of the peer's rails. Where several are on it
+    /// (rails that share a subnet), k itself if peer[k] is one of them.
     [[nodiscard]] std::optional<std::size_t> peer_for(std::size_t k,
                                                       std::span<const std::string> peer) const;
     /// True when IPv4 addresses `a` and `b` agree in their first `prefix`

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstring>
 #include <fcntl.h>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -85,6 +86,12 @@ std::string rail0_address() {
 
 double ms_since(clock_type::time_point t) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
+}
+
+const char* qp_state_name(ibv_qp_state s) {
+    static constexpr std::array<const char*, 7> names{"RESET", "INIT", "RTR", "RTS",
+                                                      "SQD",   "SQE",  "ERR"};
+    return static_cast<std::size_t>(s) < names.size() ? names[s] : "?";
 }
 
 /// A connection through one rail's device to itself: both ends in this
@@ -434,10 +441,13 @@ struct striped_pair {
     [[nodiscard]] rail_remote<all_rights> remote_dst() const {
         return *rail_remote<all_rights>::of({rail[0]->dst_mr.remote(), rail[1]->dst_mr.remote()});
     }
-    /// Waits for the one request in flight on `s` (the pair's striper by
-    /// default): its completion, within 60 s.
-    verbs::completion wait_one() { return wait_one(st); }
-    static verbs::completion wait_one(striper& s) {
+    /// Waits for the one request in flight on the pair's striper: its
+    /// completion, within 60 s; should it not come, what each rail holds.
+    verbs::completion wait_one() {
+        return wait_one(st, [this] { return state(); });
+    }
+    static verbs::completion wait_one(striper& s,
+                                      const std::function<std::string()>& describe = {}) {
         const auto deadline = clock_type::now() + 60s;
         std::array<verbs::completion, 4> done;
         while (clock_type::now() < deadline) {
@@ -446,8 +456,36 @@ struct striped_pair {
                 return done[0];
             REQUIRE(n == 0);
         }
-        FAIL("a striped request did not complete in 60 s");
+        FAIL("a striped request did not complete in 60 s: "
+             << fmt::format("{} outstanding; {}", s.outstanding(), s.counters())
+             << (describe ? describe() : std::string{}));
         return {};
+    }
+    /// Each rail as the striper, its scheduler and its device see it: what a
+    /// hang report needs to tell a lost completion from a stuck queue pair.
+    [[nodiscard]] std::string state() {
+        std::string out;
+        for (std::size_t k = 0; k < rail.size(); ++k) {
+            out += fmt::format("\nrail {}: up {} idle {}", k, st.rail_up(k), st.rail_idle(k));
+            if (!rail[k] || !rail[k]->sched || !rail[k]->client)
+                continue;
+            const rail_scheduler& s = *rail[k]->sched;
+            out += fmt::format("; scheduler: {} outstanding, {} wqes in flight", s.outstanding(),
+                               s.in_flight());
+            for (auto* end : {&rail[k]->client, &rail[k]->server}) {
+                ibv_qp_attr attr{};
+                ibv_qp_init_attr init{};
+                const int rc =
+                    ibv_query_qp((*end)->qp().get(), &attr, IBV_QP_STATE | IBV_QP_CUR_STATE, &init);
+                out += fmt::format("; {} qp {}: {}", end == &rail[k]->client ? "client" : "server",
+                                   (*end)->qp().get()->qp_num,
+                                   rc == 0 ? qp_state_name(attr.qp_state) : std::strerror(rc));
+            }
+            ibv_port_attr port{};
+            if (ibv_query_port(rail[k]->ctx.get(), 1, &port) == 0)
+                out += fmt::format("; port {}", ibv_port_state_str(port.state));
+        }
+        return out;
     }
     /// A striped WRITE of src over a cleared dst, then a striped READ of dst
     /// (a new pattern) over a cleared src; every byte checked.

@@ -8,11 +8,13 @@
 //             beside urgent 64 B writes (Poisson, mean one every 20 us):
 //             throughput over the sum of the rails (one rail's striped rate,
 //             alone, times the rails), urgent p50/p99 over one rail's
-//             (the same load on one rail);
+//             (the same load on one rail, one queue pair); each without
+//             and with an urgent lane per rail (a second queue pair that
+//             the urgent writes take);
 //   failover  the same with rail 1's link down at 10 ms, taken out 100 us
 //             later (a port event), up at 20 ms and its new queue pair
 //             attached 1 ms later: throughput per 100 us over the rails
-//             left, errors seen (none expected);
+//             left, errors seen (none expected); without and with lanes;
 //   sweep     RDMAX_STRIPE_CHUNK and _AHEAD against throughput and urgent
 //             p99 (4 rails), and one transfer alone, striped over 2 rails or
 //             whole on one, from 64 KiB to 4 MiB: where striping pays
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <getopt.h>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -88,26 +91,36 @@ double one_rail_Bps(const bench_options& b, const sim::nic_params& p) {
 }
 
 void scale(const bench_options& b, const sim::nic_params& p, double one, json_list& json) {
+    // The baseline: one rail as a user without rdmax's rails has it, one
+    // queue pair under the priority scheduler.
     const sim::rail_run_result single = sim::run_rails(base(b, p, 1));
-    fmt::print("rails  bulk GB/s  /sum   urgent p50 us  p99 us  p99/one rail  reposts steals\n");
-    for (const std::uint32_t n : {1U, 2U, 4U}) {
-        const sim::rail_run_result r = sim::run_rails(base(b, p, n));
-        const double of_sum = r.bulk_Bps / (n * one);
-        const double p99x = r.p99_us / single.p99_us;
-        fmt::print("{:>5}  {:>9.2f}  {:>5.3f}  {:>13.2f}  {:>6.2f}  {:>11.2f}x  {:>7} {:>6}\n", n,
-                   r.bulk_Bps / 1e9, of_sum, r.p50_us, r.p99_us, p99x, r.counters.reposts,
-                   r.counters.steals);
-        json.add(fmt::format("{{\"kind\":\"rail_sim_scale\",\"gbps\":{},\"rails\":{},\"bulk_GBps\":"
-                             "{:.3f},\"of_sum\":{:.4f},\"p50_us\":{:.3f},\"p99_us\":{:.3f},"
-                             "\"p99_over_one_rail\":{:.3f},\"failed\":{}}}",
-                             p.gbps, n, r.bulk_Bps / 1e9, of_sum, r.p50_us, r.p99_us, p99x,
-                             r.failed));
+    fmt::print("rails  lane  bulk GB/s  /sum   urgent p50 us  p99 us  p99/one rail  reposts "
+               "steals\n");
+    for (const bool lane : {false, true}) {
+        for (const std::uint32_t n : {1U, 2U, 4U}) {
+            sim::rail_run_options o = base(b, p, n);
+            o.urgent_lane = lane;
+            const sim::rail_run_result r = sim::run_rails(o);
+            const double of_sum = r.bulk_Bps / (n * one);
+            const double p99x = r.p99_us / single.p99_us;
+            fmt::print("{:>5}  {:>4}  {:>9.2f}  {:>5.3f}  {:>13.2f}  {:>6.2f}  {:>11.2f}x  {:>7} "
+                       "{:>6}\n",
+                       n, lane ? "yes" : "no", r.bulk_Bps / 1e9, of_sum, r.p50_us, r.p99_us, p99x,
+                       r.counters.reposts, r.counters.steals);
+            json.add(fmt::format(
+                "{{\"kind\":\"rail_sim_scale\",\"gbps\":{},\"rails\":{},\"lane\":{},\"bulk_GBps\":"
+                "{:.3f},\"of_sum\":{:.4f},\"p50_us\":{:.3f},\"p99_us\":{:.3f},"
+                "\"p99_over_one_rail\":{:.3f},\"failed\":{}}}",
+                p.gbps, n, lane, r.bulk_Bps / 1e9, of_sum, r.p50_us, r.p99_us, p99x, r.failed));
+        }
     }
 }
 
 void failover(const bench_options& b, const sim::nic_params& p, double one, json_list& json) {
-    for (const std::uint32_t n : {2U, 4U}) {
+    for (const auto& [n, lane] :
+         {std::pair{2U, false}, std::pair{4U, false}, std::pair{2U, true}, std::pair{4U, true}}) {
         sim::rail_run_options o = base(b, p, n);
+        o.urgent_lane = lane;
         o.duration_ms = std::max(b.duration_ms, 30.0);
         o.fail_at_ms = 10;
         o.restore_at_ms = 20;
@@ -126,14 +139,16 @@ void failover(const bench_options& b, const sim::nic_params& p, double one, json
         const double out_x = worst_out / ((n - 1) * one);
         const double back_x = worst_back / (n * one);
         fmt::print(
-            "{} rails, rail 1 down 10-20 ms: worst 100 us from 11 ms {:.2f} GB/s = {:.3f} of "
+            "{} rails{}, rail 1 down 10-20 ms: worst 100 us from 11 ms {:.2f} GB/s = {:.3f} of "
             "the {} left; from {:.1f} ms (back + 1 ms) {:.3f} of all; errors {}; pieces "
-            "sent again {}\n",
-            n, worst_out / 1e9, out_x, n - 1, back, back_x, r.failed, r.counters.reposts);
-        json.add(fmt::format("{{\"kind\":\"rail_sim_failover\",\"gbps\":{},\"rails\":{},"
-                             "\"worst_out_of_left\":{:.4f},\"worst_back_of_all\":{:.4f},"
-                             "\"failed\":{},\"reposts\":{}}}",
-                             p.gbps, n, out_x, back_x, r.failed, r.counters.reposts));
+            "sent again {}; urgent p99 {:.2f} us\n",
+            n, lane ? " with lanes" : "", worst_out / 1e9, out_x, n - 1, back, back_x, r.failed,
+            r.counters.reposts, r.p99_us);
+        json.add(
+            fmt::format("{{\"kind\":\"rail_sim_failover\",\"gbps\":{},\"rails\":{},"
+                        "\"lane\":{},\"worst_out_of_left\":{:.4f},\"worst_back_of_all\":{:.4f},"
+                        "\"failed\":{},\"reposts\":{},\"p99_us\":{:.3f}}}",
+                        p.gbps, n, lane, out_x, back_x, r.failed, r.counters.reposts, r.p99_us));
     }
 }
 

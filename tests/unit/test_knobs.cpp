@@ -77,7 +77,7 @@ TEST_CASE("knobs: every default reads back as itself; names are unique") {
     std::map<std::string, int> seen;
     for (const config::knob_row& r : config::knobs_from_env())
         CHECK(++seen[std::string(r.name)] == 1);
-    CHECK(seen.size() == 47);
+    CHECK(seen.size() == 48);
 }
 
 TEST_CASE("knobs: RDMAX_RAILS takes off, auto, or up to 4 addresses and device:port names") {

@@ -560,3 +560,140 @@ TEST_CASE("striper: a transfer's own failure withdraws its unstarted pieces from
     CHECK(r.completions(2) == 1);
     CHECK(r.got.back().ok());
 }
+
+/// `n` rails as in rig, each with an urgent lane: a second scheduler on a
+/// queue of its own. Both of a rail's queues drain at its rate each step
+/// (a NIC interleaves its queue pairs).
+struct lane_rig : rig {
+    std::vector<std::unique_ptr<sim_scheduler>> lane;
+
+    explicit lane_rig(std::vector<std::uint64_t> rates, stripe_options o = stripe())
+        : rig(std::move(rates), o) {
+        for (std::size_t k = 0; k < rate.size(); ++k) {
+            lane.push_back(std::make_unique<sim_scheduler>(sched_options(), strict_priority{}));
+            REQUIRE(st.rail_idle(k));
+            REQUIRE(st.attach(k, *rail[k], 100, lane[k].get()));
+        }
+    }
+    int step() {
+        const int n = rig::step();
+        for (std::size_t k = 0; k < lane.size(); ++k)
+            lane[k]->port().drain(rate[k]);
+        return n;
+    }
+    void run(int steps = 1'000'000) {
+        for (int i = 0; i < steps; ++i) {
+            step();
+            if (st.outstanding() == 0)
+                return;
+        }
+        FAIL("the striper did not finish within the step limit");
+    }
+};
+
+TEST_CASE("striper: urgent transfers take a rail's urgent lane; bulk and striped ones do not") {
+    lane_rig r({64 * 1024, 64 * 1024});
+    // A striped write fills both rails' bulk queues, a whole bulk one joins.
+    REQUIRE(r.st.write(bulk, local(16 * MiB), remote(), 0, 1) == status::ok);
+    REQUIRE(r.st.write(bulk, local(64 * 1024), remote(), 32 * MiB, 2) == status::ok);
+    // An urgent write: into a lane, ahead of none of the bulk bytes.
+    REQUIRE(r.st.write(urgent, local(64), remote(), 48 * MiB, 3) == status::ok);
+    CHECK(r.lane[0]->outstanding() + r.lane[1]->outstanding() == 1);
+    CHECK(r.st.counters().lane_pieces == 1);
+    // It completes at the second step (the first drains it, the second
+    // polls): its lane has nothing else.
+    r.step();
+    r.step();
+    CHECK(r.completions(3) == 1);
+    CHECK(r.completions(1) == 0);
+    r.run();
+    CHECK(r.completions(1) == 1);
+    CHECK(r.completions(2) == 1);
+    CHECK(r.st.counters().lane_pieces == 1);
+    // The lanes carried the 64 bytes and nothing else.
+    std::uint64_t lane_bytes = 0;
+    for (const auto& l : r.lane)
+        for (const auto& x : l->port().log)
+            lane_bytes += x.slice.length;
+    CHECK(lane_bytes == 64);
+    CHECK(r.st.counters().rail_bytes[0] + r.st.counters().rail_bytes[1] ==
+          16 * MiB + 64 * 1024 + 64);
+}
+
+TEST_CASE("striper: lane_levels sets which levels use a lane; 0, none") {
+    for (const std::uint32_t levels : {0U, 3U}) {
+        stripe_options o = stripe();
+        o.lane_levels = levels;
+        lane_rig r({64 * 1024, 64 * 1024}, o);
+        REQUIRE(r.st.write(urgent, local(64), remote(), 0, 1) == status::ok);
+        REQUIRE(r.st.write(high, local(64), remote(), 4096, 2) == status::ok);
+        REQUIRE(r.st.write(normal, local(64), remote(), 8192, 3) == status::ok);
+        r.run();
+        CHECK(r.st.counters().completed == 3);
+        // urgent (0) and high (2) are under 3; normal (4) is not.
+        CHECK(r.st.counters().lane_pieces == (levels == 0 ? 0U : 2U));
+    }
+}
+
+TEST_CASE("striper: a rail whose lane fails is out; its pieces go again; it returns with both") {
+    lane_rig r({64 * 1024, 64 * 1024});
+    REQUIRE(r.st.write(bulk, local(32 * MiB), remote(), 0, 1) == status::ok);
+    for (int i = 0; i < 20; ++i)
+        r.step();
+    REQUIRE(r.st.counters().rail_bytes[1] > 0);
+    // Two urgent writes: one in each rail's lane (the second finds rail 0's
+    // busy). Then rail 1's lane breaks (its queue pair to the error state,
+    // the urgent write in it flushed): the rail is out as a whole, and
+    // both writes and the striped one complete, once each.
+    REQUIRE(r.st.write(urgent, local(64), remote(), 40 * MiB, 5) == status::ok);
+    REQUIRE(r.st.write(urgent, local(64), remote(), 41 * MiB, 6) == status::ok);
+    REQUIRE(r.lane[1]->outstanding() == 1);
+    r.lane[1]->port().inject(0x77, IBV_WC_RETRY_EXC_ERR);
+    r.run();
+    CHECK(r.lane[1]->failed());
+    CHECK(r.completions(5) == 1);
+    CHECK(r.completions(6) == 1);
+    CHECK(r.st.counters().reposts >= 1);
+    CHECK(r.completions(1) == 1);
+    CHECK(r.got.back().ok());
+    CHECK(!r.st.rail_up(1));
+    CHECK(r.st.counters().failovers == 1);
+    CHECK(r.st.counters().rail_bytes[0] + r.st.counters().rail_bytes[1] == 32 * MiB + 128);
+    // An urgent write meanwhile: rail 0's lane.
+    REQUIRE(r.st.write(urgent, local(64), remote(), 0, 2) == status::ok);
+    CHECK(r.lane[0]->outstanding() == 1);
+    r.run();
+    CHECK(r.completions(2) == 1);
+    // Back with a new pair of queue pairs.
+    REQUIRE(r.st.rail_idle(1));
+    r.rail[1] = std::make_unique<sim_scheduler>(sched_options(), strict_priority{});
+    r.lane[1] = std::make_unique<sim_scheduler>(sched_options(), strict_priority{});
+    REQUIRE(r.st.attach(1, *r.rail[1], 100, r.lane[1].get()));
+    CHECK(r.st.rail_up(1));
+    CHECK(r.st.counters().rejoins == 1);
+    // Rail 0's lane is busy: the next urgent write takes rail 1's.
+    REQUIRE(r.st.write(urgent, local(64), remote(), 0, 3) == status::ok);
+    REQUIRE(r.st.write(urgent, local(64), remote(), 4096, 4) == status::ok);
+    CHECK(r.lane[0]->outstanding() == 1);
+    CHECK(r.lane[1]->outstanding() == 1);
+    r.run();
+    CHECK(r.completions(3) == 1);
+    CHECK(r.completions(4) == 1);
+}
+
+TEST_CASE("striper: rail_down() fails a rail's lane too; a lane may not be its own rail") {
+    lane_rig r({64 * 1024, 64 * 1024});
+    REQUIRE(r.st.write(urgent, local(64), remote(), 0, 1) == status::ok);
+    const std::size_t k = r.lane[0]->outstanding() == 1 ? 0 : 1;
+    r.st.rail_down(k);
+    CHECK(r.lane[k]->port().failed());
+    CHECK(r.rail[k]->port().failed());
+    r.run();
+    // Its lane's piece came back flushed and went again on the other rail's.
+    CHECK(r.completions(1) == 1);
+    CHECK(r.got.back().ok());
+    CHECK(r.st.counters().reposts == 1);
+    CHECK(r.st.counters().lane_pieces == 2);
+    sim_scheduler s(sched_options(), strict_priority{});
+    CHECK_FALSE(r.st.attach(k, s, 100, &s));
+}

@@ -41,20 +41,26 @@ basic_striper<Scheduler>::~basic_striper() {
 // ---- rails ----------------------------------------------------------------------------------
 
 template <class Scheduler>
-bool basic_striper<Scheduler>::attach(std::size_t k, Scheduler& s, double gbps) noexcept {
-    if (k >= max_rails || rails_[k].pieces != 0)
+bool basic_striper<Scheduler>::attach(std::size_t k, Scheduler& s, double gbps,
+                                      Scheduler* lane) noexcept {
+    if (k >= max_rails || rails_[k].pieces != 0 || lane == &s)
         return false;
     rail& r = rails_[k];
     const bool was_out = r.s != nullptr && !r.up;
     r.s = &s;
+    r.lane = lane;
+    r.lane_bytes = 0;
     r.gbps = std::clamp(gbps, 1e-3, 1e6); // a weight: finite, positive (not NaN: clamp keeps it)
     if (!(r.gbps > 0))
         r.gbps = 1;
     r.bytes_out = 0;
-    r.up = s.port().ready() && !s.failed();
+    r.up = s.port().ready() && !s.failed() &&
+           (lane == nullptr || (lane->port().ready() && !lane->failed()));
     if (was_out && r.up)
         ++counters_.rejoins;
     s.host_away(std::chrono::nanoseconds(0)); // until a round over the rails is timed
+    if (lane != nullptr)
+        lane->host_away(std::chrono::nanoseconds(0));
     return true;
 }
 
@@ -64,9 +70,11 @@ void basic_striper<Scheduler>::rail_down(std::size_t k) noexcept {
         return;
     if (rails_[k].up)
         take_out(k, IBV_WC_WR_FLUSH_ERR);
-    // Its queue pair to the error state: what it holds comes back flushed
-    // now, not after the transport's retries.
+    // Its queue pairs to the error state: what they hold comes back
+    // flushed now, not after the transport's retries.
     rails_[k].s->port().fail();
+    if (rails_[k].lane != nullptr)
+        rails_[k].lane->port().fail();
 }
 
 template <class Scheduler>
@@ -119,10 +127,17 @@ std::size_t basic_striper<Scheduler>::least_loaded(priority p, std::uint8_t mask
             continue;
         // What a request of priority p waits for there: the bytes on the
         // wire, and the pieces of its level or more urgent ones (its
-        // scheduler lets it overtake the others).
-        std::uint64_t ahead = rails_[k].s->counters().in_flight_bytes;
-        for (std::size_t l = 0; l <= p.level && l < priority_levels; ++l)
-            ahead += rails_[k].bytes_at[l];
+        // scheduler lets it overtake the others). In a rail's urgent lane,
+        // the lane's bytes alone: the NIC interleaves the two queue pairs.
+        const rail& r = rails_[k];
+        std::uint64_t ahead = 0;
+        if (r.lane != nullptr && p.level < opts_.lane_levels) {
+            ahead = r.lane->counters().in_flight_bytes + r.lane_bytes;
+        } else {
+            ahead = r.s->counters().in_flight_bytes;
+            for (std::size_t l = 0; l <= p.level && l < priority_levels; ++l)
+                ahead += r.bytes_at[l];
+        }
         const double load = static_cast<double>(ahead) / weight(k);
         if (best == max_rails || load < best_load) {
             best = k;
@@ -289,20 +304,27 @@ bool basic_striper<Scheduler>::send_piece(piece& pc, std::size_t k) noexcept {
     request_flags f = t.flags;
     f.fence = false;   // the striper orders fenced transfers itself
     f.signaled = true; // it needs every piece's completion
+    const bool lane = r.lane != nullptr && lane_transfer(t);
+    Scheduler& s = lane ? *r.lane : *r.s;
     status st = status::ok;
     if (t.op == IBV_WR_RDMA_WRITE)
-        st = r.s->write(
+        st = s.write(
             t.prio, local_buffer<rights::local_read>{t.local + pc.offset, pc.length, t.lkey[k]},
             remote_buffer<rights::remote_write>{t.remote_addr, t.remote_length, t.rkey[k], 0},
             t.remote_offset + pc.offset, id, f);
     else
-        st = r.s->read(
+        st = s.read(
             t.prio, local_buffer<rights::local_write>{t.local + pc.offset, pc.length, t.lkey[k]},
             remote_buffer<rights::remote_read>{t.remote_addr, t.remote_length, t.rkey[k], 0},
             t.remote_offset + pc.offset, id, f);
     if (st == status::ok) {
         pc.rail = static_cast<std::uint8_t>(k);
         pc.in_rail = true;
+        pc.in_lane = lane;
+        if (lane) {
+            r.lane_bytes += pc.length;
+            ++counters_.lane_pieces;
+        }
         pc.fed = ++fed_;
         ++t.out;
         t.fed = true;
@@ -390,7 +412,7 @@ void basic_striper<Scheduler>::steal() noexcept {
             continue;
         piece* last = nullptr;
         for (piece& pc : pieces_)
-            if (pc.in_rail && pc.rail == from && !pc.owner->whole &&
+            if (pc.in_rail && !pc.in_lane && pc.rail == from && !pc.owner->whole &&
                 ((pc.owner->mask >> k) & 1U) != 0 && pc.owner->result == IBV_WC_SUCCESS &&
                 (last == nullptr || pc.fed > last->fed))
                 last = &pc;
@@ -399,7 +421,7 @@ void basic_striper<Scheduler>::steal() noexcept {
         const double here = static_cast<double>(to.bytes_out + last->length) / weight(k);
         if (here >= latest)
             continue;
-        if (!rails_[from].s->cancel(id_of(*last)))
+        if (!scheduler_of(*last).cancel(id_of(*last)))
             continue; // under way: it ends where it is
         unbook(*last);
         --last->owner->out;
@@ -456,6 +478,9 @@ void basic_striper<Scheduler>::unbook(piece& pc) noexcept {
     rail& r = rails_[pc.rail];
     const transfer& t = *pc.owner;
     pc.in_rail = false;
+    if (pc.in_lane)
+        r.lane_bytes -= pc.length;
+    pc.in_lane = false;
     --r.pieces;
     r.striped -= t.whole ? 0U : 1U;
     r.bytes_out -= pc.length;
@@ -467,7 +492,7 @@ void basic_striper<Scheduler>::withdraw(transfer& t) noexcept {
     for (piece& pc : pieces_) {
         if (!pc.in_rail || pc.owner != &t)
             continue;
-        if (!rails_[pc.rail].s->cancel(id_of(pc)))
+        if (!scheduler_of(pc).cancel(id_of(pc)))
             continue; // under way: it completes, in error or not
         unbook(pc);
         --t.out;
@@ -476,10 +501,11 @@ void basic_striper<Scheduler>::withdraw(transfer& t) noexcept {
 }
 
 template <class Scheduler>
-bool basic_striper<Scheduler>::piece_done(std::size_t k, std::uint64_t wr_id,
+bool basic_striper<Scheduler>::piece_done(std::size_t k, bool lane, std::uint64_t wr_id,
                                           ibv_wc_status st) noexcept {
     const std::uint64_t index = wr_id & ~tag_mask;
-    if (index >= pieces_.size() || !pieces_[index].in_rail || pieces_[index].rail != k)
+    if (index >= pieces_.size() || !pieces_[index].in_rail || pieces_[index].rail != k ||
+        pieces_[index].in_lane != lane)
         return false; // the caller's wr_id with our tag: theirs
     piece& pc = pieces_[index];
     transfer& t = *pc.owner;
@@ -552,8 +578,24 @@ template <class Scheduler>
 std::size_t basic_striper<Scheduler>::poll_rail(std::size_t j, std::span<verbs::completion> out,
                                                 std::size_t k) noexcept {
     rail& r = rails_[j];
-    if (r.up && r.s->failed())
-        take_out(j, r.s->failure());
+    if (const Scheduler* f = failed_part(j); r.up && f != nullptr)
+        take_out(j, f->failure());
+    // The lane first: its completions are the ones callers wait for most.
+    // An idle one is not polled: an empty poll costs the host as much as
+    // a completion, and this thread's round is what the rails wait for.
+    if (r.lane != nullptr && r.lane->outstanding() != 0)
+        k = poll_part(j, true, out, k);
+    k = poll_part(j, false, out, k);
+    if (const Scheduler* f = failed_part(j); r.up && f != nullptr)
+        take_out(j, f->failure());
+    return k;
+}
+
+template <class Scheduler>
+std::size_t basic_striper<Scheduler>::poll_part(std::size_t j, bool lane,
+                                                std::span<verbs::completion> out,
+                                                std::size_t k) noexcept {
+    Scheduler& s = lane ? *rails_[j].lane : *rails_[j].s;
     // Until the scheduler has nothing to hand back: a call that hands back
     // finished requests posts nothing (basic_priority_scheduler::poll), and
     // a finished piece is no reason to leave its rail's link idle. No more
@@ -562,10 +604,11 @@ std::size_t basic_striper<Scheduler>::poll_rail(std::size_t j, std::span<verbs::
     for (int round = 0; round < 8 && k < out.size(); ++round) {
         std::array<verbs::completion, 16> wc;
         const std::size_t room = std::min(wc.size(), out.size() - k);
-        const int n = r.s->poll(std::span(wc.data(), room));
+        const int n = s.poll(std::span(wc.data(), room));
         for (int x = 0; x < n; ++x) {
             const verbs::completion& c = wc[static_cast<std::size_t>(x)];
-            const bool ours = (c.wr_id & tag_mask) == piece_tag && piece_done(j, c.wr_id, c.status);
+            const bool ours =
+                (c.wr_id & tag_mask) == piece_tag && piece_done(j, lane, c.wr_id, c.status);
             if (!ours) {
                 out[k++] = c;
                 ++counters_.foreign;
@@ -574,8 +617,6 @@ std::size_t basic_striper<Scheduler>::poll_rail(std::size_t j, std::span<verbs::
         if (n == 0)
             break;
     }
-    if (r.up && r.s->failed())
-        take_out(j, r.s->failure());
     return k;
 }
 
@@ -584,9 +625,13 @@ void basic_striper<Scheduler>::note_round(std::chrono::nanoseconds round) noexce
     // One rail: a thread of its own, as far as its scheduler is concerned.
     const auto ns = attached() > 1 ? static_cast<double>(round.count()) : 0.0;
     away_ns_ = away_ns_ == 0 || ns == 0 ? ns : (7 * away_ns_ + ns) / 8;
-    for (rail& r : rails_)
+    const auto away = std::chrono::nanoseconds(static_cast<std::int64_t>(away_ns_));
+    for (rail& r : rails_) {
         if (r.s != nullptr)
-            r.s->host_away(std::chrono::nanoseconds(static_cast<std::int64_t>(away_ns_)));
+            r.s->host_away(away);
+        if (r.lane != nullptr)
+            r.lane->host_away(away);
+    }
 }
 
 template <class Scheduler>
@@ -632,7 +677,8 @@ int basic_striper<Scheduler>::wait(std::span<verbs::completion> out,
             return n;
         bool busy = live_ != 0 || !done_.empty();
         for (const rail& r : rails_)
-            busy = busy || (r.s != nullptr && r.s->outstanding() != 0);
+            busy = busy || (r.s != nullptr && r.s->outstanding() != 0) ||
+                   (r.lane != nullptr && r.lane->outstanding() != 0);
         if (!busy)
             return 0;
         if (spins % 64 == 0 && clock::now() >= deadline)
@@ -642,9 +688,13 @@ int basic_striper<Scheduler>::wait(std::span<verbs::completion> out,
 
 template <class Scheduler>
 void basic_striper<Scheduler>::flush() noexcept {
-    for (rail& r : rails_)
-        if (r.s != nullptr && r.up)
-            r.s->flush();
+    for (rail& r : rails_) {
+        if (r.s == nullptr || !r.up)
+            continue;
+        r.s->flush();
+        if (r.lane != nullptr)
+            r.lane->flush();
+    }
 }
 
 } // namespace rdmax::sched

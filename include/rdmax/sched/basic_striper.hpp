@@ -16,6 +16,16 @@
 // priority: an urgent 64-byte write waits for no bulk bytes of its own rail
 // beyond the scheduler's budget, and for none of the other rails'.
 //
+// An urgent lane: a rail may be attached with a second scheduler on a queue
+// pair of its own to the same peer. Whole transfers of the most urgent
+// levels (stripe_options::lane_levels) go there, and the NIC arbitrates
+// between the two queue pairs packet by packet: they wait for a packet of
+// the rail's bulk bytes, not for the scheduler's budget of them. That
+// budget grows with the host's round over the rails (host_away()), so
+// without a lane an urgent write's wait grows with the number of rails
+// (docs/bench-multirail-sim.md). A rail with a lane is one rail: if
+// either queue pair fails, the rail is out, and it comes back with both.
+//
 // What is guaranteed:
 // - one completion per transfer, with the caller's wr_id, once every piece
 //   completed (or on failure, once none of its pieces is in a scheduler):
@@ -96,8 +106,10 @@ public:
     /// until the scheduler measured one. False if k is out of range or
     /// pieces of k's previous scheduler are still out (poll until
     /// rail_idle(k)). A scheduler that failed or is not connected is
-    /// attached but not used (rail_up(k) false).
-    bool attach(std::size_t k, Scheduler& s, double gbps) noexcept;
+    /// attached but not used (rail_up(k) false). `lane`, if given, is the
+    /// rail's urgent lane: a scheduler on a second queue pair to the same
+    /// peer rail, for whole transfers of a level under lane_levels.
+    bool attach(std::size_t k, Scheduler& s, double gbps, Scheduler* lane = nullptr) noexcept;
     /// Takes rail k out now (its port went down, its connection was lost):
     /// nothing more goes to it, its scheduler fails (its queue pair to the
     /// error state), and its pieces come back flushed and go again on the
@@ -181,6 +193,7 @@ private:
         std::uint8_t rail = 0;
         bool retry = false;   ///< its rail failed under it once
         bool in_rail = false; ///< in a rail's scheduler
+        bool in_lane = false; ///< that scheduler is the rail's urgent lane
     };
     using piece_list = boost::intrusive::slist<piece, boost::intrusive::base_hook<slist_hook>,
                                                boost::intrusive::constant_time_size<false>>;
@@ -218,8 +231,10 @@ private:
 
     struct rail {
         Scheduler* s = nullptr;
+        Scheduler* lane = nullptr; ///< its urgent lane, if it has one
         double gbps = 0;
-        std::uint64_t bytes_out = 0;                           ///< of pieces in its scheduler
+        std::uint64_t lane_bytes = 0; ///< of pieces in its lane (in bytes_out too)
+        std::uint64_t bytes_out = 0;  ///< of pieces in its scheduler
         std::array<std::uint64_t, priority_levels> bytes_at{}; ///< the same by level
         std::uint32_t pieces = 0;                              ///< pieces in its scheduler
         std::uint32_t striped = 0; ///< of those, striped transfers' (chunks_ahead counts these)
@@ -254,16 +269,34 @@ private:
     /// Submits `pc` to rail k's scheduler. False (the piece back in its
     /// transfer's `again`) if the scheduler had no room or failed.
     bool send_piece(piece& pc, std::size_t k) noexcept;
+    /// `t` goes by a rail's urgent lane where rail k has one.
+    [[nodiscard]] bool lane_transfer(const transfer& t) const noexcept {
+        return t.whole && t.prio.level < opts_.lane_levels;
+    }
+    /// The scheduler `pc` is in.
+    [[nodiscard]] Scheduler& scheduler_of(const piece& pc) const noexcept {
+        return pc.in_lane ? *rails_[pc.rail].lane : *rails_[pc.rail].s;
+    }
+    /// Rail j's scheduler or lane that failed, if any.
+    [[nodiscard]] Scheduler* failed_part(std::size_t j) const noexcept {
+        const rail& r = rails_[j];
+        if (r.s->failed())
+            return r.s;
+        return r.lane != nullptr && r.lane->failed() ? r.lane : nullptr;
+    }
     /// Which rail poll() takes first.
     [[nodiscard]] std::size_t first_to_poll() const noexcept;
     /// Takes rail j's completions in; the caller's go to out[k..]. Returns
     /// the new k.
     std::size_t poll_rail(std::size_t j, std::span<verbs::completion> out, std::size_t k) noexcept;
+    /// The same for one of rail j's schedulers (its lane if `lane`).
+    std::size_t poll_part(std::size_t j, bool lane, std::span<verbs::completion> out,
+                          std::size_t k) noexcept;
     /// One timed round over the rails took `round`: the rails' host_away().
     void note_round(std::chrono::nanoseconds round) noexcept;
-    /// A completion from rail k with the piece tag: false if it is not one
-    /// of ours there (the caller's own wr_id: passed on).
-    bool piece_done(std::size_t k, std::uint64_t wr_id, ibv_wc_status st) noexcept;
+    /// A completion from rail k (its lane if `lane`) with the piece tag:
+    /// false if it is not one of ours there (the caller's own wr_id: passed on).
+    bool piece_done(std::size_t k, bool lane, std::uint64_t wr_id, ibv_wc_status st) noexcept;
     /// A live rail with room and nothing to take: it takes the last piece
     /// of the rail expected to finish last, if none of that was posted yet
     /// and it finishes sooner here.

@@ -10,6 +10,7 @@
 
 #include <rdmax/config/knob.hpp>
 #include <rdmax/mem/rail_buffer.hpp>
+#include <rdmax/sched/priority.hpp>
 
 namespace rdmax::sched {
 
@@ -34,6 +35,10 @@ struct stripe_options {
     /// Transfers queued or in flight at once (preallocated: no allocation
     /// per transfer); more are refused with status::queue_full.
     std::uint32_t max_requests = 1024;
+    /// Whole transfers of a priority level under this go to a rail's urgent
+    /// lane, where the rail was attached with one (basic_striper::attach):
+    /// 1, urgent ones alone; 0, none.
+    std::uint32_t lane_levels = 1;
 
     /// These options with the variables of stripe_knobs that are set applied
     /// (a bad value throws rdmax::error naming it, and nothing is applied).
@@ -50,18 +55,22 @@ inline constexpr std::tuple stripe_knobs{
                  "bytes a rail takes at a time from a striped transfer"},
     config::knob{"RDMAX_STRIPE_AHEAD", &stripe_options::chunks_ahead,
                  config::number{.lo = 1, .hi = 64}, "pieces a rail holds in its scheduler"},
+    config::knob{"RDMAX_STRIPE_LANE_LEVELS", &stripe_options::lane_levels,
+                 config::number{.lo = 0, .hi = priority_levels},
+                 "whole transfers of a level under this use a rail's urgent lane"},
 };
 
 struct striper_counters {
-    std::uint64_t requests = 0;  ///< transfers submitted
-    std::uint64_t completed = 0; ///< finished successfully
-    std::uint64_t failed = 0;    ///< finished with an error
-    std::uint64_t chunks = 0;    ///< pieces handed to a rail's scheduler (re-sends included)
-    std::uint64_t reposts = 0;   ///< of those, pieces sent again after their rail failed
-    std::uint64_t steals = 0;    ///< pieces moved, unstarted, to a rail that ran dry
-    std::uint64_t failovers = 0; ///< rails taken out
-    std::uint64_t rejoins = 0;   ///< rails attached again after they were out
-    std::uint64_t foreign = 0;   ///< completions of others' requests on a rail, passed on
+    std::uint64_t requests = 0;    ///< transfers submitted
+    std::uint64_t completed = 0;   ///< finished successfully
+    std::uint64_t failed = 0;      ///< finished with an error
+    std::uint64_t chunks = 0;      ///< pieces handed to a rail's scheduler (re-sends included)
+    std::uint64_t reposts = 0;     ///< of those, pieces sent again after their rail failed
+    std::uint64_t steals = 0;      ///< pieces moved, unstarted, to a rail that ran dry
+    std::uint64_t failovers = 0;   ///< rails taken out
+    std::uint64_t rejoins = 0;     ///< rails attached again after they were out
+    std::uint64_t foreign = 0;     ///< completions of others' requests on a rail, passed on
+    std::uint64_t lane_pieces = 0; ///< pieces that went by a rail's urgent lane
     std::array<std::uint64_t, max_rails> rail_bytes{}; ///< bytes each rail delivered
 };
 
@@ -71,11 +80,12 @@ template <>
 struct fmt::formatter<rdmax::sched::striper_counters> : fmt::formatter<std::string_view> {
     template <class Ctx>
     auto format(const rdmax::sched::striper_counters& c, Ctx& ctx) const {
-        return fmt::format_to(ctx.out(),
-                              "requests {} completed {} failed {} chunks {} reposts {} steals {} "
-                              "failovers {} rejoins {} foreign {} rail_bytes {} {} {} {}",
-                              c.requests, c.completed, c.failed, c.chunks, c.reposts, c.steals,
-                              c.failovers, c.rejoins, c.foreign, c.rail_bytes[0], c.rail_bytes[1],
-                              c.rail_bytes[2], c.rail_bytes[3]);
+        return fmt::format_to(
+            ctx.out(),
+            "requests {} completed {} failed {} chunks {} reposts {} steals {} "
+            "failovers {} rejoins {} foreign {} lane_pieces {} rail_bytes {} {} {} {}",
+            c.requests, c.completed, c.failed, c.chunks, c.reposts, c.steals, c.failovers,
+            c.rejoins, c.foreign, c.lane_pieces, c.rail_bytes[0], c.rail_bytes[1], c.rail_bytes[2],
+            c.rail_bytes[3]);
     }
 };

@@ -11,6 +11,10 @@
 // its queue pair fails, its pieces flush and go again on the other rails);
 // the link comes back at `restore_at_ms`, and `reconnect_us` later a new
 // queue pair is attached (the old one stays failed, as on a NIC).
+//
+// With `urgent_lane`, each rail has a second queue pair with a scheduler of
+// its own, its urgent lane (basic_striper::attach), which the urgent writes
+// take; the modelled NIC arbitrates between the two queue pairs.
 
 #include <algorithm>
 #include <cstddef>
@@ -36,6 +40,7 @@ struct rail_run_options {
     std::uint32_t bulk_outstanding = 2;             ///< striped writes kept in flight
     bool with_bulk = true;
     bool with_urgent = true;
+    bool urgent_lane = false; ///< each rail with an urgent lane (a second queue pair)
     std::uint32_t urgent_bytes = 64;
     double interval_us = 20; ///< mean gap between urgent writes (Poisson)
     std::uint64_t seed = 1;
@@ -63,6 +68,7 @@ struct rail_run_result {
     picoseconds attached_at = never; ///< when the failed rail's new queue pair was attached
     striper_counters counters;
     std::vector<scheduler_counters> rail_counters; ///< each rail's scheduler at the end
+    std::vector<scheduler_counters> lane_counters; ///< each rail's urgent lane, if it has one
 };
 
 using model_scheduler =
@@ -91,9 +97,10 @@ public:
         , st_(o.stripe)
         , rng_(o.seed)
         , gap_(1.0 / o.interval_us) {
-        // Two queue pairs a NIC: the first, and the one a reconnect makes.
+        // Queue pairs a NIC: the first, and the one a reconnect makes; with
+        // lanes, a lane beside each (qp 2 and 3).
         for (std::size_t k = 0; k < rails_; ++k) {
-            nics_.push_back(std::make_unique<nic>(o.nic, 2));
+            nics_.push_back(std::make_unique<nic>(o.nic, o.urgent_lane ? 4 : 2));
             receiver& rx = nics_.back()->rx;
             rx.split_addr = urgent_remote;
             rx.window_start = warm_;
@@ -104,7 +111,10 @@ public:
         for (std::size_t k = 0; k < rails_; ++k) {
             sch_.push_back(
                 std::make_unique<model_scheduler>(o.sched, strict_priority{}, *nics_[k], 0U));
-            (void)st_.attach(k, *sch_[k], o.nic.gbps);
+            lanes_.push_back(o.urgent_lane ? std::make_unique<model_scheduler>(
+                                                 o.sched, strict_priority{}, *nics_[k], 2U)
+                                           : nullptr);
+            (void)st_.attach(k, *sch_[k], o.nic.gbps, lanes_[k].get());
         }
         fail_k_ = std::min<std::size_t>(o.fail_rail, rails_ - 1);
         if (o.fail_at_ms >= 0 && rails_ > 1) {
@@ -174,7 +184,12 @@ private:
             retired_.push_back(std::move(sch_[fail_k_]));
             sch_[fail_k_] =
                 std::make_unique<model_scheduler>(o_.sched, strict_priority{}, *nics_[fail_k_], 1U);
-            (void)st_.attach(fail_k_, *sch_[fail_k_], o_.nic.gbps);
+            if (lanes_[fail_k_] != nullptr) {
+                retired_.push_back(std::move(lanes_[fail_k_]));
+                lanes_[fail_k_] = std::make_unique<model_scheduler>(o_.sched, strict_priority{},
+                                                                    *nics_[fail_k_], 3U);
+            }
+            (void)st_.attach(fail_k_, *sch_[fail_k_], o_.nic.gbps, lanes_[fail_k_].get());
             r_.attached_at = now;
             t_attach_ = never;
         }
@@ -233,6 +248,9 @@ private:
         r_.counters = st_.counters();
         for (const auto& x : sch_)
             r_.rail_counters.push_back(x->counters());
+        for (const auto& x : lanes_)
+            if (x != nullptr)
+                r_.lane_counters.push_back(x->counters());
         return r_;
     }
 
@@ -244,6 +262,7 @@ private:
     std::vector<std::vector<std::uint64_t>> bins_;
     std::vector<std::unique_ptr<nic>> nics_;
     std::vector<std::unique_ptr<model_scheduler>> sch_;
+    std::vector<std::unique_ptr<model_scheduler>> lanes_;   ///< each rail's urgent lane, or null
     std::vector<std::unique_ptr<model_scheduler>> retired_; ///< failed, kept while referenced
     basic_striper<model_scheduler> st_;
     rail_remote<rw> dst_{remote_base, std::uint64_t{1} << 37, {2, 2, 2, 2}, max_rails, 0};

@@ -10,7 +10,8 @@
 //             alone, times the rails), urgent p50/p99 over one rail's
 //             (the same load on one rail, one queue pair); each without
 //             and with an urgent lane per rail (a second queue pair that
-//             the urgent writes take);
+//             the urgent writes take); bulk alone over 2 and 4 rails; and
+//             urgent p99 over 1 and 4 rails with the host's costs taken out;
 //   failover  the same with rail 1's link down at 10 ms, taken out 100 us
 //             later (a port event), up at 20 ms and its new queue pair
 //             attached 1 ms later: throughput per 100 us over the rails
@@ -113,6 +114,33 @@ void scale(const bench_options& b, const sim::nic_params& p, double one, json_li
                 "\"p99_over_one_rail\":{:.3f},\"failed\":{}}}",
                 p.gbps, n, lane, r.bulk_Bps / 1e9, of_sum, r.p50_us, r.p99_us, p99x, r.failed));
         }
+    }
+    // Bulk alone over several rails: the budget must outgrow the host's round.
+    for (const std::uint32_t n : {2U, 4U}) {
+        sim::rail_run_options o = base(b, p, n);
+        o.with_urgent = false;
+        const double of_sum = sim::run_rails(o).bulk_Bps / (n * one);
+        fmt::print("bulk alone, {} rails: {:.3f} of the sum\n", n, of_sum);
+        json.add(fmt::format("{{\"kind\":\"rail_sim_bulk_alone\",\"gbps\":{},\"rails\":{},"
+                             "\"of_sum\":{:.4f}}}",
+                             p.gbps, n, of_sum));
+    }
+    // The same load with the host's costs taken out: what the rails add to
+    // an urgent write's wait when no thread is busy for them.
+    sim::nic_params free_host = p;
+    free_host.host_wqe = free_host.host_doorbell = free_host.host_poll = free_host.host_cqe = 1;
+    for (const bool lane : {false, true}) {
+        double p99[2] = {0, 0};
+        for (const std::uint32_t n : {1U, 4U}) {
+            sim::rail_run_options o = base(b, free_host, n);
+            o.urgent_lane = lane;
+            p99[n == 1 ? 0 : 1] = sim::run_rails(o).p99_us;
+        }
+        fmt::print("no host costs{}: urgent p99 {:.2f} us over 1 rail, {:.2f} us over 4\n",
+                   lane ? ", lanes" : "", p99[0], p99[1]);
+        json.add(fmt::format("{{\"kind\":\"rail_sim_free_host\",\"gbps\":{},\"lane\":{},"
+                             "\"p99_one_us\":{:.3f},\"p99_four_us\":{:.3f}}}",
+                             p.gbps, lane, p99[0], p99[1]));
     }
 }
 

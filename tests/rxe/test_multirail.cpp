@@ -924,6 +924,49 @@ private:
     std::vector<std::uint16_t> ports_;
 };
 
+/// The number of c's queue pair; 0 without one.
+std::uint32_t qp_num_of(verbs::connection* c) {
+    return c != nullptr && c->qp().get() != nullptr ? c->qp().get()->qp_num : 0;
+}
+
+/// Calls the group's keep() every 5 ms until `done()` holds (a failed
+/// check after `limit`).
+template <class Done>
+void keep_until(sched::rail_group<>& group, Done done, std::chrono::seconds limit) {
+    const auto deadline = clock_type::now() + limit;
+    while (!done()) {
+        REQUIRE(clock_type::now() < deadline);
+        (void)group.keep();
+        std::this_thread::sleep_for(5ms);
+    }
+}
+
+/// Both rails, a listener on each accepting in this process, and 64 MiB
+/// registered once per rail as a striped WRITE's source and target.
+struct group_rig {
+    verbs::rail_set rails =
+        verbs::rail_set::of(std::vector<std::string>{rail0_address(), rail1_address});
+    rail_acceptor acc{rails};
+    rail_cache cache = make_rail_cache(rails);
+    std::vector<std::byte> src = std::vector<std::byte>(big);
+    std::vector<std::byte> dst = std::vector<std::byte>(big);
+    rail_cache::handle hs = cache.get<all_rights>(src.data(), big);
+    rail_cache::handle hd = cache.get<all_rights>(dst.data(), big);
+    rail_local<all_rights> here =
+        rail_verbs_registrar::local<all_rights>(hs.registration(), src.data(), big);
+    rail_remote<all_rights> there =
+        rail_verbs_registrar::remote<all_rights>(hd.registration(), dst.data(), big);
+
+    /// A group that dials each rail to its listener here, retrying quickly.
+    std::unique_ptr<sched::rail_group<>> group(sched::rail_group_options o) {
+        o.retry_min = 100ms;
+        o.retry_max = 400ms;
+        return std::make_unique<sched::rail_group<>>(
+            rails,
+            [this](std::size_t k) { return rails.connect(k, rails[k].address, acc.port(k)); }, o);
+    }
+};
+
 } // namespace
 
 TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refused dial waits",
@@ -931,23 +974,12 @@ TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refuse
     second_rail& r1 = rail1();
     REQUIRE(r1.wait_active(clock_type::now() + 10s));
     const up_at_end restore;
-    const std::vector<std::string> names{rail0_address(), rail1_address};
-    const verbs::rail_set rails = verbs::rail_set::of(names);
-    rail_acceptor acc(rails);
-    rail_cache cache = make_rail_cache(rails);
-    std::vector<std::byte> src(big);
-    std::vector<std::byte> dst(big);
-    auto hs = cache.get<all_rights>(src.data(), big);
-    auto hd = cache.get<all_rights>(dst.data(), big);
-    const rail_local<all_rights> here =
-        rail_verbs_registrar::local<all_rights>(hs.registration(), src.data(), big);
-    const rail_remote<all_rights> there =
-        rail_verbs_registrar::remote<all_rights>(hd.registration(), dst.data(), big);
-    sched::rail_group_options o;
-    o.retry_min = 100ms;
-    o.retry_max = 400ms;
-    sched::rail_group<> group(
-        rails, [&](std::size_t k) { return rails.connect(k, rails[k].address, acc.port(k)); }, o);
+    group_rig rig;
+    std::vector<std::byte>& src = rig.src;
+    std::vector<std::byte>& dst = rig.dst;
+    rail_acceptor& acc = rig.acc;
+    const auto group_owner = rig.group({});
+    sched::rail_group<>& group = *group_owner;
     auto& st = group.striper();
     const auto& n = st.counters();
     const auto& g = group.counters();
@@ -971,7 +1003,7 @@ TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refuse
     const auto write_checked = [&](unsigned seed) {
         fill_pattern(src, seed);
         std::fill(dst.begin(), dst.end(), std::byte{0});
-        REQUIRE(st.write(sched::bulk, here, there, 0, next_id++) == status::ok);
+        REQUIRE(st.write(sched::bulk, rig.here, rig.there, 0, next_id++) == status::ok);
         const verbs::completion w = wait_one();
         INFO("striped WRITE: " << w.status_name());
         REQUIRE(w.ok());
@@ -985,11 +1017,8 @@ TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refuse
     // does); nothing is dialed while the port is down.
     const auto t_down = clock_type::now();
     r1.down();
-    while (st.rail_up(1)) {
-        REQUIRE(clock_type::now() < t_down + 10s);
-        (void)group.keep();
-        std::this_thread::sleep_for(5ms);
-    }
+    keep_until(
+        group, [&] { return !st.rail_up(1); }, 10s);
     const double out_ms = ms_since(t_down);
     write_checked(103); // rail 0 alone, no error
     const std::uint64_t rail1_bytes = n.rail_bytes[1];
@@ -1003,22 +1032,16 @@ TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refuse
     acc.close(1);
     const auto t_up = clock_type::now();
     r1.up();
-    while (g.dial_failures < 2) {
-        REQUIRE(clock_type::now() < t_up + 30s);
-        (void)group.keep();
-        std::this_thread::sleep_for(5ms);
-    }
+    keep_until(
+        group, [&] { return g.dial_failures >= 2; }, 30s);
     CHECK(!group.last_failure(1).empty());
     CHECK(!st.rail_up(1));
     fmt::print("rail_group: rail 1's dials refused while nothing listens: {}\n",
                group.last_failure(1));
     acc.open(1, acc.port(1));
     const auto t_listen = clock_type::now();
-    while (!st.rail_up(1)) {
-        REQUIRE(clock_type::now() < t_listen + 30s);
-        (void)group.keep();
-        std::this_thread::sleep_for(5ms);
-    }
+    keep_until(
+        group, [&] { return st.rail_up(1); }, 30s);
     fmt::print("rail_group: rail 1 out {:.0f} ms after `down`; back {:.0f} ms after its listener "
                "returned ({:.0f} ms after `up`); port downs {}, dials {} ({} failed), rejoins {}\n",
                out_ms, ms_since(t_listen), ms_since(t_up), g.port_downs, g.dials, g.dial_failures,
@@ -1028,6 +1051,131 @@ TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refuse
     CHECK(group.last_failure(1).empty());
     CHECK(acc.accepted(1) == 1); // the reopened listener's one
     write_checked(105);
+    CHECK(n.rail_bytes[1] > rail1_bytes);
+    CHECK(n.failed == 0);
+}
+
+TEST_CASE("rail_group with urgent lanes: urgent writes take them beside a striped one; a rail "
+          "down and up comes back with both",
+          "[rail_group]") {
+    second_rail& r1 = rail1();
+    REQUIRE(r1.wait_active(clock_type::now() + 10s));
+    const up_at_end restore;
+    group_rig rig;
+    std::vector<std::byte>& src = rig.src;
+    std::vector<std::byte>& dst = rig.dst;
+    rail_acceptor& acc = rig.acc;
+    constexpr std::size_t note = 4096; // the urgent writes' buffers
+    std::vector<std::byte> note_src(note);
+    std::vector<std::byte> note_dst(note);
+    const rail_cache::handle ns = rig.cache.get<all_rights>(note_src.data(), note);
+    const rail_cache::handle nd = rig.cache.get<all_rights>(note_dst.data(), note);
+    const rail_remote<all_rights> note_there =
+        rail_verbs_registrar::remote<all_rights>(nd.registration(), note_dst.data(), note);
+    sched::rail_group_options o;
+    o.urgent_lane = true;
+    const auto group_owner = rig.group(o);
+    sched::rail_group<>& group = *group_owner;
+    auto& st = group.striper();
+    const auto& n = st.counters();
+    const auto& g = group.counters();
+    REQUIRE(st.rails_up() == 2);
+    for (std::size_t k = 0; k < 2; ++k) {
+        REQUIRE(group.connection(k) != nullptr);
+        REQUIRE(group.lane_connection(k) != nullptr);
+        CHECK(qp_num_of(group.lane_connection(k)) != qp_num_of(group.connection(k)));
+        // The acceptor counts on its own thread, once accept() returned.
+        keep_until(
+            group, [&] { return acc.accepted(k) >= 2; }, 10s);
+        CHECK(acc.accepted(k) == 2);
+    }
+
+    std::uint64_t next_id = 1;
+    // Runs until `count` requests completed (all must be ok), keep() between.
+    const auto wait_for = [&](int count) {
+        const auto deadline = clock_type::now() + 60s;
+        std::array<verbs::completion, 16> done;
+        int seen = 0;
+        while (seen < count) {
+            REQUIRE(clock_type::now() < deadline);
+            const int got = st.wait(done, 100ms);
+            (void)group.keep();
+            for (int i = 0; i < got; ++i) {
+                INFO("request " << done[static_cast<std::size_t>(i)].wr_id << ": "
+                                << done[static_cast<std::size_t>(i)].status_name());
+                REQUIRE(done[static_cast<std::size_t>(i)].ok());
+            }
+            seen += got;
+        }
+    };
+    // 64-byte urgent writes, each of its own bytes to its own place in note_dst.
+    const auto urgent_notes = [&](int count, std::uint8_t base) {
+        for (int i = 0; i < count; ++i) {
+            const std::size_t at = static_cast<std::size_t>(i) * 64;
+            std::fill_n(note_src.begin() + static_cast<std::ptrdiff_t>(at), 64,
+                        std::byte{static_cast<std::uint8_t>(base + i)});
+            const rail_local<all_rights> one = rail_verbs_registrar::local<all_rights>(
+                ns.registration(), note_src.data() + at, 64);
+            REQUIRE(st.write(sched::urgent, one, note_there, at, next_id++) == status::ok);
+        }
+    };
+    const auto notes_arrived = [&](int count, std::uint8_t base) {
+        for (int i = 0; i < count; ++i)
+            for (std::size_t b = 0; b < 64; ++b)
+                if (note_dst[static_cast<std::size_t>(i) * 64 + b] !=
+                    std::byte{static_cast<std::uint8_t>(base + i)})
+                    return false;
+        return true;
+    };
+
+    // A striped 64 MiB WRITE, and 16 urgent writes beside it: these by the lanes.
+    fill_pattern(src, 111);
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+    REQUIRE(st.write(sched::bulk, rig.here, rig.there, 0, next_id++) == status::ok);
+    urgent_notes(16, 1);
+    wait_for(17);
+    CHECK(has_pattern(dst, 111));
+    CHECK(notes_arrived(16, 1));
+    CHECK(n.lane_pieces == 16);
+    CHECK(n.rail_bytes[0] + n.rail_bytes[1] == big + 16 * 64);
+    CHECK(n.rail_bytes[1] > 0);
+
+    // Rail 1 down: out (both its queue pairs); urgent writes take rail 0's lane.
+    const auto t_down = clock_type::now();
+    r1.down();
+    keep_until(
+        group, [&] { return !st.rail_up(1); }, 10s);
+    const double out_ms = ms_since(t_down);
+    verbs::connection* lane1 = group.lane_connection(1);
+    CHECK((lane1 != nullptr && lane1->qp().state() == IBV_QPS_ERR)); // failed with the rail
+    urgent_notes(8, 41);
+    wait_for(8);
+    CHECK(notes_arrived(8, 41));
+    CHECK(n.lane_pieces == 24);
+
+    // Up: dialed again, twice; attached with a new lane.
+    const std::uint32_t old_lane = qp_num_of(group.lane_connection(1));
+    const auto t_up = clock_type::now();
+    r1.up();
+    keep_until(
+        group, [&] { return st.rail_up(1); }, 30s);
+    fmt::print("rail_group with lanes: rail 1 out {:.0f} ms after `down`, back {:.0f} ms after "
+               "`up`; dials {}, rejoins {}; {}\n",
+               out_ms, ms_since(t_up), g.dials, g.rejoins, n);
+    CHECK(g.rejoins == 1);
+    keep_until(
+        group, [&] { return acc.accepted(1) >= 4; }, 10s);
+    CHECK(acc.accepted(1) == 4);
+    REQUIRE(group.lane_connection(1) != nullptr);
+    CHECK(qp_num_of(group.lane_connection(1)) != old_lane);
+    const std::uint64_t rail1_bytes = n.rail_bytes[1];
+    fill_pattern(src, 113);
+    REQUIRE(st.write(sched::bulk, rig.here, rig.there, 0, next_id++) == status::ok);
+    urgent_notes(16, 61);
+    wait_for(17);
+    CHECK(has_pattern(dst, 113));
+    CHECK(notes_arrived(16, 61));
+    CHECK(n.lane_pieces == 40);
     CHECK(n.rail_bytes[1] > rail1_bytes);
     CHECK(n.failed == 0);
 }

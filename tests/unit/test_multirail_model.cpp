@@ -60,16 +60,16 @@ TEST_CASE("model: 2 and 4 rails deliver the sum of the rails; urgent p99 as with
                 CHECK(r.refused == 0);
                 CHECK(r.bulk_Bps >= 0.95 * n * one);
                 CHECK(r.urgent_samples > 100);
-                // Measured (30 ms runs), without lanes: 1.18x (2 x 100 Gb/s), 1.38x (2 x 400),
-                // 1.68x (4 x 100), 2.38x (4 x 400); with lanes: 0.98x, 1.16x, 1.36x, 1.60x.
-                const double bound = lane ? (n == 2 ? 1.2 : 1.7) : (n == 2 ? 1.5 : 2.6);
+                // Measured on these 12 ms runs, about 10% under each bound: without
+                // lanes 1.17x (2 x 100 Gb/s), 1.64x (4 x 100), 1.38x (2 x 400), 2.45x
+                // (4 x 400); with lanes 0.98x, 1.34x, 1.14x, 1.58x.
+                const bool fast = p.gbps == 400;
+                const double bound = lane ? (n == 2 ? (fast ? 1.25 : 1.08) : (fast ? 1.73 : 1.47))
+                                          : (n == 2 ? (fast ? 1.52 : 1.29) : (fast ? 2.7 : 1.8));
                 CHECK(r.p99_us <= bound * single.p99_us);
                 CHECK(r.counters.failovers == 0);
-                // Every urgent write by a lane (the samples count those after the warm-up).
-                if (lane)
-                    CHECK(r.counters.lane_pieces >= r.urgent_samples);
-                else
-                    CHECK(r.counters.lane_pieces == 0);
+                // Every urgent write by a lane, none without.
+                CHECK(r.counters.lane_pieces == (lane ? r.urgent_submitted : 0U));
             }
         }
     }
@@ -98,19 +98,20 @@ TEST_CASE("model: with the host's costs taken out, urgent p99 over 4 rails is on
     // What the urgent writes wait for over four rails is the one thread
     // that posts and reaps for all of them: with no host costs the rails
     // themselves add nothing.
-    nic_params p = nic_params::cx7_400g();
-    p.host_wqe = p.host_doorbell = p.host_poll = p.host_cqe = 1;
-    for (const bool lane : {false, true}) {
-        rail_run_options one = base(p, 1);
-        one.urgent_lane = lane;
-        rail_run_options four = base(p, 4);
-        four.urgent_lane = lane;
-        const rail_run_result r1 = run_rails(one);
-        const rail_run_result r4 = run_rails(four);
-        INFO((lane ? "with lanes" : "without lanes")
-             << ": p99 " << r4.p99_us << " us over 4 rails, " << r1.p99_us << " us over one");
-        CHECK(r4.p99_us <= 1.02 * r1.p99_us);
-        CHECK(r4.bulk_Bps >= 0.95 * 4 * r1.bulk_Bps);
+    for (nic_params p : {nic_params::cx5_100g(), nic_params::cx7_400g()}) {
+        p.host_wqe = p.host_doorbell = p.host_poll = p.host_cqe = 1;
+        for (const bool lane : {false, true}) {
+            rail_run_options one = base(p, 1);
+            one.urgent_lane = lane;
+            rail_run_options four = base(p, 4);
+            four.urgent_lane = lane;
+            const rail_run_result r1 = run_rails(one);
+            const rail_run_result r4 = run_rails(four);
+            INFO((lane ? "with lanes" : "without lanes")
+                 << ": p99 " << r4.p99_us << " us over 4 rails, " << r1.p99_us << " us over one");
+            CHECK(r4.p99_us <= 1.02 * r1.p99_us);
+            CHECK(r4.bulk_Bps >= 0.95 * 4 * r1.bulk_Bps);
+        }
     }
 }
 

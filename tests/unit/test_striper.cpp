@@ -68,6 +68,7 @@ stripe_options stripe(std::uint64_t chunk = 1 * MiB, std::uint64_t min = 256 * 1
 /// bytes a step.
 struct rig {
     std::vector<std::unique_ptr<sim_scheduler>> rail;
+    std::vector<std::unique_ptr<sim_scheduler>> lane; ///< urgent lanes, if any (lane_rig)
     std::vector<std::uint64_t> rate;
     striper st;
     std::vector<verbs::completion> got;
@@ -92,6 +93,8 @@ struct rig {
         got.insert(got.end(), c.begin(), c.begin() + n);
         for (std::size_t k = 0; k < rail.size(); ++k)
             rail[k]->port().drain(rate[k]);
+        for (std::size_t k = 0; k < lane.size(); ++k)
+            lane[k]->port().drain(rate[k]);
         return n;
     }
     /// Steps until nothing is outstanding (a step limit fails the test).
@@ -565,8 +568,6 @@ TEST_CASE("striper: a transfer's own failure withdraws its unstarted pieces from
 /// queue of its own. Both of a rail's queues drain at its rate each step
 /// (a NIC interleaves its queue pairs).
 struct lane_rig : rig {
-    std::vector<std::unique_ptr<sim_scheduler>> lane;
-
     explicit lane_rig(std::vector<std::uint64_t> rates, stripe_options o = stripe())
         : rig(std::move(rates), o) {
         for (std::size_t k = 0; k < rate.size(); ++k) {
@@ -574,20 +575,6 @@ struct lane_rig : rig {
             REQUIRE(st.rail_idle(k));
             REQUIRE(st.attach(k, *rail[k], 100, lane[k].get()));
         }
-    }
-    int step() {
-        const int n = rig::step();
-        for (std::size_t k = 0; k < lane.size(); ++k)
-            lane[k]->port().drain(rate[k]);
-        return n;
-    }
-    void run(int steps = 1'000'000) {
-        for (int i = 0; i < steps; ++i) {
-            step();
-            if (st.outstanding() == 0)
-                return;
-        }
-        FAIL("the striper did not finish within the step limit");
     }
 };
 
@@ -696,4 +683,41 @@ TEST_CASE("striper: rail_down() fails a rail's lane too; a lane may not be its o
     CHECK(r.st.counters().lane_pieces == 2);
     sim_scheduler s(sched_options(), strict_priority{});
     CHECK_FALSE(r.st.attach(k, s, 100, &s));
+}
+
+TEST_CASE("striper: a rail whose bulk queue pair fails fails its lane too; the lane's piece goes "
+          "again") {
+    lane_rig r({64 * 1024, 64 * 1024});
+    REQUIRE(r.st.write(bulk, local(32 * MiB), remote(), 0, 1) == status::ok);
+    for (int i = 0; i < 20; ++i)
+        r.step();
+    // An urgent write in each lane, then rail 1's bulk queue pair breaks
+    // before its lane moved a byte (that lane's rate is 0 from now on).
+    REQUIRE(r.st.write(urgent, local(64), remote(), 40 * MiB, 2) == status::ok);
+    REQUIRE(r.st.write(urgent, local(64), remote(), 41 * MiB, 3) == status::ok);
+    REQUIRE(r.lane[1]->outstanding() == 1);
+    r.rate[1] = 0;
+    r.rail[1]->port().inject(0x77, IBV_WC_RETRY_EXC_ERR);
+    r.run(100'000);
+    CHECK(r.lane[1]->port().failed()); // failed with the rail, not left to its retries
+    CHECK(!r.st.rail_up(1));
+    CHECK(r.completions(1) == 1);
+    CHECK(r.completions(2) == 1);
+    CHECK(r.completions(3) == 1);
+    CHECK(std::all_of(r.got.begin(), r.got.end(),
+                      [](const verbs::completion& c) { return c.wr_id == 0x77 || c.ok(); }));
+    CHECK(r.st.counters().lane_pieces == 3); // two, and the one sent again
+}
+
+TEST_CASE("striper: a scheduler or lane of another rail is refused at attach") {
+    lane_rig r({64 * 1024, 64 * 1024});
+    // Rail 2 on rail 0's lane, or with rail 1's scheduler as its lane: refused.
+    CHECK_FALSE(r.st.attach(2, *r.lane[0], 100));
+    sim_scheduler fresh(sched_options(), strict_priority{});
+    CHECK_FALSE(r.st.attach(2, fresh, 100, r.rail[1].get()));
+    CHECK_FALSE(r.st.attach(2, *r.rail[0], 100));
+    // Its own pair: accepted.
+    sim_scheduler lane(sched_options(), strict_priority{});
+    CHECK(r.st.attach(2, fresh, 100, &lane));
+    CHECK(r.st.rails_up() == 3);
 }

@@ -35,10 +35,9 @@
 //   queue pair's max_rd_atomic;
 // - the slice size adapts: small while a more urgent level has work or had
 //   some within `hold`, large otherwise; a large slice fills what is left of
-//   the budget, no more (a quarter of a measured one at most);
-// - the byte budget is measured unless the options fix it: the delivered
-//   rate times the latency of a slice posted alone, plus one small slice;
-//   small slices are then an eighth of it (see measure());
+//   the budget, no more (a quarter of a measured one, an eighth while
+//   host_away() is set); a measured budget is rate x lone latency + a small
+//   slice + the host's time away, small slices an eighth of it (measure());
 // - only the last slice of a request is signaled, and those others that the
 //   budget's accounting needs (so that a completion always comes back
 //   before the budget runs dry); with a measured budget, every slice.
@@ -318,6 +317,7 @@ private:
 
     /// The measured budget (budget_bytes 0): the -inl file says how.
     void measure(typename fine_clock::duration elapsed) noexcept;
+    void size_budget(double best_rate) noexcept;
 
     /// Takes the port's completions in.
     void reap() noexcept;

@@ -45,6 +45,14 @@ bool basic_striper<Scheduler>::attach(std::size_t k, Scheduler& s, double gbps,
                                       Scheduler* lane) noexcept {
     if (k >= max_rails || rails_[k].pieces != 0 || lane == &s)
         return false;
+    // A scheduler is one queue pair's: shared with another rail (or its
+    // lane), its completions would be taken for that rail's and lost.
+    for (std::size_t j = 0; j < max_rails; ++j) {
+        const rail& o = rails_[j];
+        if (j != k &&
+            (o.s == &s || o.lane == &s || (lane != nullptr && (o.s == lane || o.lane == lane))))
+            return false;
+    }
     rail& r = rails_[k];
     const bool was_out = r.s != nullptr && !r.up;
     r.s = &s;
@@ -85,6 +93,13 @@ void basic_striper<Scheduler>::take_out(std::size_t k, ibv_wc_status why) noexce
         why = IBV_WC_WR_FLUSH_ERR;
     rails_[k].up = false;
     ++counters_.failovers;
+    // A rail with a lane is out as a whole: its other queue pair fails too,
+    // so that its pieces come back flushed now, not after its transport's
+    // retries against a peer that may be gone.
+    if (rails_[k].lane != nullptr) {
+        rails_[k].s->port().fail();
+        rails_[k].lane->port().fail();
+    }
     if (why != IBV_WC_WR_FLUSH_ERR || last_rail_failure_ == IBV_WC_SUCCESS)
         last_rail_failure_ = why;
 }
@@ -578,17 +593,24 @@ template <class Scheduler>
 std::size_t basic_striper<Scheduler>::poll_rail(std::size_t j, std::span<verbs::completion> out,
                                                 std::size_t k) noexcept {
     rail& r = rails_[j];
-    if (const Scheduler* f = failed_part(j); r.up && f != nullptr)
-        take_out(j, f->failure());
+    take_out_if_failed(j);
     // The lane first: its completions are the ones callers wait for most.
     // An idle one is not polled: an empty poll costs the host as much as
     // a completion, and this thread's round is what the rails wait for.
     if (r.lane != nullptr && r.lane->outstanding() != 0)
         k = poll_part(j, true, out, k);
     k = poll_part(j, false, out, k);
-    if (const Scheduler* f = failed_part(j); r.up && f != nullptr)
-        take_out(j, f->failure());
+    take_out_if_failed(j);
     return k;
+}
+
+template <class Scheduler>
+void basic_striper<Scheduler>::take_out_if_failed(std::size_t j) noexcept {
+    rail& r = rails_[j];
+    const Scheduler* f = failed_part(j);
+    if (!r.up || f == nullptr)
+        return;
+    take_out(j, f->failure());
 }
 
 template <class Scheduler>

@@ -108,7 +108,9 @@ public:
     /// rail_idle(k)). A scheduler that failed or is not connected is
     /// attached but not used (rail_up(k) false). `lane`, if given, is the
     /// rail's urgent lane: a scheduler on a second queue pair to the same
-    /// peer rail, for whole transfers of a level under lane_levels.
+    /// peer rail, for whole transfers of a level under lane_levels. False
+    /// too if `s` or `lane` is another rail's scheduler or lane, or both
+    /// are one.
     bool attach(std::size_t k, Scheduler& s, double gbps, Scheduler* lane = nullptr) noexcept;
     /// Takes rail k out now (its port went down, its connection was lost):
     /// nothing more goes to it, its scheduler fails (its queue pair to the
@@ -277,6 +279,8 @@ private:
     [[nodiscard]] Scheduler& scheduler_of(const piece& pc) const noexcept {
         return pc.in_lane ? *rails_[pc.rail].lane : *rails_[pc.rail].s;
     }
+    /// Rail j out if its scheduler or lane failed (both queue pairs failed then).
+    void take_out_if_failed(std::size_t j) noexcept;
     /// Rail j's scheduler or lane that failed, if any.
     [[nodiscard]] Scheduler* failed_part(std::size_t j) const noexcept {
         const rail& r = rails_[j];
@@ -303,7 +307,8 @@ private:
     void steal() noexcept;
     /// Transfers with bytes still to send and none of their rails up fail.
     void fail_unsendable() noexcept;
-    /// Rail k failed (`why`): nothing more goes to it.
+    /// Rail k failed (`why`): nothing more goes to it (with a lane, both its
+    /// queue pairs fail now).
     void take_out(std::size_t k, ibv_wc_status why) noexcept;
     /// `pc` goes back to its transfer, to be handed out again (re-queued).
     void send_again(piece& pc) noexcept;

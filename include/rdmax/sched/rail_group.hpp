@@ -36,6 +36,16 @@
 // keep(). The dial runs on another: it must use nothing that thread
 // changes. A device's events reach one reader per process: one group (or
 // port_watch) per device.
+//
+// With `urgent_lane`, each rail is dialed twice: the second connection is
+// the rail's urgent lane (basic_striper::attach), a queue pair that urgent
+// transfers take, which the NIC interleaves with the bulk one. The peer
+// accepts two connections per rail then (the dial function is called twice
+// for a rail, the main connection first; nothing tells them apart on the
+// wire); either one failing or closing takes the rail out, and it comes
+// back with two new ones. A rail whose lane's dial fails is dialed again
+// whole, after the delay: a peer that takes one connection per rail leaves
+// every rail out (the constructor throws, naming the dials' failures).
 
 #include <algorithm>
 #include <cerrno>
@@ -70,6 +80,8 @@ struct rail_group_options {
     /// down).
     std::chrono::milliseconds retry_min{200};
     std::chrono::milliseconds retry_max{5000};
+    /// Each rail dialed twice, the second connection its urgent lane.
+    bool urgent_lane = false;
 };
 
 /// What keep() has done.
@@ -108,7 +120,7 @@ public:
             s.address = rails[k].address;
             s.gbps = rails[k].gbps;
             try {
-                bring_up(k, dial_(k));
+                bring_up(k, dial_both(k));
                 s.joined_before = joined(k, clock::now());
             } catch (const std::exception& e) {
                 failed(k, e.what(), clock::now());
@@ -123,7 +135,7 @@ public:
     rail_group(const verbs::rail_set&&, dial_fn, rail_group_options = {}) = delete;
     rail_group(const rail_group&) = delete;
     rail_group& operator=(const rail_group&) = delete;
-    /// Waits for a dial under way (at most its own timeout).
+    /// Waits for a dial under way (at most its timeout, twice with lanes).
     ~rail_group() = default;
 
     [[nodiscard]] striper_type& striper() noexcept { return striper_; }
@@ -131,6 +143,11 @@ public:
     /// Rail k's connection now (nullptr while it has none).
     [[nodiscard]] verbs::connection* connection(std::size_t k) noexcept {
         return k < slots_.size() && slots_[k].conn ? slots_[k].conn.get() : nullptr;
+    }
+    /// Rail k's urgent lane's connection now (nullptr without lanes, or
+    /// while it has none).
+    [[nodiscard]] verbs::connection* lane_connection(std::size_t k) noexcept {
+        return k < slots_.size() && slots_[k].lane_conn ? slots_[k].lane_conn.get() : nullptr;
     }
     [[nodiscard]] const rail_group_counters& counters() const noexcept { return counters_; }
     /// Why rail k's last dial failed ("" if it did not).
@@ -163,7 +180,9 @@ public:
         for (std::size_t k = 0; k < slots_.size(); ++k) {
             slot& s = slots_[k];
             if (striper_.rail_up(k)) {
-                if (!s.conn || !s.conn->peer_disconnected())
+                const bool gone = (s.conn && s.conn->peer_disconnected()) ||
+                                  (s.lane_conn && s.lane_conn->peer_disconnected());
+                if (!gone)
                     continue;
                 striper_.rail_down(k);
                 ++counters_.peer_downs;
@@ -180,7 +199,7 @@ public:
                     ++changed;
             } else if (now >= s.retry_at && ready(k)) {
                 s.dial_epoch = s.epoch;
-                s.dialing = std::async(std::launch::async, [this, k] { return dial_(k); });
+                s.dialing = std::async(std::launch::async, [this, k] { return dial_both(k); });
                 ++counters_.dials;
             }
         }
@@ -189,15 +208,29 @@ public:
 
 private:
     using clock = std::chrono::steady_clock;
+    /// What a dial of a rail makes: its connection, and its lane's.
+    struct dialed {
+        verbs::connection main;
+        std::optional<verbs::connection> lane;
+    };
+    /// Rail k dialed (twice, with lanes). On the dial's thread.
+    dialed dial_both(std::size_t k) {
+        dialed d{dial_(k), std::nullopt};
+        if (opts_.urgent_lane)
+            d.lane.emplace(dial_(k));
+        return d;
+    }
     struct slot {
         std::string address; ///< the rail's (for errors)
         double gbps = 0;     ///< its weight until the striper measured one
         std::unique_ptr<verbs::connection> conn;
         std::unique_ptr<Scheduler> sched;
-        std::future<verbs::connection> dialing;
+        std::unique_ptr<verbs::connection> lane_conn; ///< with urgent_lane
+        std::unique_ptr<Scheduler> lane_sched;
+        std::future<dialed> dialing;
         /// A dial made while the rail's old pieces were still out: attached
         /// once they are back.
-        std::unique_ptr<verbs::connection> pending;
+        std::unique_ptr<dialed> pending;
         clock::time_point retry_at{};
         std::chrono::milliseconds backoff{};
         std::string failure;
@@ -250,7 +283,7 @@ private:
     bool finish_dial(std::size_t k, clock::time_point now) {
         slot& s = slots_[k];
         try {
-            s.pending = std::make_unique<verbs::connection>(s.dialing.get());
+            s.pending = std::make_unique<dialed>(s.dialing.get());
         } catch (const std::exception& e) {
             ++counters_.dial_failures;
             failed(k, e.what(), now);
@@ -274,7 +307,7 @@ private:
         }
         if (!striper_.rail_idle(k))
             return false; // keep() comes back: the dial is not redone
-        const std::unique_ptr<verbs::connection> c = std::move(s.pending);
+        const std::unique_ptr<dialed> c = std::move(s.pending);
         try {
             bring_up(k, std::move(*c));
         } catch (const std::exception& e) {
@@ -290,16 +323,25 @@ private:
         s.joined_before = true;
         return true;
     }
-    /// Rail k on connection c: a scheduler on it, attached; the old
-    /// connection and scheduler go once the striper no longer names them.
-    void bring_up(std::size_t k, verbs::connection c) {
+    /// Rail k on the connections of `d`: a scheduler on each, attached;
+    /// the old connections and schedulers go once the striper no longer
+    /// names them.
+    void bring_up(std::size_t k, dialed d) {
         slot& s = slots_[k];
-        auto conn = std::make_unique<verbs::connection>(std::move(c));
+        auto conn = std::make_unique<verbs::connection>(std::move(d.main));
         auto sched = std::make_unique<Scheduler>(conn->qp(), opts_.sched);
-        if (!striper_.attach(k, *sched, s.gbps))
+        std::unique_ptr<verbs::connection> lane_conn;
+        std::unique_ptr<Scheduler> lane_sched;
+        if (d.lane) {
+            lane_conn = std::make_unique<verbs::connection>(std::move(*d.lane));
+            lane_sched = std::make_unique<Scheduler>(lane_conn->qp(), opts_.sched);
+        }
+        if (!striper_.attach(k, *sched, s.gbps, lane_sched.get()))
             throw error("rail_group: attach", EBUSY, fmt::format("rail {} has pieces out", k));
         s.sched = std::move(sched);
         s.conn = std::move(conn);
+        s.lane_sched = std::move(lane_sched);
+        s.lane_conn = std::move(lane_conn);
     }
     /// After bring_up: rail k up (the striper uses it), or noted as a
     /// failure (attached, its queue pair not ready to send): dialed again

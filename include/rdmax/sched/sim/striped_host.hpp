@@ -62,10 +62,11 @@ struct rail_run_result {
     double p99_us = 0;
     double p999_us = 0;
     std::size_t urgent_samples = 0;
-    std::uint64_t bulk_done = 0;     ///< striped writes completed
-    std::uint64_t failed = 0;        ///< completions in error (any)
-    std::uint64_t refused = 0;       ///< submissions the striper refused
-    picoseconds attached_at = never; ///< when the failed rail's new queue pair was attached
+    std::uint64_t urgent_submitted = 0; ///< urgent writes submitted (the warm-up's too)
+    std::uint64_t bulk_done = 0;        ///< striped writes completed
+    std::uint64_t failed = 0;           ///< completions in error (any)
+    std::uint64_t refused = 0;          ///< submissions the striper refused
+    picoseconds attached_at = never;    ///< when the failed rail's new queue pair was attached
     striper_counters counters;
     std::vector<scheduler_counters> rail_counters; ///< each rail's scheduler at the end
     std::vector<scheduler_counters> lane_counters; ///< each rail's urgent lane, if it has one
@@ -242,6 +243,7 @@ private:
             }
         }
         r_.urgent_samples = lat_.size();
+        r_.urgent_submitted = arrival_.size();
         r_.p50_us = detail::percentile_of(lat_, 50);
         r_.p99_us = detail::percentile_of(lat_, 99);
         r_.p999_us = detail::percentile_of(lat_, 99.9);

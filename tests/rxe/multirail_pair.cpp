@@ -5,14 +5,16 @@
 //   multirail_pair --serve --rails A0,A1 --port P [--deadline S]
 //       host 0: 64 MiB registered once per rail (make_rail_cache), a listener
 //       on each rail's address; each connection accepted carries the buffer's
-//       token (every rail's key). Accepts new connections on rail 1 (the
+//       token (every rail's key). Two connections a rail (the client's bulk
+//       queue pair and its urgent lane); accepts new ones on rail 1 (the
 //       client's reconnect) until the client closes rail 0, then exits 0.
 //   multirail_pair --rails B0,B1 --peer A,A' --port P --netdev DEV
 //       host 1: a sched::rail_group over both rails, each dialed to the
 //       peer's address on its subnet (rail_set::peer_for: --peer in any order). Striped 64 MiB
 //       WRITEs and READs, every byte checked; rail 1's link (DEV) taken down mid-transfer (no
 //       error, every byte right) and up again: the group dials rail 1 again once its port is ready
-//       and attaches it, and it carries bytes again.
+//       and attaches it, and it carries bytes again. The group has urgent lanes: 64-byte
+//       urgent READs beside the striped transfers go by them, their bytes checked.
 // Exit status 0 when every check held; 1 with the failed check on stderr.
 #include <algorithm>
 #include <array>
@@ -42,6 +44,7 @@ using clock_type = std::chrono::steady_clock;
 using striper = sched::rail_group<>::striper_type;
 constexpr rights rw = all_rights;
 constexpr std::size_t big = std::size_t{64} << 20;
+constexpr std::size_t note_bytes = 4096; ///< the urgent READs' buffer: 64 of 64 bytes
 
 struct check_failed : std::runtime_error {
     using std::runtime_error::runtime_error;
@@ -103,10 +106,10 @@ int serve(const options& o) {
     std::fflush(stdout);
     // Either rail's request, in whatever order they come; one that fails to
     // be accepted (a dial the client gave up on) is let go. Done when the
-    // client closes rail 0 (its last act).
-    std::array<std::optional<verbs::connection>, 2> conn;
+    // client closes rail 0's last connection (its lane: its last act).
+    std::array<std::vector<verbs::connection>, 2> conn;
     std::array<int, 2> accepted{};
-    while (!conn[0] || !conn[0]->wait_disconnected(20ms)) {
+    while (conn[0].size() < 2 || !conn[0].back().wait_disconnected(20ms)) {
         check(clock_type::now() < deadline, "the client closed rail 0 before the deadline");
         bool any = false;
         for (std::size_t k = 0; k < 2; ++k) {
@@ -121,20 +124,20 @@ int serve(const options& o) {
                 verbs::connection c =
                     r->accept(verbs::payload_of(token),
                               std::clamp<std::chrono::milliseconds>(left, 1ms, 10s));
-                conn[k].reset(); // the old one (its peer's end failed with the link)
-                conn[k].emplace(std::move(c));
+                conn[k].push_back(std::move(c)); // the old ones stay (their peers' ends failed)
                 ++accepted[k];
             } catch (const rdmax::error& e) {
                 fmt::print("multirail_pair: rail {}: a request not accepted: {}\n", k, e.what());
             }
         }
-        if (!any && !conn[0])
+        if (!any && conn[0].empty())
             std::this_thread::sleep_for(20ms);
     }
     fmt::print("multirail_pair: served {} + {} connections; the client closed rail 0\n",
                accepted[0], accepted[1]);
-    check(accepted[0] == 1 && accepted[1] == 2,
-          "rail 0 once, rail 1 twice (again after its link came back)");
+    check(accepted[0] == 2 && accepted[1] == 4,
+          "rail 0 twice (its queue pair and its lane), rail 1 four times (again after its link "
+          "came back)");
     return 0;
 }
 
@@ -166,6 +169,10 @@ struct client {
     std::vector<std::byte> buf = std::vector<std::byte>(big);
     rail_cache::handle h = cache.get<rw>(buf.data(), buf.size());
     rail_local<rw> here = rail_verbs_registrar::local<rw>(h.registration(), buf.data(), big);
+    /// Where the urgent READs land.
+    std::vector<std::byte> note = std::vector<std::byte>(note_bytes);
+    rail_cache::handle nh = cache.get<rw>(note.data(), note.size());
+    std::uint64_t urgent_sent = 0;
     /// Rail k's peer address; before the group, whose dials read it.
     std::vector<std::string> peer;
     std::optional<sched::rail_group<>> group;
@@ -189,9 +196,14 @@ struct client {
         const auto until = clock_type::now() + 120s;
         while (!group) {
             try {
-                group.emplace(rails, [this](std::size_t k) {
-                    return rails.connect(k, peer[k], o.port, {}, {}, 10s);
-                });
+                sched::rail_group_options go;
+                go.urgent_lane = true;
+                group.emplace(
+                    rails,
+                    [this](std::size_t k) {
+                        return rails.connect(k, peer[k], o.port, {}, {}, 10s);
+                    },
+                    go);
             } catch (const rdmax::error& e) {
                 check(clock_type::now() < until, fmt::format("connecting: {}", e.what()));
                 std::this_thread::sleep_for(500ms);
@@ -241,7 +253,50 @@ struct client {
         check(st().write(sched::bulk, here, there, 0, next_id++) == status::ok, "WRITE submitted");
         const verbs::completion w = wait_one();
         check(w.ok(), fmt::format("striped WRITE: {}", w.status_name()));
+        urgent_reads_checked(seed);
         read_back_checked(seed);
+    }
+    /// `count` urgent 64-byte READs of the server's buffer (at 4 KiB steps
+    /// from `from`), submitted at once; completions are the caller's to take.
+    void urgent_reads(int count, std::size_t from) {
+        for (int i = 0; i < count; ++i) {
+            const std::size_t at = static_cast<std::size_t>(i) * 64;
+            const rail_local<rw> to =
+                rail_verbs_registrar::local<rw>(nh.registration(), note.data() + at, 64);
+            check(st().read(sched::urgent, to, there, from + static_cast<std::size_t>(i) * 4096,
+                            next_id++) == status::ok,
+                  "urgent READ submitted");
+            ++urgent_sent;
+        }
+    }
+    /// The urgent READs' bytes: each the pattern at its offset.
+    [[nodiscard]] bool notes_hold(int count, std::size_t from, unsigned seed) const {
+        for (int i = 0; i < count; ++i)
+            for (std::size_t b = 0; b < 64; ++b) {
+                const std::size_t at = from + static_cast<std::size_t>(i) * 4096 + b;
+                if (note[static_cast<std::size_t>(i) * 64 + b] !=
+                    static_cast<std::byte>((at + seed) % 251))
+                    return false;
+            }
+        return true;
+    }
+    /// After a striped WRITE of `seed`: 16 urgent READs by the lanes, checked.
+    void urgent_reads_checked(unsigned seed) {
+        std::fill(note.begin(), note.end(), std::byte{0});
+        urgent_reads(16, 4096);
+        const auto deadline = clock_type::now() + 60s;
+        std::array<verbs::completion, 16> done;
+        for (int seen = 0; seen < 16;) {
+            check(clock_type::now() < deadline, "16 urgent READs complete within 60 s");
+            const int n = st().wait(done, 100ms);
+            (void)group->keep();
+            for (int i = 0; i < n; ++i) {
+                const verbs::completion& c = done[static_cast<std::size_t>(i)];
+                check(c.ok(), fmt::format("urgent READ: {}", c.status_name()));
+            }
+            seen += n;
+        }
+        check(notes_hold(16, 4096, seed), "every urgent READ's bytes");
     }
     void read_back_checked(unsigned seed) {
         std::memset(buf.data(), 0, buf.size());
@@ -325,14 +380,17 @@ int run_client(const options& o) {
     c.write_and_read_checked(seed);
     check(n.rail_bytes[1] > rail1_before, "rail 1 carries bytes again");
     check(n.rejoins == 1 && n.failed == 0 && g.rejoins == 1, "one rejoin, no failure");
+    check(c.group->lane_connection(1) != nullptr, "rail 1 back with its lane");
+    check(n.lane_pieces >= c.urgent_sent, "every urgent READ by a lane");
     check(g.dials - dials0 == g.dial_failures - failures0 + 1, "one dial that succeeded");
     fmt::print("multirail_pair: rail 1 out {:.0f} ms after `ip link set down` began, back {:.0f} "
                "ms after `up`; {}; group: port downs {}, dials {} ({} failed), rejoins {}\n",
                out_ms, back_ms, n, g.port_downs, g.dials, g.dial_failures, g.rejoins);
-    // Rail 1 first, rail 0 last: the server's sign that the client is done.
+    // Rail 1 first, rail 0's lane last: the server's sign that the client is done.
     for (const std::size_t k : {1, 0})
-        if (verbs::connection* conn = c.group->connection(k))
-            conn->disconnect();
+        for (verbs::connection* conn : {c.group->connection(k), c.group->lane_connection(k)})
+            if (conn != nullptr)
+                conn->disconnect();
     return 0;
 }
 

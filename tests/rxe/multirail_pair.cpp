@@ -130,12 +130,19 @@ int serve(const options& o) {
                 fmt::print("multirail_pair: rail {}: a request not accepted: {}\n", k, e.what());
             }
         }
+        // Every connection's events, so that the client's disconnects of
+        // the others are answered (each would wait out its timeout).
+        for (auto& per_rail : conn)
+            for (verbs::connection& c : per_rail)
+                (void)c.peer_disconnected();
         if (!any && conn[0].empty())
             std::this_thread::sleep_for(20ms);
     }
     fmt::print("multirail_pair: served {} + {} connections; the client closed rail 0\n",
                accepted[0], accepted[1]);
-    check(accepted[0] == 2 && accepted[1] == 4,
+    // At least: a dial the client gave up on, or one whose lane failed, is
+    // dialed again whole (the client checks its own dials).
+    check(accepted[0] >= 2 && accepted[1] >= 4,
           "rail 0 twice (its queue pair and its lane), rail 1 four times (again after its link "
           "came back)");
     return 0;

@@ -462,3 +462,23 @@ TEST_CASE("scheduler: a fenced urgent read after a bulk write sees the written b
     CHECK(has_pattern(back.bytes, 61));
     CHECK(has_pattern(small_dst.bytes, 3));
 }
+
+TEST_CASE("scheduler: a queue pair failed with work queued and none in flight: it fails, no hang") {
+    // What a striper's rail_down() or a peer's disconnect does to a rail's
+    // queue pair: moved to the error state with nothing posted, it brings
+    // no completion; the scheduler must still hand back what it holds.
+    loopback lp;
+    sched::priority_scheduler<> s(lp.a, small_slices());
+    registered src(lp.pd, MiB), dst(lp.pd, MiB);
+    REQUIRE(s.write(sched::bulk, src.mr.local(), dst.mr.remote(), 0, 71, {.deferred = true}) ==
+            status::ok);
+    REQUIRE(s.outstanding() == 1);
+    CHECK(s.counters().slices == 0); // held: nothing posted
+    s.port().fail();
+    const auto got = finish_all(s, 10s);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].wr_id == 71);
+    CHECK(got[0].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(s.failed());
+    CHECK(s.write(sched::urgent, src.mr.local(0, 64), dst.mr.remote(), 0, 72) == status::qp_failed);
+}

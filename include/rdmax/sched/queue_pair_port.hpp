@@ -37,7 +37,13 @@ public:
     [[nodiscard]] std::uint32_t max_rd_atomic() const noexcept { return qp_->max_rd_atomic(); }
     [[nodiscard]] std::uint32_t max_message() const noexcept { return qp_->max_message(); }
     [[nodiscard]] bool ready() const noexcept { return qp_->state() == IBV_QPS_RTS; }
-    [[nodiscard]] bool failed() const noexcept { return qp_->failed(); }
+    /// A send came back in error, or the queue pair was moved to the error
+    /// state (fail(), a disconnect): either way nothing more is posted, and
+    /// the scheduler must fail what it still holds. A queue pair moved there
+    /// with nothing in flight brings no completion that would say so.
+    [[nodiscard]] bool failed() const noexcept {
+        return qp_->failed() || qp_->state() == IBV_QPS_ERR;
+    }
     [[nodiscard]] std::uint32_t send_depth() const noexcept { return qp_->send_depth(); }
     [[nodiscard]] verbs::queue_pair<verbs::rc>& queue_pair() const noexcept { return *qp_; }
 

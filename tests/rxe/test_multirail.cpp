@@ -1084,10 +1084,10 @@ TEST_CASE("rail_group with urgent lanes: urgent writes take them beside a stripe
         REQUIRE(group.connection(k) != nullptr);
         REQUIRE(group.lane_connection(k) != nullptr);
         CHECK(qp_num_of(group.lane_connection(k)) != qp_num_of(group.connection(k)));
-        // The acceptor counts on its own thread, once accept() returned.
+        // The acceptor counts on its own thread, once accept() returned (more,
+        // should a dial time out on a loaded guest: the group dials again).
         keep_until(
             group, [&] { return acc.accepted(k) >= 2; }, 10s);
-        CHECK(acc.accepted(k) == 2);
     }
 
     std::uint64_t next_id = 1;
@@ -1165,7 +1165,6 @@ TEST_CASE("rail_group with urgent lanes: urgent writes take them beside a stripe
     CHECK(g.rejoins == 1);
     keep_until(
         group, [&] { return acc.accepted(1) >= 4; }, 10s);
-    CHECK(acc.accepted(1) == 4);
     REQUIRE(group.lane_connection(1) != nullptr);
     CHECK(qp_num_of(group.lane_connection(1)) != old_lane);
     const std::uint64_t rail1_bytes = n.rail_bytes[1];

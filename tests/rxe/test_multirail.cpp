@@ -941,9 +941,19 @@ void keep_until(sched::rail_group<>& group, Done done, std::chrono::seconds limi
     }
 }
 
-/// Both rails, a listener on each accepting in this process, and 64 MiB
-/// registered once per rail as a striped WRITE's source and target.
+/// The second rail, its port active (a failed check after 10 s).
+second_rail& active_rail1() {
+    second_rail& r1 = rail1();
+    REQUIRE(r1.wait_active(clock_type::now() + 10s));
+    return r1;
+}
+
+/// Both rails (the second active, and up again at the end), a listener on
+/// each accepting in this process, and 64 MiB registered once per rail as a
+/// striped WRITE's source and target.
 struct group_rig {
+    second_rail& r1 = active_rail1();
+    up_at_end restore;
     verbs::rail_set rails =
         verbs::rail_set::of(std::vector<std::string>{rail0_address(), rail1_address});
     rail_acceptor acc{rails};
@@ -957,6 +967,15 @@ struct group_rig {
     rail_remote<all_rights> there =
         rail_verbs_registrar::remote<all_rights>(hd.registration(), dst.data(), big);
 
+    /// Rail 1's link down; keep() until the group's striper took it out
+    /// (within 10 s): how long that took, in ms.
+    double rail1_down(sched::rail_group<>& group) {
+        const auto t_down = clock_type::now();
+        r1.down();
+        keep_until(
+            group, [&] { return !group.striper().rail_up(1); }, 10s);
+        return ms_since(t_down);
+    }
     /// A group that dials each rail to its listener here, retrying quickly.
     std::unique_ptr<sched::rail_group<>> group(sched::rail_group_options o) {
         o.retry_min = 100ms;
@@ -971,10 +990,8 @@ struct group_rig {
 
 TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refused dial waits",
           "[rail_group]") {
-    second_rail& r1 = rail1();
-    REQUIRE(r1.wait_active(clock_type::now() + 10s));
-    const up_at_end restore;
     group_rig rig;
+    second_rail& r1 = rig.r1;
     std::vector<std::byte>& src = rig.src;
     std::vector<std::byte>& dst = rig.dst;
     rail_acceptor& acc = rig.acc;
@@ -1015,11 +1032,7 @@ TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refuse
 
     // Down: keep() takes the rail out at its PORT_ERR (or its work failing
     // does); nothing is dialed while the port is down.
-    const auto t_down = clock_type::now();
-    r1.down();
-    keep_until(
-        group, [&] { return !st.rail_up(1); }, 10s);
-    const double out_ms = ms_since(t_down);
+    const double out_ms = rig.rail1_down(group);
     write_checked(103); // rail 0 alone, no error
     const std::uint64_t rail1_bytes = n.rail_bytes[1];
     std::this_thread::sleep_for(300ms);
@@ -1058,10 +1071,8 @@ TEST_CASE("rail_group: a rail down and up is dialed again and attached; a refuse
 TEST_CASE("rail_group with urgent lanes: urgent writes take them beside a striped one; a rail "
           "down and up comes back with both",
           "[rail_group]") {
-    second_rail& r1 = rail1();
-    REQUIRE(r1.wait_active(clock_type::now() + 10s));
-    const up_at_end restore;
     group_rig rig;
+    second_rail& r1 = rig.r1;
     std::vector<std::byte>& src = rig.src;
     std::vector<std::byte>& dst = rig.dst;
     rail_acceptor& acc = rig.acc;
@@ -1141,11 +1152,7 @@ TEST_CASE("rail_group with urgent lanes: urgent writes take them beside a stripe
     CHECK(n.rail_bytes[1] > 0);
 
     // Rail 1 down: out (both its queue pairs); urgent writes take rail 0's lane.
-    const auto t_down = clock_type::now();
-    r1.down();
-    keep_until(
-        group, [&] { return !st.rail_up(1); }, 10s);
-    const double out_ms = ms_since(t_down);
+    const double out_ms = rig.rail1_down(group);
     verbs::connection* lane1 = group.lane_connection(1);
     CHECK((lane1 != nullptr && lane1->qp().state() == IBV_QPS_ERR)); // failed with the rail
     urgent_notes(8, 41);

@@ -62,13 +62,13 @@ bool basic_striper<Scheduler>::attach(std::size_t k, Scheduler& s, double gbps,
     if (!(r.gbps > 0))
         r.gbps = 1;
     r.bytes_out = 0;
-    r.up = s.port().ready() && !s.failed() &&
-           (lane == nullptr || (lane->port().ready() && !lane->failed()));
+    r.up = true;
+    each_queue_pair(r, [&](Scheduler& x) {
+        r.up = r.up && x.port().ready() && !x.failed();
+        x.host_away(std::chrono::nanoseconds(0)); // until a round over the rails is timed
+    });
     if (was_out && r.up)
         ++counters_.rejoins;
-    s.host_away(std::chrono::nanoseconds(0)); // until a round over the rails is timed
-    if (lane != nullptr)
-        lane->host_away(std::chrono::nanoseconds(0));
     return true;
 }
 
@@ -80,9 +80,7 @@ void basic_striper<Scheduler>::rail_down(std::size_t k) noexcept {
         take_out(k, IBV_WC_WR_FLUSH_ERR);
     // Its queue pairs to the error state: what they hold comes back
     // flushed now, not after the transport's retries.
-    rails_[k].s->port().fail();
-    if (rails_[k].lane != nullptr)
-        rails_[k].lane->port().fail();
+    each_queue_pair(rails_[k], [](Scheduler& x) { x.port().fail(); });
 }
 
 template <class Scheduler>
@@ -96,10 +94,8 @@ void basic_striper<Scheduler>::take_out(std::size_t k, ibv_wc_status why) noexce
     // A rail with a lane is out as a whole: its other queue pair fails too,
     // so that its pieces come back flushed now, not after its transport's
     // retries against a peer that may be gone.
-    if (rails_[k].lane != nullptr) {
-        rails_[k].s->port().fail();
-        rails_[k].lane->port().fail();
-    }
+    if (rails_[k].lane != nullptr)
+        each_queue_pair(rails_[k], [](Scheduler& x) { x.port().fail(); });
     if (why != IBV_WC_WR_FLUSH_ERR || last_rail_failure_ == IBV_WC_SUCCESS)
         last_rail_failure_ = why;
 }
@@ -648,12 +644,8 @@ void basic_striper<Scheduler>::note_round(std::chrono::nanoseconds round) noexce
     const auto ns = attached() > 1 ? static_cast<double>(round.count()) : 0.0;
     away_ns_ = away_ns_ == 0 || ns == 0 ? ns : (7 * away_ns_ + ns) / 8;
     const auto away = std::chrono::nanoseconds(static_cast<std::int64_t>(away_ns_));
-    for (rail& r : rails_) {
-        if (r.s != nullptr)
-            r.s->host_away(away);
-        if (r.lane != nullptr)
-            r.lane->host_away(away);
-    }
+    for (rail& r : rails_)
+        each_queue_pair(r, [&](Scheduler& x) { x.host_away(away); });
 }
 
 template <class Scheduler>
@@ -699,8 +691,7 @@ int basic_striper<Scheduler>::wait(std::span<verbs::completion> out,
             return n;
         bool busy = live_ != 0 || !done_.empty();
         for (const rail& r : rails_)
-            busy = busy || (r.s != nullptr && r.s->outstanding() != 0) ||
-                   (r.lane != nullptr && r.lane->outstanding() != 0);
+            each_queue_pair(r, [&](Scheduler& x) { busy = busy || x.outstanding() != 0; });
         if (!busy)
             return 0;
         if (spins % 64 == 0 && clock::now() >= deadline)
@@ -710,13 +701,9 @@ int basic_striper<Scheduler>::wait(std::span<verbs::completion> out,
 
 template <class Scheduler>
 void basic_striper<Scheduler>::flush() noexcept {
-    for (rail& r : rails_) {
-        if (r.s == nullptr || !r.up)
-            continue;
-        r.s->flush();
-        if (r.lane != nullptr)
-            r.lane->flush();
-    }
+    for (rail& r : rails_)
+        if (r.up)
+            each_queue_pair(r, [](Scheduler& x) { x.flush(); });
 }
 
 } // namespace rdmax::sched

@@ -279,6 +279,14 @@ private:
     [[nodiscard]] Scheduler& scheduler_of(const piece& pc) const noexcept {
         return pc.in_lane ? *rails_[pc.rail].lane : *rails_[pc.rail].s;
     }
+    /// `f` on each of rail r's schedulers: its own, then its lane's.
+    template <class F>
+    static void each_queue_pair(const rail& r, F&& f) {
+        if (r.s != nullptr)
+            f(*r.s);
+        if (r.lane != nullptr)
+            f(*r.lane);
+    }
     /// Rail j out if its scheduler or lane failed (both queue pairs failed then).
     void take_out_if_failed(std::size_t j) noexcept;
     /// Rail j's scheduler or lane that failed, if any.

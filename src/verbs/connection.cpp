@@ -189,6 +189,7 @@ connection::connection(connection&& o) noexcept
     , qp_(std::move(o.qp_))
     , peer_payload_(std::move(o.peer_payload_))
     , disconnected_(o.disconnected_)
+    , ended_by_(o.ended_by_)
     , disconnect_sent_(o.disconnect_sent_)
     , establishing_(o.establishing_) {
     o.qp_.reset();
@@ -203,6 +204,7 @@ connection& connection::operator=(connection&& o) noexcept {
         o.qp_.reset();
         peer_payload_ = std::move(o.peer_payload_);
         disconnected_ = o.disconnected_;
+        ended_by_ = o.ended_by_;
         disconnect_sent_ = o.disconnect_sent_;
         establishing_ = o.establishing_;
     }

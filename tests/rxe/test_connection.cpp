@@ -264,10 +264,17 @@ TEST_CASE("a peer process that vanishes becomes an error here within the deadlin
     const auto t0 = clock_type::now();
     CHECK(c.wait_disconnected(20s)); // the kernel tore the dead peer's connection down
     CHECK(clock_type::now() - t0 < 20s);
+    // What ended it moves with the connection (a moved-to connection that
+    // forgot it would say DISCONNECT again to a peer that is gone).
+    REQUIRE(c.ended_by().has_value());
+    const auto ending = *c.ended_by();
+    verbs::connection moved = std::move(c);
+    REQUIRE(moved.ended_by().has_value());
+    CHECK(moved.ended_by()->event == ending.event);
 
     // The QP is in the error state now: new work is refused at once.
-    CHECK(c.qp().state() == IBV_QPS_ERR);
-    CHECK(c.qp().write(mem.mr.local(0, 64), *token, 0, 2) == status::not_connected);
+    CHECK(moved.qp().state() == IBV_QPS_ERR);
+    CHECK(moved.qp().write(mem.mr.local(0, 64), *token, 0, 2) == status::not_connected);
 }
 
 TEST_CASE("work in flight when the peer vanishes completes with an error, not a hang: every "

@@ -3,7 +3,7 @@
 //
 //   rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep size|outstanding|clients|api|tcp|all]
 //                   [--transports rdmax,local,rdmax-tcp,sendrecv,tcp] [--json FILE]
-//                   [--api poll,awaitable,callback] [--spin-us N] [--no-batch]
+//                   [--api poll,poll-each,awaitable,callback] [--spin-us N] [--no-batch]
 //
 // "rdmax" is rdmax::rpc through the device, "local" the same calls through
 // the node's memory (both ends are on this node: shared rings, CMA),
@@ -29,9 +29,11 @@
 //                API of --api (built with Asio: rpc::async_client), with the
 //                ratio to poll's p50 and calls/s of the same point in this run
 // --api names how the rdmax and local clients call: poll (start/poll, spinning;
-// the default), awaitable (K coroutines on an io_context, one call each at a
-// time) or callback (K chains of callbacks); --spin-us lets the adapter spin
-// that long before it sleeps on the client's descriptor (0: it sleeps at once);
+// the default), poll-each (the same loop, but each result ended and its
+// successor started in turn, the round's doorbells held to its end: the
+// adapter's pattern, and then the ratios' base), awaitable (K coroutines on an io_context, one call
+// each at a time) or callback (K chains of callbacks); --spin-us lets the adapter spin that long
+// before it sleeps on the client's descriptor (0: it sleeps at once);
 // --no-batch: each call the adapter's handlers start rings its own doorbell
 // (async_options::batch_doorbells off). bells/call: the rdmax client's
 // doorbells per call (its scheduler's ibv_post_send calls). timed: calls/s x
@@ -170,8 +172,11 @@ std::unique_ptr<rpc::client> make_client(const verbs::protection_domain* pd,
     return pd != nullptr ? std::make_unique<rpc::client>(*pd, o) : std::make_unique<rpc::client>(o);
 }
 
+/// `each` (--api poll-each): the loop ends and restarts each result in
+/// turn, `batch` holding the round's doorbells, as the Asio adapter runs its
+/// handlers; else it takes a round's results, then starts their successors.
 figures run_rpc(const verbs::protection_domain* pd, const std::string& addr, const point& p,
-                long calls, double per_us, bool local) {
+                long calls, double per_us, bool local, bool each = false, bool batch = true) {
     rpc::rpc_options o = rpc::rpc_options{}.with_env();
     o.local = local; // "rdmax": through the device; "local": through the node's memory
     if (p.transport == "rdmax-tcp") {
@@ -217,6 +222,11 @@ figures run_rpc(const verbs::protection_domain* pd, const std::string& addr, con
                 throw bench_failure("rpc start refused");
             ++started;
         };
+        const auto end = [&](client_state& c, std::size_t k, const rpc::call_result& r) {
+            rec.add(cycles() - c.slots[k].started);
+            if (r.status != rpc::call_status::ok || !same(r.reply, c.slots[k].req))
+                ++bad;
+        };
         const std::uint64_t t0 = cycles();
         for (auto& c : cs)
             for (std::size_t k = 0; k < c.slots.size() && started < calls; ++k)
@@ -229,12 +239,26 @@ figures run_rpc(const verbs::protection_domain* pd, const std::string& addr, con
                 throw bench_failure("rpc: no progress for 120 s");
             for (auto& c : cs) {
                 const int n = c.cli->poll(out);
+                if (each) {
+                    // Each result in turn: its end stamped, its successor
+                    // started; the round's doorbells held to its end (the
+                    // adapter's handlers run so, async_options::batch_doorbells).
+                    if (batch)
+                        c.cli->hold_doorbells();
+                    for (int i = 0; i < n; ++i) {
+                        const auto k = static_cast<std::size_t>(out[i].cookie);
+                        end(c, k, out[i]);
+                        c.cli->release(out[i].cookie);
+                        if (started < calls)
+                            start(c, k);
+                    }
+                    c.cli->ring_held();
+                    done += n;
+                    continue;
+                }
                 for (int i = 0; i < n; ++i) {
                     const auto k = static_cast<std::size_t>(out[i].cookie);
-                    rec.add(cycles() - c.slots[k].started);
-                    if (out[i].status != rpc::call_status::ok ||
-                        !same(out[i].reply, c.slots[k].req))
-                        ++bad;
+                    end(c, k, out[i]);
                     again[i] = k;
                 }
                 c.cli->release();
@@ -896,7 +920,7 @@ figures run_async(const verbs::protection_domain* pd, const std::string& addr, c
                   long calls, double per_us, bool local, long spin_us, bool batch) {
 #ifdef RDMAX_BENCH_ASIO
     if (p.api != "awaitable" && p.api != "callback")
-        throw bench_failure(fmt::format("--api {}: poll, awaitable or callback", p.api));
+        throw bench_failure(fmt::format("--api {}: poll, poll-each, awaitable or callback", p.api));
     return run_rpc_async(pd, addr, p, calls, per_us, local, spin_us, batch);
 #else
     (void)pd, (void)addr, (void)calls, (void)per_us, (void)local, (void)spin_us, (void)batch;
@@ -948,12 +972,12 @@ int main(int argc, char** argv) {
         case 'S': spin_us = std::max(0L, std::atol(optarg)); break;
         case 'B': batch = false; break;
         default:
-            std::fputs(
-                "usage: rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep "
-                "size|outstanding|clients|latency|syscalls|api|all] [--transports "
-                "rdmax,sendrecv,tcp] [--json FILE] [--api poll,awaitable,callback] [--spin-us N] "
-                "[--no-batch]\n",
-                stderr);
+            std::fputs("usage: rdmax_rpc_bench [-a ADDR] [-n CALLS] [--sweep "
+                       "size|outstanding|clients|latency|syscalls|api|all] [--transports "
+                       "rdmax,sendrecv,tcp] [--json FILE] [--api "
+                       "poll,poll-each,awaitable,callback] [--spin-us N] "
+                       "[--no-batch]\n",
+                       stderr);
             return c == 'h' ? 0 : 2;
         }
     }
@@ -1011,6 +1035,10 @@ int main(int argc, char** argv) {
             "transport", "bytes", "out", "clients", "p50[us]", "p99[us]", "calls/s", "bad", "api",
             "timed", "p50/poll", "rate/poll", "bells/call");
         std::vector<std::pair<point, figures>> polled; // poll's figures, for the ratios
+        // The ratios' base: poll-each when it runs (the adapter's own call
+        // pattern, its clocks started where the adapter's are), else poll.
+        const std::string base_api =
+            std::ranges::count(split(apis), std::string("poll-each")) != 0 ? "poll-each" : "poll";
         long bad = 0;
         for (const point& p : points) {
             fmt::print(stderr, "rdmax_rpc_bench: {} {} B x{} in flight, {} clients\n", p.transport,
@@ -1019,7 +1047,9 @@ int main(int argc, char** argv) {
             const long n = p.bytes > 4096 ? std::max(50L, calls / 10) : calls;
             figures f;
             const bool rpc_path = p.transport == "rdmax" || p.transport == "local";
-            if (rpc_path && p.api != "poll")
+            if (rpc_path && p.api == "poll-each")
+                f = run_rpc(dev, addr, p, n, per_us, p.transport == "local", true, batch);
+            else if (rpc_path && p.api != "poll")
                 f = run_async(dev, addr, p, n, per_us, p.transport == "local", spin_us, batch);
             else if (p.transport == "rdmax")
                 f = run_rpc(dev, addr, p, n, per_us, false);
@@ -1036,14 +1066,15 @@ int main(int argc, char** argv) {
                     fmt::format("transport {}: rdmax, local, rdmax-tcp, sendrecv, writeimm or tcp",
                                 p.transport));
             bad += f.bad;
-            if (p.api == "poll")
+            if (p.api == "poll" || p.api == "poll-each")
                 polled.emplace_back(p, f);
             // The same point through poll() in this run: the ratios (machines here are noisy).
             const auto base = std::find_if(polled.begin(), polled.end(), [&](const auto& b) {
-                return b.first.transport == p.transport && b.first.bytes == p.bytes &&
-                       b.first.outstanding == p.outstanding && b.first.clients == p.clients;
+                return b.first.api == base_api && b.first.transport == p.transport &&
+                       b.first.bytes == p.bytes && b.first.outstanding == p.outstanding &&
+                       b.first.clients == p.clients;
             });
-            const bool ratio = base != polled.end() && p.api != "poll";
+            const bool ratio = base != polled.end() && p.api != base_api;
             fmt::print(
                 "{:<9} {:>8} {:>5} {:>7} {:>10.1f} {:>10.1f} {:>12.0f} {:>5} {:<9} {:>6.1f} {:>9} "
                 "{:>9} {:>10}\n",

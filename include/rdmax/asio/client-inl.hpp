@@ -90,6 +90,7 @@ inline void async_state::pump() {
     if (closed_)
         return;
     const bool spinning = opts_.spin_polls != 0 || opts_.spin_for.count() != 0;
+    std::size_t delivered = 0;
     for (std::size_t rounds = 1;; ++rounds) {
         const int n = poll_and_deliver();
         if (closed_)
@@ -100,12 +101,16 @@ inline void async_state::pump() {
         }
         if (n > 0)
             spins_ = 0;
-        // A full batch (more waiting), or a turn long enough: the other
-        // handlers of the context run before the next.
-        if (static_cast<std::size_t>(n) == batch || rounds == max_rounds) {
+        // A turn long enough: the other handlers of the context run before
+        // the next. Not after each full batch: a turn through the context
+        // costs a look at the reactor (epoll_wait) and a read of the clock.
+        delivered += static_cast<std::size_t>(n);
+        if (delivered >= turn_results || rounds == max_rounds) {
             post_pump();
             return;
         }
+        if (static_cast<std::size_t>(n) == batch)
+            continue; // more waiting
         // Spinning: the next reply (often of the call a handler just
         // started) is polled for here, on this thread, within the budget.
         if (spinning && (n > 0 || spin()))

@@ -196,6 +196,8 @@ private:
 
     /// Results taken per poll (more waiting: another turn of the context).
     static constexpr std::size_t batch = 16;
+    /// Results one turn of the pump delivers at most before it lets the other handlers run.
+    static constexpr std::size_t turn_results = 4 * batch;
     /// Polls one turn of the pump makes at most before it lets the other handlers run.
     static constexpr std::size_t max_rounds = 64;
 

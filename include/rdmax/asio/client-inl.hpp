@@ -193,13 +193,22 @@ inline void async_state::deliver(call_result r) {
 inline bool async_state::spin() {
     if (opts_.spin_polls == 0 && opts_.spin_for.count() == 0)
         return false;
-    if (spins_++ == 0 && opts_.spin_for.count() != 0)
-        spin_since_ = std::chrono::steady_clock::now();
+    ++spins_;
     if (spins_ <= opts_.spin_polls)
         return true;
-    // The clock every 16 polls: a poll that finds nothing costs less than a read of it.
     if (opts_.spin_for.count() == 0)
         return false;
+    // spin_for counts from the unclocked_spins-th empty poll, not the first:
+    // most replies come before it, and their calls read no clock here
+    // (steady_clock is a system call where the clocksource is not the TSC,
+    // as under qemu TCG). Then the clock every 16 polls: a poll that finds
+    // nothing costs less than a read of it.
+    if (spins_ < unclocked_spins)
+        return true;
+    if (spins_ == unclocked_spins) {
+        spin_since_ = std::chrono::steady_clock::now();
+        return true;
+    }
     return spins_ % 16 != 0 || std::chrono::steady_clock::now() - spin_since_ < opts_.spin_for;
 }
 

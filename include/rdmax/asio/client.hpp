@@ -18,7 +18,7 @@
 // of one housekeeping interval runs while calls are out (deadlines,
 // keepalive, reconnects). `async_options::spin_polls` / `spin_for` poll that
 // many times / that long before sleeping on the descriptor, on the context's
-// thread (other handlers wait meanwhile, at most 64 polls): CPU for latency.
+// thread (other handlers wait meanwhile, at most 256 polls): CPU for latency.
 //
 // The rules:
 // - One thread: the client, its async_client and every call and
@@ -77,10 +77,11 @@ namespace rdmax::rpc {
 
 struct async_options {
     /// Polls that find nothing before the adapter sleeps on the client's
-    /// descriptor (spinning on the context's thread; after 64 polls in a row
+    /// descriptor (spinning on the context's thread; after 256 polls in a row
     /// the other handlers run, and the spin goes on). 0: sleep at once.
     std::uint32_t spin_polls = 0;
-    /// ... or polls for this long (the larger budget of the two wins).
+    /// ... or polls for this long (the larger budget of the two wins), counted
+    /// from the 64th poll that found nothing (the first 64 read no clock).
     std::chrono::microseconds spin_for{0};
     /// The calls that the handlers of one delivery round start are posted
     /// together once the round's last handler returned: one doorbell per
@@ -198,8 +199,12 @@ private:
     static constexpr std::size_t batch = 16;
     /// Results one turn of the pump delivers at most before it lets the other handlers run.
     static constexpr std::size_t turn_results = 4 * batch;
-    /// Polls one turn of the pump makes at most before it lets the other handlers run.
-    static constexpr std::size_t max_rounds = 64;
+    /// Polls one turn of the pump makes at most before it lets the other
+    /// handlers run: each turn through the context costs it a look at the
+    /// reactor (epoll_wait, a system call) and a read of the clock.
+    static constexpr std::size_t max_rounds = 256;
+    /// Empty polls of a spin before spin_for's clock starts.
+    static constexpr std::uint32_t unclocked_spins = 64;
 
     /// client::start; with no credit left, the slots of the replies that
     /// handlers have had are given back first (the caller of a new call is

@@ -81,7 +81,7 @@ struct async_options {
     /// the other handlers run, and the spin goes on). 0: sleep at once.
     std::uint32_t spin_polls = 0;
     /// ... or polls for this long (the larger budget of the two wins), counted
-    /// from the 64th poll that found nothing (the first 64 read no clock).
+    /// from the 256th poll that found nothing (the first 256 read no clock).
     std::chrono::microseconds spin_for{0};
     /// The calls that the handlers of one delivery round start are posted
     /// together once the round's last handler returned: one doorbell per
@@ -204,7 +204,7 @@ private:
     /// reactor (epoll_wait, a system call) and a read of the clock.
     static constexpr std::size_t max_rounds = 256;
     /// Empty polls of a spin before spin_for's clock starts.
-    static constexpr std::uint32_t unclocked_spins = 64;
+    static constexpr std::uint32_t unclocked_spins = 256;
 
     /// client::start; with no credit left, the slots of the replies that
     /// handlers have had are given back first (the caller of a new call is

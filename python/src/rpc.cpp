@@ -145,6 +145,9 @@ py::dict counters_dict(const rpc::rpc_counters& c) {
     RDMAX_FIELD(windows_unavailable);
     RDMAX_FIELD(fence_stalls);
     RDMAX_FIELD(cancelled_reads);
+    RDMAX_FIELD(rail_joins);
+    RDMAX_FIELD(striped_bodies);
+    RDMAX_FIELD(rail_bytes);
     RDMAX_FIELD(keepalive_probes);
     RDMAX_FIELD(keepalive_timeouts);
     RDMAX_FIELD(reconnects);

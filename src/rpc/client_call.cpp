@@ -188,6 +188,15 @@ std::uint32_t client::encode_request(peer& l, std::uint32_t slot, std::uint16_t 
             header.flags |= flag_reply_in_buffer;
         put(call.reply);
     }
+    // The buffers' keys on the link's other rails, where it showed them
+    // there and they fit beside the inline body (else rail 0 alone).
+    rail_keys keys;
+    if ((call.external || call.reply.length != 0) && l.wire->rail_keys_of(slot, keys) &&
+        at + sizeof keys + (call.external ? 0 : call.request.size()) <= l.wire->slot_bytes()) {
+        header.flags |= flag_rail_keys;
+        std::memcpy(out + at, &keys, sizeof keys);
+        at += sizeof keys;
+    }
     if (!call.external && !call.request.empty()) {
         std::memcpy(out + at, call.request.data(), call.request.size());
         at += call.request.size();

@@ -12,11 +12,13 @@
 #include <cstring>
 #include <random>
 #include <string_view>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include <rdmax/detail/rpc/client_rails.hpp>
 #include <rdmax/detail/rpc/pending_dial.hpp>
 #include <rdmax/detail/rpc/rdma_link.hpp>
 #include <rdmax/detail/rpc/shm_link.hpp>
@@ -90,6 +92,13 @@ client::client(const verbs::protection_domain& pd, rpc_options opts)
     : opts_((opts.check("rpc::client"), opts))
     , ep_(pd, opts_, inbox_depth(opts_)) {
     open_stats();
+    if (opts_.rails != nullptr && opts_.rails->size() > 1) {
+        if (&opts_.rails->pd(0) != &pd)
+            throw_error("rpc::client", EINVAL,
+                        "rpc_options::rails: the client's protection domain must be "
+                        "rails->pd(0)");
+        rails_ = std::make_unique<detail::client_rails>(*opts_.rails);
+    }
     if (!opts_.node_local() && !opts_.transports.has(transport::rdma) &&
         !opts_.transports.has(transport::tcp))
         throw_error("rpc::client", EINVAL,
@@ -158,6 +167,26 @@ verbs_cache& client::cache() {
 
 peer_id client::connect(std::string_view addr, std::uint16_t port) {
     return add_link(dial(addr, port), addr, port);
+}
+
+peer_id client::connect(std::string_view addr, std::uint16_t port,
+                        std::span<const std::string> rail_addresses) {
+    const peer_id p = connect(addr, port);
+    if (!rails_)
+        return p;
+    rails_->name_rails(p.index, rail_addresses);
+    // The first dials start now, and are waited for (each bounded by the
+    // connect timeout): the calls that follow find the rails joined.
+    const auto until = ep_.now() + opts_.connect_timeout + std::chrono::seconds(1);
+    for (;;) {
+        detail::client_rails::tend(*this, ep_.now());
+        const auto& dials = rails_->sessions[p.index].dials;
+        const bool dialing =
+            std::any_of(dials.begin(), dials.end(), [](const auto& d) { return d.conn.valid(); });
+        if (!dialing || ep_.now() >= until)
+            return p;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
 }
 
 std::unique_ptr<detail::link> client::dial(std::string_view addr, std::uint16_t port) {
@@ -329,6 +358,7 @@ std::unique_ptr<detail::link> client::finish_device(detail::pending_dial& d, std
     std::unique_ptr<detail::rdma_link> wire = std::move(d.wire);
     wire->attach(std::move(conn), *granted, opts_.scheduler);
     wire->peer_incarnation = granted->incarnation;
+    wire->join_key = granted->first_call;
     const detail::call_memory memory{
         .cache = [](void* self) -> verbs_cache& { return static_cast<client*>(self)->cache(); },
         .owner = this,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include <rdmax/detail/rpc/client_rails.hpp>
 #include <rdmax/rpc/client.hpp>
 
 namespace rdmax::rpc {
@@ -298,6 +299,8 @@ void client::housekeeping() noexcept {
         expire_calls(l, i, now);
     }
     tend_sessions(now);
+    if (rails_)
+        detail::client_rails::tend(*this, now);
     teardown_idle();
 }
 

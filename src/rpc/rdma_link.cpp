@@ -1,6 +1,10 @@
 #include <algorithm>
+#include <cerrno>
+
+#include <fmt/format.h>
 
 #include <rdmax/detail/rpc/rdma_link.hpp>
+#include <rdmax/error.hpp>
 
 namespace rdmax::rpc::detail {
 
@@ -17,12 +21,19 @@ rdma_link::rdma_link(registered_arena& arena, handle_issuer& issuer, std::uint16
 }
 
 rdma_link::~rdma_link() {
+    // The striper first (it points at the schedulers), the rails' held
+    // registrations after their queue pairs (no more DMA by them).
+    striper_.reset();
     sched_.reset();
+    for (rail_link& r : rails_)
+        r.sched.reset();
     // A window holds on to its queue pair; deallocating one revokes it.
-    for (window& w : windows_)
-        if (w.mw != nullptr)
-            ibv_dealloc_mw(w.mw);
+    for (window_set& w : wins_)
+        w.release();
+    for (rail_link& r : rails_)
+        r.conn.reset();
     conn_.reset();
+    striped_.clear();
     issuer_->revoke(key_);
 }
 
@@ -48,6 +59,13 @@ void rdma_link::attach(verbs::connection conn, const ring_offer& peer,
     set_counters_of(
         [](const link* l) { return static_cast<const rdma_link*>(l)->sched_->counters(); });
     set_hold_of([](link* l, bool on) noexcept { return static_cast<rdma_link*>(l)->hold(on); });
+    static constexpr rail_ops ops{
+        [](const link* l, std::uint32_t slot, rail_keys& out) noexcept {
+            return static_cast<const rdma_link*>(l)->keys_of(slot, out);
+        },
+        [](link* l) noexcept { static_cast<rdma_link*>(l)->tend(); },
+    };
+    set_rails_of(&ops);
 }
 
 bool rdma_link::serve_calls(const call_memory& memory, bool windows) {
@@ -84,6 +102,25 @@ bool rdma_link::established(bool by_traffic) noexcept {
 
 status rdma_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes, sched::priority p,
                             bool epoch) noexcept {
+    // A reply after a striped WRITE waits for it (held_reply); control
+    // messages (no bytes) and a client's requests go at once.
+    if (write_seq_ != 0 && k == message_kind::reply && bytes != 0) {
+        std::uint64_t pending = 0;
+        for (const striped_body& b : striped_)
+            if (b.busy && b.write_seq != 0)
+                pending = std::max(pending, b.write_seq);
+        if (pending != 0) {
+            if (held_replies_.size() >= held_replies_.capacity())
+                return status::queue_full; // one per slot: a peer that broke its credits
+            held_replies_.push_back({s, bytes, p, epoch, write_seq_});
+            return status::ok;
+        }
+    }
+    return post_slot(k, s, bytes, p, epoch);
+}
+
+status rdma_link::post_slot(message_kind k, std::uint32_t s, std::uint32_t bytes, sched::priority p,
+                            bool epoch) noexcept {
     // A control message (no bytes) names a code where the slot goes: it
     // writes nothing, at the ring's start.
     const std::uint64_t at = bytes == 0 ? 0 : std::uint64_t{s} * slot_bytes();
@@ -103,7 +140,15 @@ bool rdma_link::hold(bool on) noexcept {
 
 transfer rdma_link::move_body(body_way way, sched::priority p,
                               local_buffer<rights::local_write> local,
-                              const buffer_descriptor& remote, std::uint64_t wr_id) noexcept {
+                              const buffer_descriptor& remote, std::uint64_t wr_id,
+                              std::span<const std::uint32_t> rail_rkeys) noexcept {
+    if (striper_ && !rail_rkeys.empty() && remote.length >= stripe_min_ &&
+        local.length >= stripe_min_) {
+        const transfer t = move_striped(way, p, local, remote, wr_id, rail_rkeys);
+        if (t != transfer::failed)
+            return t;
+        // Not cut (no rail took it, no room to hold its keys): rail 0 alone.
+    }
     status st = status::ok;
     if (way == body_way::read) {
         const remote_buffer<rights::remote_read> from{remote.addr, remote.length, remote.rkey, 0};
@@ -121,10 +166,21 @@ transfer rdma_link::move_body(body_way way, sched::priority p,
 int rdma_link::poll(std::span<link_event> out, bool thorough) noexcept {
     if (!has_outstanding() || (!thorough && !needs_progress()))
         return 0;
-    if (owed_ != 0)
-        settle(); // the invalidations the send queue had no room for
+    for (window_set& w : wins_)
+        if (w.owed() != 0)
+            w.settle(); // the invalidations the send queue had no room for
     verbs::completion done[16];
-    const int k = sched_->poll(std::span(done, std::min<std::size_t>(std::size(done), out.size())));
+    const std::span<verbs::completion> room(done,
+                                            std::min<std::size_t>(std::size(done), out.size()));
+    // Striped bodies out: everything through the striper, which polls rail
+    // 0's scheduler too and passes its own completions on (a client's
+    // rails: their schedulers carry only the windows' requests).
+    const int k =
+        striper_ && striper_->outstanding() != 0 ? poll_striped(room) : sched_->poll(room);
+    if (!striper_) // a client's rails: their windows' requests (a fence's completion)
+        for (std::uint32_t r = 1; r < max_link_rails; ++r)
+            if (rails_[r].sched)
+                (void)rails_[r].sched->poll(std::span<verbs::completion>{});
     int n = 0;
     for (int i = 0; i < k; ++i)
         out[static_cast<std::size_t>(n++)] = link_event::of_transfer(done[i]);
@@ -138,9 +194,244 @@ bool rdma_link::sleep(bool going) noexcept {
     // budget needs the completion that makes room (one event, then re-armed
     // at the next sleep). On rxe, arming is a system call: only here.
     // A fence's completion hands a result out: it must wake the endpoint too.
-    if (going && sched_ && (sched_->queued() || fences_ != 0))
+    if (going && sched_ && (sched_->queued() || wins_[0].fences() != 0))
         (void)ibv_req_notify_cq(conn_->qp().send_cq().get(), 0);
+    // The rails' queues raise no event on this side's channel (another
+    // device's): while a striped body or a rail's fence is out, no sleep.
+    if (going && striper_ && striper_->outstanding() != 0)
+        return false;
+    for (std::uint32_t k = 1; k < max_link_rails; ++k)
+        if (going && wins_[k].fences() != 0)
+            return false;
     return true;
+}
+
+// ---- rails ----
+
+namespace {
+constexpr std::uint8_t bit(std::uint32_t k) noexcept {
+    return static_cast<std::uint8_t>(1U << k);
+}
+} // namespace
+
+bool rdma_link::join_rail(std::uint32_t k, verbs::connection&& conn, const rail_context& ctx,
+                          const sched::scheduler_options& opts) {
+    if (k == 0 || k >= max_link_rails || !conn_ || broken || ctx.cache == nullptr)
+        throw_error("rpc rail join", EINVAL, fmt::format("rail {} of a link that takes none", k));
+    rail_link& r = rails_[k];
+    // Still joined, or the old queue pair's pieces not all back (the
+    // striper polls its scheduler until they are): not yet.
+    if (r.up || (striper_ && !striper_->rail_idle(k)))
+        return false;
+    const bool client = !calls_.empty();
+    stripe_min_ = ctx.stripe.stripe_min;
+    if (!client && !striper_) {
+        // The server's first rail: the striper over rail 0 and it.
+        striper_.emplace(ctx.stripe);
+        striped_.resize(std::size_t{slots()} * 2);
+        held_replies_.reserve(slots());
+        if (!striper_->attach(0, *sched_, ctx.gbps)) {
+            striper_.reset();
+            throw_error("rpc rail join", EINVAL, "the link's own rail refused by its striper");
+        }
+    }
+    r.sched.reset();
+    r.conn.reset();
+    r.conn.emplace(std::move(conn));
+    r.sched.emplace(r.conn->qp(), opts);
+    r.cache = ctx.cache;
+    r.device = ctx.device;
+    if (ctx.counters != nullptr)
+        rail_counters_ = ctx.counters;
+    if (client) {
+        // Windows of the rail's own, where rail 0 shows windows: a type-2
+        // window is reached only through the queue pair it was bound through.
+        wins_[k].release();
+        if (windows_wanted_ &&
+            wins_[k].allocate(r.conn->qp().get()->pd, std::size_t{slots()} * 2, k)) {
+            wins_[k].use(r.conn->qp());
+            windowed_ |= bit(k);
+        }
+        r.sched->on_foreign(&rdma_link::on_window_completion, this);
+    } else if (!striper_->attach(k, *r.sched, ctx.gbps)) {
+        r.sched.reset();
+        r.conn.reset();
+        throw_error("rpc rail join", EINVAL, fmt::format("rail {} refused by the striper", k));
+    }
+    r.up = true;
+    return true;
+}
+
+void rdma_link::rail_lost(std::uint32_t k) noexcept {
+    if (k == 0 || k >= max_link_rails || !rails_[k].up)
+        return;
+    rail_link& r = rails_[k];
+    r.up = false;
+    if (striper_) {
+        // Its scheduler fails (its queue pair to the error state); its
+        // pieces come back flushed and go again on the rails left. The
+        // scheduler and queue pair stay until then (the striper polls them).
+        striper_->rail_down(k);
+        return;
+    }
+    // A client's rail: its windows die now (their keys with them), and its
+    // fences with them; then its queue pair.
+    for (std::uint32_t s = 0; s < calls_.size(); ++s) {
+        calls_[s].windows = static_cast<std::uint8_t>(calls_[s].windows & ~bit(k));
+        fence_over(k, s);
+    }
+    wins_[k].release();
+    windowed_ = static_cast<std::uint8_t>(windowed_ & ~bit(k));
+    r.sched.reset();
+    r.conn.reset();
+}
+
+void rdma_link::tend() noexcept {
+    for (std::uint32_t k = 1; k < max_link_rails; ++k) {
+        rail_link& r = rails_[k];
+        if (!r.up)
+            continue;
+        // Its queue pair failed (a piece, or a window's request, in error),
+        // the striper took it out, or the peer closed it.
+        if (r.sched->failed() || (striper_ && !striper_->rail_up(k)) || r.conn->peer_disconnected())
+            rail_lost(k);
+    }
+}
+
+void rdma_link::ports_down(std::uint8_t down) noexcept {
+    for (std::uint32_t k = 1; k < max_link_rails; ++k)
+        if (rails_[k].up && rails_[k].device < 8 && ((down >> rails_[k].device) & 1U) != 0)
+            rail_lost(k);
+}
+
+std::uint32_t rdma_link::keyed_rails() const noexcept {
+    std::uint32_t k = 1;
+    while (k < max_link_rails && rails_[k].up)
+        ++k;
+    return k;
+}
+
+int rdma_link::poll_striped(std::span<verbs::completion> out) noexcept {
+    const int n = striper_->poll(out);
+    if (rail_counters_ != nullptr) {
+        std::uint64_t bytes = 0;
+        for (std::size_t k = 1; k < max_link_rails; ++k)
+            bytes += striper_->counters().rail_bytes[k];
+        rail_counters_->rail_bytes += bytes - rail_bytes_seen_;
+        rail_bytes_seen_ = bytes;
+    }
+    for (int i = 0; i < n; ++i)
+        for (striped_body& b : striped_)
+            if (b.busy && b.wr_id == out[static_cast<std::size_t>(i)].wr_id) {
+                // Its pieces are all back: the block's registrations may go.
+                b.busy = false;
+                for (handle& h : b.keep)
+                    h.reset();
+                break;
+            }
+    if (!held_replies_.empty())
+        release_replies();
+    return n;
+}
+
+void rdma_link::release_replies() noexcept {
+    // The oldest WRITE still out: replies held for WRITEs before it go now,
+    // in the order they were sent.
+    std::uint64_t oldest = UINT64_MAX;
+    for (const striped_body& b : striped_)
+        if (b.busy && b.write_seq != 0)
+            oldest = std::min(oldest, b.write_seq);
+    std::size_t kept = 0;
+    for (const held_reply& h : held_replies_) {
+        if (h.after >= oldest) {
+            held_replies_[kept++] = h;
+            continue;
+        }
+        // A failed post leaves the queue pair failing: the link ends (ended()).
+        (void)post_slot(message_kind::reply, h.slot, h.bytes, h.p, h.epoch);
+    }
+    held_replies_.resize(kept);
+}
+
+transfer rdma_link::move_striped(body_way way, sched::priority p,
+                                 local_buffer<rights::local_write> local,
+                                 const buffer_descriptor& remote, std::uint64_t wr_id,
+                                 std::span<const std::uint32_t> rail_rkeys) noexcept {
+    striped_body* b = nullptr;
+    for (striped_body& x : striped_)
+        if (!x.busy) {
+            b = &x;
+            break;
+        }
+    if (b == nullptr)
+        return transfer::failed;
+    // The block's keys on rails 1.. (its registrations there, held until
+    // the transfer completes), the peer's from its request. A rail down now
+    // is keyed all the same: the striper uses only the rails up.
+    rail_local<rights::local_write> l;
+    l.addr = static_cast<std::byte*>(local.addr);
+    l.length = local.length;
+    l.lkey[0] = local.lkey;
+    std::uint32_t n = 1;
+    for (; n < max_link_rails && n <= rail_rkeys.size(); ++n) {
+        if (rails_[n].cache == nullptr || rail_rkeys[n - 1] == 0)
+            break;
+        try {
+            b->keep[n - 1] = rails_[n].cache->get<rights::local_write>(l.addr, l.length);
+        } catch (...) {
+            break; // the rail's device would not register it: the rails end here
+        }
+        l.lkey[n] = b->keep[n - 1].lkey();
+    }
+    l.rails = n;
+    status st = status::out_of_range; // fewer than two rails keyed: not cut
+    if (n >= 2 && way == body_way::read) {
+        rail_remote<rights::remote_read> from;
+        from.addr = remote.addr;
+        from.length = remote.length;
+        from.rkey[0] = remote.rkey;
+        for (std::uint32_t k = 1; k < n; ++k)
+            from.rkey[k] = rail_rkeys[k - 1];
+        from.rails = n;
+        st = striper_->read(p, l, from, 0, wr_id);
+    } else if (n >= 2) {
+        // Signaled, as on rail 0: only the completion tells this side that
+        // its source may go.
+        rail_remote<rights::remote_write> to;
+        to.addr = remote.addr;
+        to.length = remote.length;
+        to.rkey[0] = remote.rkey;
+        for (std::uint32_t k = 1; k < n; ++k)
+            to.rkey[k] = rail_rkeys[k - 1];
+        to.rails = n;
+        st = striper_->write(p, l, to, 0, wr_id);
+    }
+    if (st != status::ok) {
+        for (handle& h : b->keep)
+            h.reset();
+        return transfer::failed;
+    }
+    b->busy = true;
+    b->wr_id = wr_id;
+    b->write_seq = way == body_way::write ? ++write_seq_ : 0;
+    if (rail_counters_ != nullptr)
+        ++rail_counters_->striped_bodies;
+    return transfer::started;
+}
+
+verbs::qp_config rail_qp_config(std::uint16_t slots, const verbs::device_limits& limits,
+                                bool windows) {
+    verbs::qp_config cfg;
+    // The server's: the striper's pieces, sliced by the rail's scheduler
+    // (it keeps at most half the queue in flight). The client's: its
+    // windows' binds and invalidations, four per slot at worst.
+    std::uint32_t depth = windows ? std::max<std::uint32_t>(64, 4U * slots + 16) : 256;
+    cfg.send_depth = std::max<std::uint32_t>(
+        1, std::min({depth, limits.max_qp_wr, limits.max_cqe != 0 ? limits.max_cqe : depth}));
+    cfg.recv_depth = 1; // no receives: its own small queue, never posted to
+    cfg.max_send_sge = 2;
+    cfg.max_recv_sge = 1;
+    return cfg;
 }
 
 verbs::qp_config link_qp_config(inbox& in, std::uint16_t slots, const verbs::device_limits& limits,

@@ -14,6 +14,7 @@
 
 #include <rdmax/detail/rpc/handoff.hpp>
 #include <rdmax/detail/rpc/rdma_link.hpp>
+#include <rdmax/detail/rpc/server_rails.hpp>
 #include <rdmax/detail/rpc/shm_link.hpp>
 #include <rdmax/detail/rpc/tcp_link.hpp>
 #include <rdmax/error.hpp>
@@ -52,6 +53,16 @@ server::server(const verbs::protection_domain& pd, std::string_view addr, std::u
     } else {
         listen_tcp(addr, false);
         listen_local(addr, false);
+        if (opts_.rails != nullptr && opts_.rails->size() > 1) {
+            if (&opts_.rails->pd(0) != &pd)
+                throw_error("rpc::server", EINVAL,
+                            "rpc_options::rails: the server's protection domain must be "
+                            "rails->pd(0)");
+            rails_ = std::make_unique<detail::server_rails>(*opts_.rails, port_);
+            for (const auto& l : rails_->listeners)
+                if (l)
+                    ep_.in.watch(l->fd());
+        }
     }
     ep_.peers.reserve(opts_.max_peers);
     ep_.by_qp.reserve(std::size_t{opts_.max_peers} * 2);
@@ -149,6 +160,8 @@ void server::accept_new(bool events) noexcept {
         }
         accept_local_pending();
         accept_tcp_pending();
+        if (rails_)
+            detail::server_rails::accept(*this);
     }
     if (listener_paused_ && ep_.now() >= listener_back_) {
         try {
@@ -235,6 +248,8 @@ void server::accept_one(verbs::connection_request req) {
     req.create_qp(*ep_.pd, detail::link_qp_config(ep_.in, slots, ep_.pd->device().limits(), false));
     ring_offer mine = wire->offer();
     mine.incarnation = ep_.incarnation;
+    // With rails: the key the client's other rails join this link with.
+    mine.first_call = rails_ ? detail::new_incarnation() : 0;
     // Not waiting for ESTABLISHED: housekeeping looks for it (or the first
     // message proves it), and drops the connection at connect_timeout.
     verbs::connection conn = req.accept_nowait(verbs::payload_of(mine));
@@ -252,6 +267,7 @@ void server::accept_one(verbs::connection_request req) {
     const std::uint32_t index =
         add_link(std::move(wire), slots, offer->incarnation, offer->first_call);
     ep_.peers[index].establish_by = ep_.now() + opts_.connect_timeout;
+    ep_.peers[index].join_key = mine.first_call;
 }
 
 std::uint32_t server::add_link(std::unique_ptr<detail::link> wire, std::uint16_t slots,

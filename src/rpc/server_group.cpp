@@ -42,7 +42,7 @@ std::int64_t own_cpu_ns() noexcept {
 /// Adds `b`'s counts to `a`'s; the last refusal and link end are b's where it has one.
 // A field added to rpc_counters must be added to the sum below too: this
 // trips when the struct's size changes (then update both).
-static_assert(sizeof(rpc_counters) == 480, "rpc_counters changed: update add_counters");
+static_assert(sizeof(rpc_counters) == 504, "rpc_counters changed: update add_counters");
 
 void add_counters(rpc_counters& a, const rpc_counters& b) noexcept {
     for (auto f : {&rpc_counters::calls,
@@ -58,6 +58,9 @@ void add_counters(rpc_counters& a, const rpc_counters& b) noexcept {
                    &rpc_counters::windows_unavailable,
                    &rpc_counters::fence_stalls,
                    &rpc_counters::cancelled_reads,
+                   &rpc_counters::rail_joins,
+                   &rpc_counters::striped_bodies,
+                   &rpc_counters::rail_bytes,
                    &rpc_counters::keepalive_probes,
                    &rpc_counters::keepalive_timeouts,
                    &rpc_counters::reconnects,

@@ -2,6 +2,7 @@
 // link's own ring), body transfers that ended, and every housekeeping
 // interval new connections and the links to tear down.
 
+#include <rdmax/detail/rpc/server_rails.hpp>
 #include <rdmax/error.hpp>
 #include <rdmax/rpc/server.hpp>
 
@@ -147,6 +148,8 @@ void server::housekeeping() noexcept {
     // one has something: otherwise this costs one epoll_wait.
     const bool events = ep_.in.events_pending();
     accept_new(events);
+    if (rails_)
+        detail::server_rails::progress(*this);
     reap_links(events);
     cache_.expire(now);
     if (group_ != nullptr)

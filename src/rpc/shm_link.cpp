@@ -233,7 +233,8 @@ int shm_link::poll(std::span<link_event> out, bool) noexcept {
 }
 
 transfer shm_link::move_body(body_way way, sched::priority, local_buffer<rights::local_write> local,
-                             const buffer_descriptor& remote, std::uint64_t) noexcept {
+                             const buffer_descriptor& remote, std::uint64_t,
+                             std::span<const std::uint32_t>) noexcept {
     const std::span<std::byte> mine{static_cast<std::byte*>(local.addr), local.length};
     if (way == body_way::read)
         return local::cma_read(peer_, remote.addr, mine) == local::cma_status::ok

@@ -134,7 +134,8 @@ status tcp_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
 
 transfer tcp_link::move_body(body_way way, sched::priority p,
                              local_buffer<rights::local_write> local,
-                             const buffer_descriptor& remote, std::uint64_t wr_id) noexcept {
+                             const buffer_descriptor& remote, std::uint64_t wr_id,
+                             std::span<const std::uint32_t> /*rail_rkeys: one socket*/) noexcept {
     if (corrupt_ || closed_ || local.length > remote.length)
         return transfer::failed;
     pending_read* r = nullptr;

@@ -2205,8 +2205,8 @@ public:
     }
     rpc::detail::transfer move_body(rpc::detail::body_way, sched::priority,
                                     local_buffer<rights::local_write>,
-                                    const rpc::buffer_descriptor&,
-                                    std::uint64_t) noexcept override {
+                                    const rpc::buffer_descriptor&, std::uint64_t,
+                                    std::span<const std::uint32_t>) noexcept override {
         return rpc::detail::transfer::failed;
     }
     bool cancel(std::uint64_t) noexcept override { return false; }

@@ -241,10 +241,10 @@ public:
         }
         return true;
     }
-    [[nodiscard]] rpc::detail::transfer move_body(rpc::detail::body_way way, sched::priority p,
-                                                  local_buffer<rights::local_write> local,
-                                                  const rpc::buffer_descriptor& remote,
-                                                  std::uint64_t wr_id) noexcept override {
+    [[nodiscard]] rpc::detail::transfer
+    move_body(rpc::detail::body_way way, sched::priority p, local_buffer<rights::local_write> local,
+              const rpc::buffer_descriptor& remote, std::uint64_t wr_id,
+              std::span<const std::uint32_t>) noexcept override {
         return way == rpc::detail::body_way::read ? read_body(local, remote, wr_id)
                                                   : write_body(p, local, remote, wr_id);
     }

@@ -28,6 +28,12 @@ struct message {
         std::memcpy(bytes.data() + at, &d, sizeof d);
         return *this;
     }
+    message& add(const rail_keys& k) {
+        const std::size_t at = bytes.size();
+        bytes.resize(at + sizeof k);
+        std::memcpy(bytes.data() + at, &k, sizeof k);
+        return *this;
+    }
     message& add(std::size_t n, std::byte fill) {
         bytes.insert(bytes.end(), n, fill);
         return *this;
@@ -137,6 +143,31 @@ TEST_CASE("ring offers: the magic, the version and the geometry are checked") {
     CHECK(check_offer(bad) != nullptr);
 }
 
+TEST_CASE("rail joins: the magic, the version, the rail and the link are checked") {
+    rail_join j;
+    j.rail = 1;
+    j.incarnation = 5;
+    j.link_key = 9;
+    CHECK(check_join(j) == nullptr);
+    rail_join bad = j;
+    bad.magic = protocol_magic; // a ring offer's magic
+    CHECK(check_join(bad) != nullptr);
+    bad = j;
+    bad.version = protocol_version + 1;
+    CHECK(check_join(bad) != nullptr);
+    for (std::uint32_t rail : {0U, max_link_rails}) {
+        bad = j;
+        bad.rail = static_cast<std::uint16_t>(rail);
+        CHECK(check_join(bad) != nullptr);
+    }
+    bad = j;
+    bad.link_key = 0;
+    CHECK(check_join(bad) != nullptr);
+    bad = j;
+    bad.incarnation = 0;
+    CHECK(check_join(bad) != nullptr);
+}
+
 TEST_CASE("parse_request takes inline bodies, descriptors, and nothing inconsistent") {
     parsed_request pr;
     SECTION("inline body") {
@@ -153,8 +184,8 @@ TEST_CASE("parse_request takes inline bodies, descriptors, and nothing inconsist
         message m(request(1, 0, flag_epoch));
         REQUIRE(parse_request(m.bytes, pr) == violation::none);
         CHECK((pr.header.flags & flag_epoch) != 0);
-        message unknown(request(1, 0, 128)); // a flag no version has
-        CHECK(parse_request(unknown.bytes, pr) == violation::malformed);
+        message keyless(request(1, 0, flag_rail_keys)); // rail keys, but no buffer to key
+        CHECK(parse_request(keyless.bytes, pr) == violation::malformed);
     }
     SECTION("empty body") {
         message m(request(1, 0));
@@ -179,6 +210,65 @@ TEST_CASE("parse_request takes inline bodies, descriptors, and nothing inconsist
         message alone(request(2, 0, flag_reply_in_buffer));
         CHECK(parse_request(alone.bytes, pr) == violation::malformed);
     }
+    SECTION("rail keys: after the descriptors, whole, or the request is malformed") {
+        const auto keyed = [](std::uint32_t rails, bool body, bool reply) {
+            rail_keys k;
+            k.rails = rails;
+            for (std::uint32_t i = 0; i + 1 < rails && i + 1 < max_link_rails; ++i) {
+                k.body[i] = body ? 100 + i : 0;
+                k.reply[i] = reply ? 200 + i : 0;
+            }
+            return k;
+        };
+        const auto both =
+            static_cast<std::uint8_t>(flag_external_body | flag_reply_buffer | flag_rail_keys);
+        message m(request(2, 1 << 24, both));
+        m.add(buffer_descriptor{0x1000, 9, 1 << 24})
+            .add(buffer_descriptor{0x2000000, 10, 1 << 24})
+            .add(keyed(2, true, true));
+        CHECK(request_bytes(m.bytes.size() >= sizeof(message_header)
+                                ? detail::load<message_header>(m.bytes.data())
+                                : message_header{}) == m.bytes.size());
+        REQUIRE(parse_request(m.bytes, pr) == violation::none);
+        REQUIRE(pr.rails);
+        CHECK(pr.rails->rails == 2);
+        CHECK(pr.rails->body[0] == 100);
+        CHECK(pr.rails->reply[0] == 200);
+        // Only a reply buffer: the body's keys stay zero.
+        message r(request(2, 0, flag_reply_buffer | flag_rail_keys));
+        r.add(buffer_descriptor{0x2000000, 10, 1 << 24}).add(keyed(4, false, true));
+        REQUIRE(parse_request(r.bytes, pr) == violation::none);
+        CHECK(pr.rails->rails == 4);
+        // Refused: one rail (nothing to key), more than the link has, a key
+        // missing, a key past `rails`, a key for a buffer the call lacks,
+        // the reserved word, the keys cut short.
+        for (rail_keys bad : {keyed(1, true, true), keyed(5, true, true)}) {
+            message b(request(2, 1 << 24, both));
+            b.add(buffer_descriptor{0x1000, 9, 1 << 24})
+                .add(buffer_descriptor{0x2000000, 10, 1 << 24})
+                .add(bad);
+            CHECK(parse_request(b.bytes, pr) == violation::malformed);
+        }
+        rail_keys missing = keyed(3, true, true);
+        missing.body[1] = 0;
+        rail_keys past = keyed(2, true, true);
+        past.reply[2] = 7;
+        rail_keys reserved = keyed(2, true, true);
+        reserved.reserved = 1;
+        for (const rail_keys& bad : {missing, past, reserved}) {
+            message b(request(2, 1 << 24, both));
+            b.add(buffer_descriptor{0x1000, 9, 1 << 24})
+                .add(buffer_descriptor{0x2000000, 10, 1 << 24})
+                .add(bad);
+            CHECK(parse_request(b.bytes, pr) == violation::malformed);
+        }
+        message lacks(request(2, 0, flag_reply_buffer | flag_rail_keys));
+        lacks.add(buffer_descriptor{0x2000000, 10, 1 << 24}).add(keyed(2, true, true));
+        CHECK(parse_request(lacks.bytes, pr) == violation::malformed);
+        message cut(request(2, 0, flag_reply_buffer | flag_rail_keys));
+        cut.add(buffer_descriptor{0x2000000, 10, 1 << 24}).add(8, std::byte{0});
+        CHECK(parse_request(cut.bytes, pr) == violation::malformed);
+    }
     SECTION("a length that disagrees with the body") {
         message m(request(5, 11));
         m.add(10, std::byte{1});
@@ -187,7 +277,7 @@ TEST_CASE("parse_request takes inline bodies, descriptors, and nothing inconsist
     SECTION("method 0, unknown flags, a priority past 7, a status in a request") {
         message_header h = request(0, 0);
         CHECK(parse_request(message(h).bytes, pr) == violation::malformed);
-        h = request(1, 0, 0x80);
+        h = request(1, 0, flag_rail_keys); // keys for no buffer
         CHECK(parse_request(message(h).bytes, pr) == violation::malformed);
         h = request(1, 0);
         h.priority = 8;

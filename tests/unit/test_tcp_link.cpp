@@ -197,8 +197,8 @@ TEST_CASE("tcp link: a body is read and a reply written only under the call's ke
     // The server reads the body straight into its buffer.
     std::vector<std::byte> into(body.size());
     REQUIRE(p.server->move_body(rpc::detail::body_way::read, sched::normal, local_of(into),
-                                remote_of(body.data(), body.size(), body_key),
-                                7) == rpc::detail::transfer::started);
+                                remote_of(body.data(), body.size(), body_key), 7,
+                                {}) == rpc::detail::transfer::started);
     REQUIRE(pump(p, at_server, at_client, [&] { return !at_server.empty(); }));
     CHECK(at_server[0].what == link_event::kind::transfer);
     CHECK(at_server[0].wr_id == 7);
@@ -213,7 +213,7 @@ TEST_CASE("tcp link: a body is read and a reply written only under the call's ke
           remote_of(body.data(), 4096, reply_key), remote_of(body.data(), 4096, body_key + 1)}) {
         at_server.clear();
         REQUIRE(p.server->move_body(rpc::detail::body_way::read, sched::normal, local_of(small),
-                                    bad, 8) == rpc::detail::transfer::started);
+                                    bad, 8, {}) == rpc::detail::transfer::started);
         REQUIRE(pump(p, at_server, at_client, [&] { return !at_server.empty(); }));
         CHECK_FALSE(at_server[0].ok());
         CHECK_FALSE(p.server->ended(rpc::detail::look::failure));
@@ -224,8 +224,8 @@ TEST_CASE("tcp link: a body is read and a reply written only under the call's ke
     auto out = patterned(reply.size(), 5);
     at_server.clear();
     REQUIRE(p.server->move_body(rpc::detail::body_way::write, sched::normal, local_of(out),
-                                remote_of(reply.data(), reply.size(), reply_key),
-                                9) == rpc::detail::transfer::started);
+                                remote_of(reply.data(), reply.size(), reply_key), 9,
+                                {}) == rpc::detail::transfer::started);
     REQUIRE(pump(p, at_server, at_client, [&] { return !at_server.empty(); }));
     CHECK(at_server[0].wr_id == 9);
     CHECK(at_server[0].ok());
@@ -242,8 +242,8 @@ TEST_CASE("tcp link: a body is read and a reply written only under the call's ke
     at_server.clear();
     at_client.clear();
     REQUIRE(p.server->move_body(rpc::detail::body_way::write, sched::normal, local_of(out),
-                                remote_of(reply.data(), reply.size(), reply_key),
-                                10) == rpc::detail::transfer::started);
+                                remote_of(reply.data(), reply.size(), reply_key), 10,
+                                {}) == rpc::detail::transfer::started);
     REQUIRE(p.server->send_slot(rpc::message_kind::reply, 3, 64, sched::normal, false) ==
             status::ok);
     REQUIRE(pump(p, at_server, at_client, [&] { return !at_client.empty(); }));
@@ -260,8 +260,8 @@ TEST_CASE("tcp link: an urgent message overtakes a bulk body at a chunk's bounda
     auto out = patterned(reply.size(), 11);
     // The socket fills at once: most of the body waits in the queue.
     REQUIRE(p.server->move_body(rpc::detail::body_way::write, sched::bulk, local_of(out),
-                                remote_of(reply.data(), reply.size(), reply_key),
-                                1) == rpc::detail::transfer::started);
+                                remote_of(reply.data(), reply.size(), reply_key), 1,
+                                {}) == rpc::detail::transfer::started);
     REQUIRE(p.server->send_slot(rpc::message_kind::reply, 2, 64, sched::urgent, false) ==
             status::ok);
     std::size_t landed_when_urgent = 0;
@@ -313,8 +313,8 @@ TEST_CASE("tcp link: a peer that breaks the stream's rules ends that link, and n
         link_and_raw s(true);
         std::vector<std::byte> into(4096);
         REQUIRE(s.link->move_body(rpc::detail::body_way::read, sched::normal, local_of(into),
-                                  remote_of(nullptr, 4096, 1),
-                                  5) == rpc::detail::transfer::started);
+                                  remote_of(nullptr, 4096, 1), 5,
+                                  {}) == rpc::detail::transfer::started);
         std::array<std::byte, 64> req{};
         REQUIRE(::recv(s.raw, req.data(), req.size(), 0) == tcp_link::full_head);
         const tcp_link::ext x{5, 0, 0, 1};
@@ -325,8 +325,8 @@ TEST_CASE("tcp link: a peer that breaks the stream's rules ends that link, and n
         link_and_raw s(true);
         std::vector<std::byte> into(1 << 20);
         REQUIRE(s.link->move_body(rpc::detail::body_way::read, sched::normal, local_of(into),
-                                  remote_of(nullptr, into.size(), 1),
-                                  5) == rpc::detail::transfer::started);
+                                  remote_of(nullptr, into.size(), 1), 5,
+                                  {}) == rpc::detail::transfer::started);
         std::array<std::byte, 64> req{};
         REQUIRE(::recv(s.raw, req.data(), req.size(), 0) == tcp_link::full_head);
         const tcp_link::ext x{5, 0, 0, 0};
@@ -498,8 +498,8 @@ TEST_CASE("tcp link: completions past the link's room end the link; none is lost
     link_event ev[32];
     for (std::uint64_t id = 1; id <= 2000; ++id) {
         if (p.server->move_body(rpc::detail::body_way::write, sched::normal, local_of(out),
-                                remote_of(reply.data() + (id % 1000) * 64, 64, reply_key),
-                                id) != rpc::detail::transfer::started)
+                                remote_of(reply.data() + (id % 1000) * 64, 64, reply_key), id,
+                                {}) != rpc::detail::transfer::started)
             break;
         ++started;
         if (id % 32 == 0)
@@ -573,7 +573,7 @@ TEST_CASE("tcp link: a server's transfer the peer stops moving ends the link aft
         std::vector<std::byte> buf(bytes, std::byte{1});
         const auto t0 = clock_type::now();
         REQUIRE(s.link->move_body(way, sched::normal, local_of(buf), remote_of(nullptr, bytes, 1),
-                                  5) == rpc::detail::transfer::started);
+                                  5, {}) == rpc::detail::transfer::started);
         link_event ev[8];
         while (clock_type::now() - t0 < std::chrono::seconds(3))
             if (s.link->poll(ev, true) < 0 || s.link->ended(rpc::detail::look::failure))
@@ -598,8 +598,8 @@ TEST_CASE("tcp link: a server's transfer the peer stops moving ends the link aft
         s.link->set_stall(milliseconds(200));
         std::vector<std::byte> out(2 << 20, std::byte{1});
         REQUIRE(s.link->move_body(rpc::detail::body_way::write, sched::normal, local_of(out),
-                                  remote_of(nullptr, out.size(), 1),
-                                  9) == rpc::detail::transfer::started);
+                                  remote_of(nullptr, out.size(), 1), 9,
+                                  {}) == rpc::detail::transfer::started);
         std::vector<std::byte> sink(64 * 1024);
         link_event ev[8];
         std::size_t got = 0;

@@ -58,6 +58,7 @@ namespace rdmax::rpc {
 struct local_welcome;
 namespace detail {
 struct pending_dial;
+struct client_rails;
 } // namespace detail
 
 class client {
@@ -76,6 +77,12 @@ public:
     /// opts.slot_bytes; the server may grant fewer). Throws rdmax::error
     /// naming the step (address, route, refused, deadline).
     [[nodiscard]] peer_id connect(std::string_view addr, std::uint16_t port);
+    /// As connect(addr, port), and with rpc_options::rails the connection's
+    /// other rails join it: this client's rail k dials the one of the
+    /// server's `rail_addresses` on its subnet, before this returns (a rail
+    /// that fails is dialed again later, as one that fails in use).
+    [[nodiscard]] peer_id connect(std::string_view addr, std::uint16_t port,
+                                  std::span<const std::string> rail_addresses);
     /// Closes the connection for good (the server may drop this client's
     /// replies at once); its calls end peer_gone, and `p` names nothing more.
     void disconnect(peer_id p) noexcept;
@@ -374,6 +381,8 @@ private:
     std::function<void(peer_id, peer_state)> on_state_;
     std::vector<std::pair<peer_id, peer_state>> state_changes_;
     std::minstd_rand jitter_{static_cast<std::minstd_rand::result_type>(ep_.incarnation)};
+    friend struct detail::client_rails;
+    std::unique_ptr<detail::client_rails> rails_; ///< rpc_options::rails
 };
 
 } // namespace rdmax::rpc

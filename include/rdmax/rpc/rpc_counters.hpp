@@ -52,6 +52,13 @@ struct rpc_counters {
     /// Server: READs of a request body withdrawn before they were posted,
     /// the caller having given the call up (its window is dead).
     std::uint64_t cancelled_reads = 0;
+    /// Rails that joined a link (rpc_options::rails): the server's accepted,
+    /// the client's made (a rail that comes back counts again).
+    std::uint64_t rail_joins = 0;
+    /// Server: request bodies and reply bodies cut across a link's rails,
+    /// and the bytes its other rails (1..) carried of them.
+    std::uint64_t striped_bodies = 0;
+    std::uint64_t rail_bytes = 0;
     // Surviving failures (docs/rpc.md, "Failures and retries").
     std::uint64_t keepalive_probes = 0;   ///< probes sent to connections idle a keepalive
     std::uint64_t keepalive_timeouts = 0; ///< connections declared gone after keepalive_timeout
@@ -165,7 +172,7 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "calls {} completed {} failed {} (timed out {}, cancelled {}, late replies {}, no "
             "credit {}) "
             "external bodies {} replies {} window reallocs {} windows unavailable {} "
-            "fence stalls {} cancelled reads {} "
+            "fence stalls {} cancelled reads {} rail joins {} striped {} rail bytes {} "
             "keepalive probes {} timeouts {} reconnects {} (failed attempts {}) retried {} "
             "unknown outcomes {} duplicates {} goaways {} "
             "bytes in {} out {} unknown method {} "
@@ -177,13 +184,13 @@ struct fmt::formatter<rdmax::rpc::rpc_counters> {
             "last link event {} ({})",
             c.calls, c.completed, c.failed, c.timed_out, c.cancelled, c.late_replies, c.no_credit,
             c.external_bodies, c.external_replies, c.window_reallocs, c.windows_unavailable,
-            c.fence_stalls, c.cancelled_reads, c.keepalive_probes, c.keepalive_timeouts,
-            c.reconnects, c.reconnect_attempts, c.retried_calls, c.unknown_outcomes, c.duplicates,
-            c.goaways, c.bytes_in, c.bytes_out, c.unknown_method, c.rejected(), c.rejected_kind,
-            c.rejected_slot, c.rejected_length, c.rejected_malformed, c.rejected_credit,
-            c.rejected_opcode, c.stray_completions, c.connected, c.connected_local, c.connected_tcp,
-            c.refused, c.refused == 0 ? "none" : c.last_refusal.what(),
-            c.last_refusal.error == 0 ? "" : ": ",
+            c.fence_stalls, c.cancelled_reads, c.rail_joins, c.striped_bodies, c.rail_bytes,
+            c.keepalive_probes, c.keepalive_timeouts, c.reconnects, c.reconnect_attempts,
+            c.retried_calls, c.unknown_outcomes, c.duplicates, c.goaways, c.bytes_in, c.bytes_out,
+            c.unknown_method, c.rejected(), c.rejected_kind, c.rejected_slot, c.rejected_length,
+            c.rejected_malformed, c.rejected_credit, c.rejected_opcode, c.stray_completions,
+            c.connected, c.connected_local, c.connected_tcp, c.refused,
+            c.refused == 0 ? "none" : c.last_refusal.what(), c.last_refusal.error == 0 ? "" : ": ",
             c.last_refusal.error == 0 ? std::string_view{}
                                       : std::string_view{std::strerror(c.last_refusal.error)},
             c.disconnected, c.link_failures,

@@ -19,6 +19,10 @@
 #include <rdmax/rpc/transport.hpp>
 #include <rdmax/sched/scheduler_options.hpp>
 
+namespace rdmax::verbs {
+class rail_set;
+} // namespace rdmax::verbs
+
 namespace rdmax::rpc {
 
 /// RDMAX_RPC_TRANSPORTS' parser: a comma list of rdma, shm and tcp, in any
@@ -126,6 +130,14 @@ struct rpc_options {
     /// The client's registration cache, for bodies and reply buffers over a
     /// slot (its limits derived from the device, as make_verbs_cache does).
     rcache_options cache = {};
+    /// Rails (several NICs to one peer, docs/multirail.md): this side's
+    /// rails, rail 0 being the endpoint's own device (its protection domain
+    /// is rails->pd(0)); null for one. A server listens on each other rail's
+    /// address at its port; a client given the server's rail addresses
+    /// (client::connect) joins a link's other rails there, and bodies and
+    /// reply buffers of stripe_min bytes or more (sched::stripe_options) are
+    /// cut across them. The set outlives the endpoint.
+    const verbs::rail_set* rails = nullptr;
 
     /// These options with the variables of rpc_knobs that are set applied, and
     /// the scheduler's, the arena's and the cache's (their with_env()); a

@@ -62,7 +62,8 @@ struct local_hello;
 class server_group;
 namespace detail {
 class group_routes;
-}
+struct server_rails;
+} // namespace detail
 
 /// A deferred call, to answer later with server::reply or server::fail.
 struct deferred_call {
@@ -243,9 +244,12 @@ private:
         /// (retries) have lower ids, at most `slots` of them per connection.
         std::uint64_t first_call = 0;
         std::uint32_t retries = 0;
-        bool goaway_sent = false;  ///< draining: the client was told to go
-        bool goaway_acked = false; ///< and said it sends nothing more here
+        bool goaway_sent = false;   ///< draining: the client was told to go
+        bool goaway_acked = false;  ///< and said it sends nothing more here
+        std::uint64_t join_key = 0; ///< what its other rails join with (0: it takes none)
     };
+    friend struct detail::server_rails;
+    std::unique_ptr<detail::server_rails> rails_; ///< rpc_options::rails
 
     // Connecting (server_connect.cpp).
     /// New connections, every housekeeping round: through the device, and

@@ -155,11 +155,13 @@ public:
     /// the immediate naming them and the slot's epoch, at priority p.
     [[nodiscard]] virtual status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
                                            sched::priority p, bool epoch) noexcept = 0;
-    /// Reads the peer's buffer `remote` into `local`, or writes `local` into it.
-    [[nodiscard]] virtual transfer move_body(body_way way, sched::priority p,
-                                             local_buffer<rights::local_write> local,
-                                             const buffer_descriptor& remote,
-                                             std::uint64_t wr_id) noexcept = 0;
+    /// Reads the peer's buffer `remote` into `local`, or writes `local` into
+    /// it. `rail_rkeys`: the buffer's keys on the link's rails 1.. (the
+    /// request's rail_keys), which a path with rails may cut it across.
+    [[nodiscard]] virtual transfer
+    move_body(body_way way, sched::priority p, local_buffer<rights::local_write> local,
+              const buffer_descriptor& remote, std::uint64_t wr_id,
+              std::span<const std::uint32_t> rail_rkeys) noexcept = 0;
     /// Withdraws the transfer started with `wr_id` if it has not begun (then
     /// it never completes); false if it has, is done already, or is unknown.
     [[nodiscard]] virtual bool cancel(std::uint64_t wr_id) noexcept = 0;
@@ -200,11 +202,27 @@ public:
     /// no doorbell to save).
     bool hold_doorbell(bool on) noexcept { return hold_of_ != nullptr && hold_of_(this, on); }
 
+    /// Beside the ten too, where the link has other rails (rdma_link):
+    /// what grant_access showed of slot's call on them (false: nothing, the
+    /// request carries no rail_keys).
+    [[nodiscard]] bool rail_keys_of(std::uint32_t slot, rail_keys& out) const noexcept {
+        return rails_of_ != nullptr && rails_of_->keys(this, slot, out);
+    }
+    /// Takes out the rails whose queue pair failed or whose peer closed
+    /// them (housekeeping's; a system call or two per rail).
+    void tend_rails() noexcept {
+        if (rails_of_ != nullptr)
+            rails_of_->tend(this);
+    }
+
     /// The connection failed, the peer left, or it broke the protocol: no
     /// more posts; the endpoint tears it down.
     bool broken = false;
     /// The peer's incarnation, as its handshake said (ring_offer::incarnation).
     std::uint64_t peer_incarnation = 0;
+    /// A client's link through the device: the key its other rails join it
+    /// with (the server's ring_offer::first_call; 0: the server takes none).
+    std::uint64_t join_key = 0;
 
 protected:
     /// grant_access for a path that reaches host memory only: r's buffers
@@ -243,6 +261,12 @@ protected:
     }
     /// How hold_doorbell() holds, where the link does.
     void set_hold_of(bool (*of)(link*, bool) noexcept) noexcept { hold_of_ = of; }
+    /// The rail operations, where the link has rails.
+    struct rail_ops {
+        bool (*keys)(const link*, std::uint32_t slot, rail_keys& out) noexcept;
+        void (*tend)(link*) noexcept;
+    };
+    void set_rails_of(const rail_ops* of) noexcept { rails_of_ = of; }
 
 private:
     std::uint16_t slots_;
@@ -255,6 +279,7 @@ private:
     std::uint32_t qp_num_ = 0;
     sched::scheduler_counters (*counters_of_)(const link*) = nullptr;
     bool (*hold_of_)(link*, bool) noexcept = nullptr;
+    const rail_ops* rails_of_ = nullptr;
 };
 
 } // namespace rdmax::rpc::detail

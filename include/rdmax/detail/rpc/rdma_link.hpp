@@ -8,7 +8,16 @@
 // memory: the registration cache's handles of a large body and a reply
 // buffer, and, where the device has type-2 memory windows, two windows per
 // slot bound over exactly those bytes for the call's life (docs/rpc.md).
+//
+// Rails (issue 31): a link may have up to three more connections to the
+// same peer, each from another device of this host to one of the peer's
+// (rail_join). They carry no messages, only pieces of large bodies: the
+// server cuts a call's READ and reply WRITE across them with a striper
+// (its pieces re-posted on the rails left when one fails); the client
+// shows the call's buffers on each rail through windows of that rail's own.
+// Rail 0 is the link's own connection: when it goes, the link goes.
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -19,11 +28,13 @@
 #include <rdmax/detail/rpc/arena_block.hpp>
 #include <rdmax/detail/rpc/inbox.hpp>
 #include <rdmax/detail/rpc/link.hpp>
+#include <rdmax/detail/rpc/window_set.hpp>
 #include <rdmax/detail/rpc/wire.hpp>
 #include <rdmax/mem/dmabuf_cache.hpp>
 #include <rdmax/mem/handle_issuer.hpp>
 #include <rdmax/mem/remote_handle.hpp>
 #include <rdmax/mem/verbs_cache.hpp>
+#include <rdmax/sched/basic_striper.hpp>
 #include <rdmax/sched/priority_scheduler.hpp>
 #include <rdmax/verbs/connection.hpp>
 
@@ -49,6 +60,21 @@ struct call_memory {
     rpc_counters* counters = nullptr;
 };
 
+/// What a rail that joins a link brings besides its connection.
+struct rail_context {
+    /// Registers memory on the rail's device: the client's calls' buffers,
+    /// the server's body blocks. The endpoint's; outlives the link.
+    verbs_cache* cache = nullptr;
+    double gbps = 0; ///< the rail's line rate (its weight before it measured one)
+    /// A server's: striped_bodies and rail_bytes are counted there.
+    rpc_counters* counters = nullptr;
+    /// How bodies are cut (RDMAX_STRIPE_*): from stripe_min bytes, in chunks.
+    sched::stripe_options stripe = {};
+    /// This side's rail (in its rail_set) the connection is on: its port's
+    /// state is watched (ports_down()).
+    std::uint32_t device = 0;
+};
+
 class rdma_link final : public link {
 public:
     /// This side's ring and staging slots for `slots` x `slot_bytes`, and the
@@ -71,16 +97,18 @@ public:
     /// has type 2). False if windows were wanted and none could be had: the
     /// registrations' own keys are shown then.
     bool serve_calls(const call_memory& memory, bool windows);
-    [[nodiscard]] bool has_windows() const noexcept { return !windows_.empty(); }
+    [[nodiscard]] bool has_windows() const noexcept { return !wins_[0].empty(); }
 
     [[nodiscard]] status send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
                                    sched::priority p, bool epoch) noexcept override;
+    /// A body of stripe_min bytes or more with keys on the link's other
+    /// rails goes through the striper, cut across rail 0 and the rails up.
     [[nodiscard]] transfer move_body(body_way way, sched::priority p,
                                      local_buffer<rights::local_write> local,
-                                     const buffer_descriptor& remote,
-                                     std::uint64_t wr_id) noexcept override;
+                                     const buffer_descriptor& remote, std::uint64_t wr_id,
+                                     std::span<const std::uint32_t> rail_rkeys) noexcept override;
     [[nodiscard]] bool cancel(std::uint64_t wr_id) noexcept override {
-        return sched_->cancel(wr_id);
+        return (striper_ && striper_->cancel(wr_id)) || sched_->cancel(wr_id);
     }
     /// The scheduler's completions (failures of unsignaled work, and the
     /// signaled READs and WRITEs), and fences that ended. Unless `thorough`,
@@ -101,24 +129,51 @@ public:
                                       buffer_descriptor& reply) noexcept override;
     bool end_access(std::uint32_t slot, access_end how) noexcept override;
 
+    // ---- rails ----
+
+    /// Rail k (1 .. max_link_rails - 1) joins over `conn`, a connection to
+    /// the peer's rail k, which it takes. False, `conn` untouched, while the
+    /// rail is still joined (it goes first: rail_lost) or its old pieces are
+    /// still out: try again later. Throws rdmax::error for a k out of range
+    /// or a link that takes no rails.
+    bool join_rail(std::uint32_t k, verbs::connection&& conn, const rail_context& ctx,
+                   const sched::scheduler_options& opts);
+    /// Rail k is out now (its queue pair failed, its port went down, the
+    /// peer closed it): nothing more goes to it, its windows die.
+    void rail_lost(std::uint32_t k) noexcept;
+    [[nodiscard]] bool rail_up(std::uint32_t k) const noexcept {
+        return k < max_link_rails && rails_[k].up;
+    }
+    /// Takes out the rails whose queue pair failed or whose peer closed
+    /// them (a look at their connections' events): link::tend_rails.
+    void tend() noexcept;
+    /// link::rail_keys_of.
+    [[nodiscard]] bool keys_of(std::uint32_t slot, rail_keys& out) const noexcept;
+    /// The rails on this side's rails in `down` (bit d: rail d of its
+    /// rail_set, whose port is not ACTIVE) are lost: their queue pairs go
+    /// to the error state, and their pieces come back flushed at once
+    /// rather than after their retries (soft-RoCE may never end them).
+    void ports_down(std::uint8_t down) noexcept;
+    /// The rails a call's keys cover now: rail 0 and those up from 1 in a
+    /// row (1: no rail but the link's own).
+    [[nodiscard]] std::uint32_t keyed_rails() const noexcept;
+    /// The striper's counters (a server's link with rails), else nullopt.
+    [[nodiscard]] std::optional<sched::striper_counters> striper_counters() const noexcept {
+        return striper_ ? std::optional(striper_->counters()) : std::nullopt;
+    }
+
 private:
     /// hold_doorbell: the requests send_slot sends while held are deferred
     /// in the scheduler (request_flags::deferred); the hold's end flushes them.
     bool hold(bool on) noexcept;
-    struct window {
-        ibv_mw* mw = nullptr;
-        bool bound = false;
-        bool fencing = false; ///< first of a fence() whose completion is awaited
-        /// Revoked, but the send queue had no room for its invalidation:
-        /// still bound (its bind may still be queued, so it is not
-        /// deallocated), posted by settle() before the window is used again.
-        bool owed = false;
-    };
-    /// What slot s's call shows the peer: windows 2s (the body) and 2s + 1
-    /// (the reply buffer), over the cache's registrations. The registrations
-    /// are kept until the slot's next call once the windows are revoked
-    /// (one with a window bound cannot be deregistered, and the revocation
-    /// is only posted) or until their fence completed.
+    using handle = verbs_cache::handle;
+    static constexpr std::uint8_t all_rails = (1U << max_link_rails) - 1;
+    /// What slot s's call shows the peer: on each rail k of `windows`, that
+    /// rail's windows 2s (the body) and 2s + 1 (the reply buffer), over the
+    /// rail's registrations. The registrations are kept until the slot's next
+    /// call once the windows are revoked (one with a window bound cannot be
+    /// deregistered, and the revocation is only posted) or until their fence
+    /// completed.
     ///
     /// A dma-buf range is shown by a registration's own key: the kernel
     /// registers dma-bufs without IB_ACCESS_MW_BIND (every device: the uAPI
@@ -126,26 +181,32 @@ private:
     /// still shows exactly the call's bytes with exactly the rights it needs,
     /// and dies with the call, each range is registered on its own for the
     /// call (dmabuf_cache::register_exact: never merged, never shared) and
-    /// deregistered when the call ends, before its result is handed out.
+    /// deregistered when the call ends, before its result is handed out. It
+    /// goes over rail 0 alone.
     struct call_access {
-        verbs_cache::handle body;
-        verbs_cache::handle reply;
+        std::array<handle, max_link_rails> body; ///< per rail
+        std::array<handle, max_link_rails> reply;
         ibv_mr* dev_body = nullptr; ///< exact registrations, this call's alone
         ibv_mr* dev_reply = nullptr;
-        bool windows = false; ///< windows 2s and 2s + 1 are bound for this call
-        bool fencing = false; ///< a fence of them is awaited
+        rail_keys keys{};         ///< rails 1..: what the request says (keys.rails 0: none)
+        std::uint8_t windows = 0; ///< rails whose windows are bound for this call (bit k)
+        std::uint8_t fencing = 0; ///< rails whose fence of them is awaited
+        bool fenced = false;      ///< ended with a fence: handed out once `fencing` is 0
         call_access() = default;
         call_access(call_access&& o) noexcept
             : body(std::move(o.body))
             , reply(std::move(o.reply))
             , dev_body(std::exchange(o.dev_body, nullptr))
             , dev_reply(std::exchange(o.dev_reply, nullptr))
+            , keys(o.keys)
             , windows(o.windows)
-            , fencing(o.fencing) {}
+            , fencing(o.fencing)
+            , fenced(o.fenced) {}
         call_access(const call_access&) = delete;
         call_access& operator=(const call_access&) = delete;
         call_access& operator=(call_access&&) = delete;
         ~call_access() { drop_dmabufs(); }
+        [[nodiscard]] bool shown() const noexcept { return body[0] || reply[0]; }
         /// The dma-buf ranges' keys die now (nothing is bound to them).
         void drop_dmabufs() noexcept {
             for (ibv_mr** mr : {&dev_body, &dev_reply})
@@ -153,27 +214,71 @@ private:
                     (void)ibv_dereg_mr(std::exchange(*mr, nullptr));
         }
         void release() noexcept {
-            body.reset();
-            reply.reset();
+            for (handle& h : body)
+                h.reset();
+            for (handle& h : reply)
+                h.reset();
+            keys = {};
             drop_dmabufs();
         }
     };
+    /// One of the link's other connections (rails_[0] is unused: rail 0 is
+    /// conn_ and sched_).
+    struct rail_link {
+        std::optional<verbs::connection> conn;
+        std::optional<sched::priority_scheduler<>> sched;
+        verbs_cache* cache = nullptr;
+        std::uint32_t device = 0; ///< rail_context::device
+        bool up = false;
+    };
+    /// A striped body's registrations of its block on rails 1.., held until
+    /// the transfer completes.
+    struct striped_body {
+        std::uint64_t wr_id = 0;
+        std::uint64_t write_seq = 0; ///< a WRITE's number (0: a READ)
+        bool busy = false;
+        std::array<handle, max_link_rails - 1> keep;
+    };
+    /// A reply whose header waits for the striped WRITEs started before it:
+    /// their pieces go on other queue pairs, which do not keep the order of
+    /// rail 0's send queue, and the header tells the peer its reply landed.
+    struct held_reply {
+        std::uint32_t slot = 0;
+        std::uint32_t bytes = 0;
+        sched::priority p{};
+        bool epoch = false;
+        std::uint64_t after = 0; ///< the last striped WRITE started before it
+    };
+    using striper = sched::basic_striper<sched::priority_scheduler<>>;
+
     /// grant_access: registers, binds, describes.
     [[nodiscard]] access grant_call(std::uint32_t slot, const call_ranges& r,
                                     buffer_descriptor& body, buffer_descriptor& reply) noexcept;
+    /// Shows the call on rails 1.. as well (a body or reply buffer large
+    /// enough to be cut): the keys go into a.keys. A rail that cannot ends
+    /// the keys there; rail 0 alone is always enough.
+    void grant_rails(std::uint32_t slot, call_access& a, const call_ranges& r,
+                     const buffer_descriptor& body, const buffer_descriptor& reply) noexcept;
 
     [[nodiscard]] bool needs_progress() const noexcept {
         return sched_->queued() || sched_->in_flight() * 2 >= sched_->options().budget_wqes ||
-               windows_low() || fencing_calls_ != 0 || owed_ != 0;
+               (striper_ && striper_->outstanding() != 0) || windows_busy();
     }
     [[nodiscard]] bool has_outstanding() const noexcept {
-        return sched_->outstanding() != 0 || windows_low() || fencing_calls_ != 0 || owed_ != 0;
+        return sched_->outstanding() != 0 || (striper_ && striper_->outstanding() != 0) ||
+               windows_busy();
     }
-    /// The windows' binds and invalidations (unsignaled, posted beside the
-    /// scheduler) hold half the send queue: reap it now, or calls would wait
-    /// for housekeeping to give their slots back.
-    [[nodiscard]] bool windows_low() const noexcept {
-        return !windows_.empty() && qp_->send_slots_free() * 2 < qp_->send_depth();
+    /// A rail's windows' binds and invalidations (unsignaled, posted beside
+    /// the scheduler) hold half its send queue, a fence is awaited, or an
+    /// invalidation is owed: reap now, or calls would wait for housekeeping
+    /// to give their slots back.
+    [[nodiscard]] bool windows_busy() const noexcept {
+        if (fencing_calls_ != 0)
+            return true;
+        for (const window_set& w : wins_)
+            if (w.low() || w.owed() != 0)
+                return true;
+        return false;
     }
     [[nodiscard]] link_end why_ended() const noexcept;
     /// Posts the deferred requests before a request posted beside the
@@ -183,46 +288,44 @@ private:
         if (held_ && sched_->queued())
             sched_->flush();
     }
+    /// The rail's scheduler, rail 0's included.
+    [[nodiscard]] sched::priority_scheduler<>* sched_of(std::uint32_t k) noexcept {
+        return k == 0 ? &*sched_ : rails_[k].sched ? &*rails_[k].sched : nullptr;
+    }
 
-    // Windows (rdma_link.cpp).
+    // Windows (rdma_windows.cpp).
     bool enable_windows() noexcept;
     /// Registers the call's memory through the caches (false: one would not).
     bool register_call(call_access& a, const call_ranges& r, bool windows) noexcept;
-    /// Binds windows over the call's registrations (one doorbell) and gives
-    /// their keys; false if the binds could not be posted (nothing exposed).
-    bool bind_call(std::uint32_t slot, call_access& a, buffer_descriptor& body,
+    /// Binds windows over the call's rail-k registrations (one doorbell)
+    /// and gives their keys; false if the binds could not be posted.
+    bool bind_call(std::uint32_t k, std::uint32_t slot, call_access& a, buffer_descriptor& body,
                    buffer_descriptor& reply) noexcept;
-    struct exposure {
-        std::uint32_t window = 0;
-        void* mr = nullptr;
-        std::uint64_t addr = 0;
-        std::uint64_t len = 0;
-        rights r = rights::remote_read;
-        std::uint32_t rkey = 0;
-    };
-    bool expose(std::span<exposure> e) noexcept;
-    void revoke(std::uint32_t first, std::uint32_t count) noexcept;
-    /// Deallocates windows [first, first + count) now, counted; a link that
-    /// then has none left says so once.
-    void revoke_now(std::uint32_t first, std::uint32_t count) noexcept;
-    bool fence(std::uint32_t first, std::uint32_t count) noexcept;
-    bool settled(std::uint32_t first, std::uint32_t count) noexcept;
-    /// Deallocates window w (which revokes its key) and allocates another in
-    /// its place; without one, the link gives up its windows.
-    void replace_window(std::uint32_t w) noexcept;
+    /// Deallocates windows 2s, 2s + 1 of every rail in `rails` now,
+    /// counted; a link whose rail 0 has none left says so once.
+    void revoke_now(std::uint32_t slot, std::uint8_t rails) noexcept;
     /// Counts (once) a link that gave its windows up for want of a replacement.
     void windows_lost() noexcept;
-    /// Posts the owed invalidations the send queue has room for (unsignaled).
-    void settle() noexcept;
-    /// Stages unsignaled invalidations of the bound windows of [first, first
-    /// + count) into b; false when one is refused (the batch then holds
-    /// those before it: post or drop it whole).
-    bool stage_invalidations(verbs::send_batch& b, std::uint32_t first,
-                             std::uint32_t count) noexcept;
-    /// Hands out the calls whose fence ended (or is moot: no windows left).
+    /// Rail k's fence of slot s's windows is over (completed, or moot): the
+    /// call is handed out once no rail's is awaited.
+    void fence_over(std::uint32_t k, std::uint32_t slot) noexcept;
+    /// Hands out the calls whose fences ended.
     int take_fenced(std::span<link_event> out) noexcept;
-    /// The scheduler's foreign completions: a fence's.
+    /// The schedulers' foreign completions: a fence's.
     static void on_window_completion(void* self, const verbs::completion& c) noexcept;
+
+    // Rails (rdma_link.cpp).
+    /// Rail k's pieces of striped bodies, polled through the striper.
+    int poll_striped(std::span<verbs::completion> out) noexcept;
+    /// Posts the held replies whose WRITEs all completed.
+    void release_replies() noexcept;
+    /// send_slot on rail 0, now.
+    [[nodiscard]] status post_slot(message_kind k, std::uint32_t s, std::uint32_t bytes,
+                                   sched::priority p, bool epoch) noexcept;
+    [[nodiscard]] transfer move_striped(body_way way, sched::priority p,
+                                        local_buffer<rights::local_write> local,
+                                        const buffer_descriptor& remote, std::uint64_t wr_id,
+                                        std::span<const std::uint32_t> rail_rkeys) noexcept;
 
     handle_issuer* issuer_;
     arena_block ring_;
@@ -234,13 +337,19 @@ private:
     bool windows_wanted_ = false; ///< windows were had (counted once if lost)
     std::optional<verbs::connection> conn_;
     std::optional<sched::priority_scheduler<>> sched_;
-    std::vector<window> windows_;                      ///< 2 per slot, or none
-    std::vector<std::uint32_t> fenced_;                ///< fences completed, not yet taken
-    std::uint32_t fences_ = 0;                         ///< fences awaiting their completion
-    std::uint32_t fencing_calls_ = 0;                  ///< calls_ fencing
-    std::uint32_t owed_ = 0;                           ///< windows whose invalidation is owed
+    std::array<rail_link, max_link_rails> rails_;
+    std::optional<striper> striper_;              ///< a server's, once a rail joined
+    std::vector<striped_body> striped_;           ///< a server's, 2 per slot
+    std::uint64_t stripe_min_ = 256 * 1024;       ///< bodies cut across the rails from here
+    rpc_counters* rail_counters_ = nullptr;       ///< a server's (rail_context::counters)
+    std::uint64_t write_seq_ = 0;                 ///< striped WRITEs started
+    std::vector<held_reply> held_replies_;        ///< a server's, one per slot at most
+    std::uint64_t rail_bytes_seen_ = 0;           ///< the striper's rails 1.. bytes, counted
+    std::array<window_set, max_link_rails> wins_; ///< per rail: 2 per slot, or none
+    std::vector<std::uint32_t> ready_;            ///< slots whose fences all ended, not yet taken
+    std::uint32_t fencing_calls_ = 0;             ///< calls_ fencing
+    std::uint8_t windowed_ = 0; ///< rails whose windows were allocated (their loss is looked for)
     const verbs::queue_pair<verbs::rc>* qp_ = nullptr; ///< conn_'s, once attached
-    std::uint64_t window_ops_ = 0;
     bool held_ = false; ///< hold_doorbell: send_slot defers its requests
 };
 
@@ -250,6 +359,12 @@ private:
 /// device that has them: 2 binds and 2 invalidations per slot may be queued
 /// beside the scheduler's work); clamped to the device's limits.
 [[nodiscard]] verbs::qp_config link_qp_config(inbox& in, std::uint16_t slots,
+                                              const verbs::device_limits& limits, bool windows);
+
+/// The queue pair configuration of a link's other rail: no receives, its
+/// own completion queues (on the rail's device), room for the pieces of
+/// striped bodies (a server's) or for `windows`' requests (a client's).
+[[nodiscard]] verbs::qp_config rail_qp_config(std::uint16_t slots,
                                               const verbs::device_limits& limits, bool windows);
 
 } // namespace rdmax::rpc::detail

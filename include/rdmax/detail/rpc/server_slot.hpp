@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include <rdmax/detail/rpc/reply_cache.hpp>
 #include <rdmax/detail/rpc/wire.hpp>
@@ -21,6 +22,16 @@ struct server_slot {
     std::uint8_t prio = 0;
     std::uint16_t method = 0;
     std::optional<buffer_descriptor> reply_buffer;
+    /// flag_rail_keys: the body's and reply buffer's keys on the link's
+    /// other rails (rails 0: none).
+    rail_keys rails{};
+    /// The keys of the body (`body`) or of the reply buffer on rails 1..,
+    /// for link::move_body.
+    [[nodiscard]] std::span<const std::uint32_t> rail_rkeys(bool body) const noexcept {
+        if (rails.rails < 2)
+            return {};
+        return {body ? rails.body : rails.reply, rails.rails - 1};
+    }
     /// flag_reply_in_buffer: every reply body goes there, never inline.
     bool reply_in_buffer = false;
     /// The block (in peer::blocks) its request body is read into, or no_block.

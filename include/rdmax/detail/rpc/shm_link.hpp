@@ -106,8 +106,8 @@ public:
     /// By CMA: done when it returns.
     [[nodiscard]] transfer move_body(body_way way, sched::priority p,
                                      local_buffer<rights::local_write> local,
-                                     const buffer_descriptor& remote,
-                                     std::uint64_t wr_id) noexcept override;
+                                     const buffer_descriptor& remote, std::uint64_t wr_id,
+                                     std::span<const std::uint32_t> rail_rkeys) noexcept override;
     /// Nothing to withdraw: a CMA copy is over when move_body returns.
     [[nodiscard]] bool cancel(std::uint64_t) noexcept override { return false; }
     /// The immediates in the message ring (no priority: in order).

@@ -111,8 +111,8 @@ public:
                                    sched::priority p, bool epoch) noexcept override;
     [[nodiscard]] transfer move_body(body_way way, sched::priority p,
                                      local_buffer<rights::local_write> local,
-                                     const buffer_descriptor& remote,
-                                     std::uint64_t wr_id) noexcept override;
+                                     const buffer_descriptor& remote, std::uint64_t wr_id,
+                                     std::span<const std::uint32_t> rail_rkeys) noexcept override;
     [[nodiscard]] bool cancel(std::uint64_t wr_id) noexcept override;
     [[nodiscard]] int poll(std::span<link_event> out, bool thorough) noexcept override;
     [[nodiscard]] std::optional<link_end> ended(look what) noexcept override;

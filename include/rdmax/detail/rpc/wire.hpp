@@ -127,8 +127,30 @@ inline constexpr std::uint8_t flag_retry = 32;
 /// reply buffer, however small, never inline in the slot: the buffer is
 /// memory the caller's CPU does not touch (a dma-buf).
 inline constexpr std::uint8_t flag_reply_in_buffer = 64;
+/// Request flag (with an external body or a reply buffer): a rail_keys
+/// follows the descriptors. The call's buffers are shown on the link's
+/// other rails too, and the server may cut their READ and WRITE across them.
+/// Sent only on a link whose other rails joined (rail_join).
+inline constexpr std::uint8_t flag_rail_keys = 128;
 inline constexpr std::uint8_t request_flags = flag_external_body | flag_reply_buffer | flag_epoch |
-                                              flag_idempotent | flag_retry | flag_reply_in_buffer;
+                                              flag_idempotent | flag_retry | flag_reply_in_buffer |
+                                              flag_rail_keys;
+
+/// Rails an RPC link uses at most: its own (rail 0) and three more.
+inline constexpr std::uint32_t max_link_rails = 4;
+
+/// What follows a request's descriptors under flag_rail_keys: the keys of
+/// its body and reply buffer on rails 1 .. rails - 1 (rail 0's are in the
+/// descriptors). Rail k of a link is the connection that joined as rail k.
+struct rail_keys {
+    std::uint32_t rails = 0;    ///< rails keyed, rail 0 included: 2 .. max_link_rails
+    std::uint32_t reserved = 0; ///< zero
+    /// Rail k's key at [k - 1]; zero past `rails`, and all zero for a
+    /// buffer the call does not have.
+    std::uint32_t body[max_link_rails - 1]{};
+    std::uint32_t reply[max_link_rails - 1]{};
+};
+static_assert(sizeof(rail_keys) == 32 && std::has_unique_object_representations_v<rail_keys>);
 
 /// The first bytes of every slot.
 struct message_header {
@@ -171,10 +193,40 @@ struct ring_offer {
     /// Client: the first call id it sends on this connection. Its copies of
     /// earlier calls (flag_retry) have lower ids; a server with no record of
     /// the client vouches for none of those (unknown_outcome).
+    /// Server: the link's join key, random (0: it takes no rails). The
+    /// client's other rails join the link with it (rail_join).
     std::uint64_t first_call = 0;
 };
 static_assert(sizeof(ring_offer) == 40 && sizeof(ring_offer) <= 55);
 static_assert(std::has_unique_object_representations_v<ring_offer>);
+
+/// "RJON": a connection that joins a link as one of its other rails.
+inline constexpr std::uint32_t rail_join_magic = 0x4e4f4a52;
+
+/// The private data of a rail's connection (the client's, and the server's
+/// answer, which echoes it): which link (the server's join key and the
+/// client's incarnation, both random) and which rail of it.
+struct rail_join {
+    std::uint32_t magic = rail_join_magic;
+    std::uint16_t version = protocol_version;
+    std::uint16_t rail = 0; ///< 1 .. max_link_rails - 1
+    std::uint64_t incarnation = 0;
+    std::uint64_t link_key = 0;
+};
+static_assert(sizeof(rail_join) == 24 && std::has_unique_object_representations_v<rail_join>);
+
+/// Why a join was refused, or nullptr.
+[[nodiscard]] constexpr const char* check_join(const rail_join& j) noexcept {
+    if (j.magic != rail_join_magic)
+        return "not an rdmax rail join (magic)";
+    if (j.version != protocol_version)
+        return "another protocol version";
+    if (j.rail == 0 || j.rail >= max_link_rails)
+        return "rail out of range";
+    if (j.incarnation == 0 || j.link_key == 0)
+        return "no link named";
+    return nullptr;
+}
 
 /// The smallest slot: a header, two descriptors and some inline body.
 inline constexpr std::uint32_t min_slot_bytes = 64;
@@ -226,6 +278,7 @@ struct parsed_request {
     message_header header;
     std::optional<buffer_descriptor> external_body;
     std::optional<buffer_descriptor> reply_buffer;
+    std::optional<rail_keys> rails; ///< flag_rail_keys
     std::span<const std::byte> inline_body;
 };
 
@@ -270,7 +323,22 @@ template <class T>
         n += sizeof(buffer_descriptor);
     else
         n += h.body_bytes;
+    if ((h.flags & flag_rail_keys) != 0)
+        n += sizeof(rail_keys);
     return n;
+}
+
+/// A rail_keys is whole: 2 .. max_link_rails rails, a key for each of them
+/// (past rail 0) for each buffer the request has, and zeros everywhere else.
+[[nodiscard]] constexpr bool rail_keys_valid(const rail_keys& k, bool body, bool reply) noexcept {
+    if (k.rails < 2 || k.rails > max_link_rails || k.reserved != 0)
+        return false;
+    for (std::uint32_t i = 0; i + 1 < max_link_rails; ++i) {
+        const bool keyed = i + 1 < k.rails;
+        if ((k.body[i] != 0) != (keyed && body) || (k.reply[i] != 0) != (keyed && reply))
+            return false;
+    }
+    return true;
 }
 
 /// Parses the `bytes` (from the immediate, already checked) written at the
@@ -303,6 +371,17 @@ template <class T>
         at += sizeof(buffer_descriptor);
         if (out.reply_buffer->length == 0 ||
             out.reply_buffer->addr > UINT64_MAX - out.reply_buffer->length)
+            return violation::malformed;
+    }
+    if ((h.flags & flag_rail_keys) != 0) {
+        if (!out.external_body && !out.reply_buffer)
+            return violation::malformed;
+        if (bytes.size() < at + sizeof(rail_keys))
+            return violation::malformed;
+        out.rails = detail::load<rail_keys>(bytes.data() + at);
+        at += sizeof(rail_keys);
+        if (!rail_keys_valid(*out.rails, out.external_body.has_value(),
+                             out.reply_buffer.has_value()))
             return violation::malformed;
     }
     const std::size_t inline_bytes = bytes.size() - at;

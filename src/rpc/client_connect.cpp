@@ -166,7 +166,10 @@ verbs_cache& client::cache() {
 }
 
 peer_id client::connect(std::string_view addr, std::uint16_t port) {
-    return add_link(dial(addr, port), addr, port);
+    const peer_id p = add_link(dial(addr, port), addr, port);
+    if (rails_ && p.index < rails_->sessions.size())
+        rails_->sessions[p.index] = {}; // a session used before: not its rails
+    return p;
 }
 
 peer_id client::connect(std::string_view addr, std::uint16_t port,

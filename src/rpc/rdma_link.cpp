@@ -311,6 +311,24 @@ std::uint32_t rdma_link::keyed_rails() const noexcept {
     return k;
 }
 
+bool rdma_link::cancel(std::uint64_t wr_id) noexcept {
+    if (striper_ && striper_->cancel(wr_id)) {
+        // Withdrawn before any piece went: no completion comes for it, so
+        // its held registrations go now.
+        for (striped_body& b : striped_)
+            if (b.busy && b.wr_id == wr_id) {
+                b.busy = false;
+                for (handle& h : b.keep)
+                    h.reset();
+                if (b.write_seq != 0 && !held_replies_.empty())
+                    release_replies();
+                break;
+            }
+        return true;
+    }
+    return sched_->cancel(wr_id);
+}
+
 int rdma_link::poll_striped(std::span<verbs::completion> out) noexcept {
     const int n = striper_->poll(out);
     if (rail_counters_ != nullptr) {

@@ -227,8 +227,9 @@ bool rdma_link::end_access(std::uint32_t slot, access_end how) noexcept {
         }
         if ((fencing & bit(0)) == 0) {
             // Rail 0's was not posted: the caller ends the call now, which
-            // deallocates whatever fences went on the other rails.
-            a.windows = fencing;
+            // deallocates rail 0's windows (still bound) and whatever fences
+            // went on the other rails.
+            a.windows = static_cast<std::uint8_t>(fencing | bit(0));
             return false;
         }
         a.windows = 0;

@@ -107,9 +107,7 @@ public:
                                      local_buffer<rights::local_write> local,
                                      const buffer_descriptor& remote, std::uint64_t wr_id,
                                      std::span<const std::uint32_t> rail_rkeys) noexcept override;
-    [[nodiscard]] bool cancel(std::uint64_t wr_id) noexcept override {
-        return (striper_ && striper_->cancel(wr_id)) || sched_->cancel(wr_id);
-    }
+    [[nodiscard]] bool cancel(std::uint64_t wr_id) noexcept override;
     /// The scheduler's completions (failures of unsignaled work, and the
     /// signaled READs and WRITEs), and fences that ended. Unless `thorough`,
     /// only when the scheduler has work to post or enough in flight that

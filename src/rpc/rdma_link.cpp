@@ -64,6 +64,7 @@ void rdma_link::attach(verbs::connection conn, const ring_offer& peer,
             return static_cast<const rdma_link*>(l)->keys_of(slot, out);
         },
         [](link* l) noexcept { static_cast<rdma_link*>(l)->tend(); },
+        [](const link* l) noexcept { return static_cast<const rdma_link*>(l)->joins_; },
     };
     set_rails_of(&ops);
 }
@@ -102,17 +103,15 @@ bool rdma_link::established(bool by_traffic) noexcept {
 
 status rdma_link::send_slot(message_kind k, std::uint32_t s, std::uint32_t bytes, sched::priority p,
                             bool epoch) noexcept {
-    // A reply after a striped WRITE waits for it (held_reply); control
-    // messages (no bytes) and a client's requests go at once.
-    if (write_seq_ != 0 && k == message_kind::reply && bytes != 0) {
-        std::uint64_t pending = 0;
-        for (const striped_body& b : striped_)
-            if (b.busy && b.write_seq != 0)
-                pending = std::max(pending, b.write_seq);
-        if (pending != 0) {
+    // The reply whose body a striped WRITE just started to move waits for
+    // it (held_reply); every other message goes at once.
+    if (last_write_ < striped_.size() && k == message_kind::reply && bytes != 0) {
+        const striped_body& b = striped_[last_write_];
+        const auto body = static_cast<std::uint32_t>(std::exchange(last_write_, SIZE_MAX));
+        if (b.busy) {
             if (held_replies_.size() >= held_replies_.capacity())
                 return status::queue_full; // one per slot: a peer that broke its credits
-            held_replies_.push_back({s, bytes, p, epoch, write_seq_});
+            held_replies_.push_back({s, bytes, p, epoch, body, b.write_seq});
             return status::ok;
         }
     }
@@ -166,9 +165,10 @@ transfer rdma_link::move_body(body_way way, sched::priority p,
 int rdma_link::poll(std::span<link_event> out, bool thorough) noexcept {
     if (!has_outstanding() || (!thorough && !needs_progress()))
         return 0;
-    for (window_set& w : wins_)
-        if (w.owed() != 0)
-            w.settle(); // the invalidations the send queue had no room for
+    if (!broken)
+        for (window_set& w : wins_)
+            if (w.owed() != 0)
+                w.settle(); // the invalidations the send queue had no room for
     verbs::completion done[16];
     const std::span<verbs::completion> room(done,
                                             std::min<std::size_t>(std::size(done), out.size()));
@@ -259,6 +259,7 @@ bool rdma_link::join_rail(std::uint32_t k, verbs::connection&& conn, const rail_
         throw_error("rpc rail join", EINVAL, fmt::format("rail {} refused by the striper", k));
     }
     r.up = true;
+    ++joins_;
     return true;
 }
 
@@ -271,7 +272,11 @@ void rdma_link::rail_lost(std::uint32_t k) noexcept {
         // Its scheduler fails (its queue pair to the error state); its
         // pieces come back flushed and go again on the rails left. The
         // scheduler and queue pair stay until then (the striper polls them).
+        // The client hears of it by the disconnect (its queue pair only
+        // binds and invalidates: it would not see the failure) and dials
+        // the rail again.
         striper_->rail_down(k);
+        r.conn->disconnect(std::chrono::milliseconds(0));
         return;
     }
     // A client's rail: its windows die now (their keys with them), and its
@@ -320,7 +325,7 @@ bool rdma_link::cancel(std::uint64_t wr_id) noexcept {
                 b.busy = false;
                 for (handle& h : b.keep)
                     h.reset();
-                if (b.write_seq != 0 && !held_replies_.empty())
+                if (!held_replies_.empty())
                     release_replies();
                 break;
             }
@@ -338,100 +343,117 @@ int rdma_link::poll_striped(std::span<verbs::completion> out) noexcept {
         rail_counters_->rail_bytes += bytes - rail_bytes_seen_;
         rail_bytes_seen_ = bytes;
     }
-    for (int i = 0; i < n; ++i)
-        for (striped_body& b : striped_)
-            if (b.busy && b.wr_id == out[static_cast<std::size_t>(i)].wr_id) {
-                // Its pieces are all back: the block's registrations may go.
-                b.busy = false;
-                for (handle& h : b.keep)
-                    h.reset();
-                break;
+    for (int i = 0; i < n; ++i) {
+        const verbs::completion& c = out[static_cast<std::size_t>(i)];
+        for (striped_body& b : striped_) {
+            if (!b.busy || b.wr_id != c.wr_id)
+                continue;
+            // Its pieces are all back: the block's registrations may go.
+            b.busy = false;
+            for (handle& h : b.keep)
+                h.reset();
+            if (!c.ok() && b.write_seq != 0) {
+                // A reply body that did not land whole: its header must not
+                // say it did. The link ends (as a failed WRITE on rail 0
+                // ends it), and no held header goes.
+                broken = true;
+                held_replies_.clear();
             }
+            break;
+        }
+    }
     if (!held_replies_.empty())
         release_replies();
     return n;
 }
 
 void rdma_link::release_replies() noexcept {
-    // The oldest WRITE still out: replies held for WRITEs before it go now,
-    // in the order they were sent.
-    std::uint64_t oldest = UINT64_MAX;
-    for (const striped_body& b : striped_)
-        if (b.busy && b.write_seq != 0)
-            oldest = std::min(oldest, b.write_seq);
+    // The held headers whose WRITE completed go now, in the order they were sent.
     std::size_t kept = 0;
     for (const held_reply& h : held_replies_) {
-        if (h.after >= oldest) {
+        const striped_body& b = striped_[h.body];
+        if (b.busy && b.write_seq == h.write_seq) {
             held_replies_[kept++] = h;
             continue;
         }
-        // A failed post leaves the queue pair failing: the link ends (ended()).
-        (void)post_slot(message_kind::reply, h.slot, h.bytes, h.p, h.epoch);
+        if (broken)
+            continue;
+        // One the scheduler refuses (its pool full) would be lost: the link
+        // ends rather than leave its call to time out.
+        if (post_slot(message_kind::reply, h.slot, h.bytes, h.p, h.epoch) != status::ok)
+            broken = true;
     }
     held_replies_.resize(kept);
+}
+
+namespace {
+/// The peer's buffer on rails 0 .. n - 1: its descriptor's key on rail 0,
+/// its request's on the others.
+template <rights R>
+rail_remote<R> remote_on_rails(const buffer_descriptor& d, std::span<const std::uint32_t> keys,
+                               std::uint32_t n) noexcept {
+    rail_remote<R> r;
+    r.addr = d.addr;
+    r.length = d.length;
+    r.rkey[0] = d.rkey;
+    for (std::uint32_t k = 1; k < n; ++k)
+        r.rkey[k] = keys[k - 1];
+    r.rails = n;
+    return r;
+}
+} // namespace
+
+std::uint32_t rdma_link::key_block(striped_body& b, rail_local<rights::local_write>& l,
+                                   std::span<const std::uint32_t> rail_rkeys) noexcept {
+    // The block's keys on rails 1.. (its registrations there, held until
+    // the transfer completes). A rail down now is keyed all the same: the
+    // striper uses only the rails up.
+    std::uint32_t n = 1;
+    for (; n < max_link_rails && n <= rail_rkeys.size(); ++n) {
+        if (rails_[n].cache == nullptr || rail_rkeys[n - 1] == 0)
+            break;
+        try {
+            b.keep[n - 1] = rails_[n].cache->get<rights::local_write>(l.addr, l.length);
+        } catch (...) {
+            break; // the rail's device would not register it: the rails end here
+        }
+        l.lkey[n] = b.keep[n - 1].lkey();
+    }
+    l.rails = n;
+    return n;
 }
 
 transfer rdma_link::move_striped(body_way way, sched::priority p,
                                  local_buffer<rights::local_write> local,
                                  const buffer_descriptor& remote, std::uint64_t wr_id,
                                  std::span<const std::uint32_t> rail_rkeys) noexcept {
-    striped_body* b = nullptr;
-    for (striped_body& x : striped_)
-        if (!x.busy) {
-            b = &x;
-            break;
-        }
-    if (b == nullptr)
+    const auto free = std::find_if(striped_.begin(), striped_.end(),
+                                   [](const striped_body& x) { return !x.busy; });
+    if (free == striped_.end())
         return transfer::failed;
-    // The block's keys on rails 1.. (its registrations there, held until
-    // the transfer completes), the peer's from its request. A rail down now
-    // is keyed all the same: the striper uses only the rails up.
+    striped_body& b = *free;
     rail_local<rights::local_write> l;
     l.addr = static_cast<std::byte*>(local.addr);
     l.length = local.length;
     l.lkey[0] = local.lkey;
-    std::uint32_t n = 1;
-    for (; n < max_link_rails && n <= rail_rkeys.size(); ++n) {
-        if (rails_[n].cache == nullptr || rail_rkeys[n - 1] == 0)
-            break;
-        try {
-            b->keep[n - 1] = rails_[n].cache->get<rights::local_write>(l.addr, l.length);
-        } catch (...) {
-            break; // the rail's device would not register it: the rails end here
-        }
-        l.lkey[n] = b->keep[n - 1].lkey();
-    }
-    l.rails = n;
+    const std::uint32_t n = key_block(b, l, rail_rkeys);
     status st = status::out_of_range; // fewer than two rails keyed: not cut
-    if (n >= 2 && way == body_way::read) {
-        rail_remote<rights::remote_read> from;
-        from.addr = remote.addr;
-        from.length = remote.length;
-        from.rkey[0] = remote.rkey;
-        for (std::uint32_t k = 1; k < n; ++k)
-            from.rkey[k] = rail_rkeys[k - 1];
-        from.rails = n;
-        st = striper_->read(p, l, from, 0, wr_id);
-    } else if (n >= 2) {
-        // Signaled, as on rail 0: only the completion tells this side that
-        // its source may go.
-        rail_remote<rights::remote_write> to;
-        to.addr = remote.addr;
-        to.length = remote.length;
-        to.rkey[0] = remote.rkey;
-        for (std::uint32_t k = 1; k < n; ++k)
-            to.rkey[k] = rail_rkeys[k - 1];
-        to.rails = n;
-        st = striper_->write(p, l, to, 0, wr_id);
-    }
+    if (n >= 2 && way == body_way::read)
+        st = striper_->read(p, l, remote_on_rails<rights::remote_read>(remote, rail_rkeys, n), 0,
+                            wr_id);
+    else if (n >= 2) // signaled, as on rail 0: the completion frees the source
+        st = striper_->write(p, l, remote_on_rails<rights::remote_write>(remote, rail_rkeys, n), 0,
+                             wr_id);
     if (st != status::ok) {
-        for (handle& h : b->keep)
+        for (handle& h : b.keep)
             h.reset();
         return transfer::failed;
     }
-    b->busy = true;
-    b->wr_id = wr_id;
-    b->write_seq = way == body_way::write ? ++write_seq_ : 0;
+    b.busy = true;
+    b.wr_id = wr_id;
+    b.write_seq = way == body_way::write ? ++write_seq_ : 0;
+    if (way == body_way::write)
+        last_write_ = static_cast<std::size_t>(&b - striped_.data());
     if (rail_counters_ != nullptr)
         ++rail_counters_->striped_bodies;
     return transfer::started;

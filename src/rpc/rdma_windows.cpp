@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 
 #include <rdmax/detail/rpc/rdma_link.hpp>
 
@@ -101,11 +102,13 @@ void rdma_link::grant_rails(std::uint32_t slot, call_access& a, const call_range
     // or more), in host memory (a dma-buf range goes over rail 0 alone), and
     // where the request has room for the keys. Each rail keyed shows every
     // buffer the call has (rail_keys_valid); the server cuts what is large.
-    if (a.dev_body != nullptr || a.dev_reply != nullptr ||
+    // Windows only: without them a rail's key is the registration's own,
+    // which no fence ends, and a piece the server sent again after its rail
+    // failed could still land there after the call ended.
+    if (!has_windows() || a.dev_body != nullptr || a.dev_reply != nullptr ||
         (body.length < stripe_min_ && reply.length < stripe_min_) || keyed_rails() < 2 ||
         slot_bytes() < sizeof(message_header) + 2 * sizeof(buffer_descriptor) + sizeof(rail_keys))
         return;
-    const bool windows = has_windows();
     const bool has_body = !r.body.empty();
     const bool has_reply = !r.reply.empty();
     std::uint32_t k = 1;
@@ -114,30 +117,22 @@ void rdma_link::grant_rails(std::uint32_t slot, call_access& a, const call_range
         try {
             verbs_cache& cache = *rails_[k].cache;
             if (has_body)
-                a.body[k] = windows ? cache.get<read_bind>(r.body.data(), r.body.size())
-                                    : cache.get<rights::remote_read>(r.body.data(), r.body.size());
+                a.body[k] = cache.get<read_bind>(r.body.data(), r.body.size());
             if (has_reply)
-                a.reply[k] = windows
-                                 ? cache.get<write_bind>(r.reply.data(), r.reply.size())
-                                 : cache.get<rights::remote_write>(r.reply.data(), r.reply.size());
+                a.reply[k] = cache.get<write_bind>(r.reply.data(), r.reply.size());
         } catch (...) {
             break; // this rail's device would not register it: the keys end here
         }
         buffer_descriptor b = body;
         buffer_descriptor p = reply;
-        if (windows) {
-            // No raw key where rail 0 shows windows: a rail without its own
-            // windows (or without room to bind them now) ends the keys.
-            if (wins_[k].empty() || !bind_call(k, slot, a, b, p))
-                break;
-        } else {
-            b.rkey = has_body ? a.body[k].rkey() : 0;
-            p.rkey = has_reply ? a.reply[k].rkey() : 0;
-        }
+        // A rail without its own windows (or without room to bind them
+        // now, or whose binds did not run in time) ends the keys.
+        if (wins_[k].empty() || !bind_call(k, slot, a, b, p) || !binds_ran(k))
+            break;
         a.keys.body[k - 1] = has_body ? b.rkey : 0;
         a.keys.reply[k - 1] = has_reply ? p.rkey : 0;
     }
-    if (k < max_link_rails) { // registered, perhaps, but not shown
+    if (k < max_link_rails && (a.windows & bit(k)) == 0) { // registered, perhaps, not bound
         a.body[k].reset();
         a.reply[k].reset();
     }
@@ -192,8 +187,14 @@ bool rdma_link::bind_call(std::uint32_t k, std::uint32_t slot, call_access& a,
     if (a.reply[k] && reply.length != 0)
         e[n++] = {2 * slot + 1, a.reply[k].registration(), reply.addr, reply.length,
                   rights::remote_write};
-    if (n == 0 || broken || !wins_[k].expose(std::span(e, n)))
+    // Rail 0's binds are ordered before the request on its own send queue;
+    // another rail's last bind is signaled (binds_ran()).
+    const std::uint64_t signal =
+        k == 0 ? 0 : window_set::bind_tag | (std::uint64_t{k} << 32) | (binds_asked_[k] + 1U);
+    if (n == 0 || broken || !wins_[k].expose(std::span(e, n), signal))
         return false;
+    if (k != 0)
+        ++binds_asked_[k];
     a.windows |= bit(k);
     for (std::size_t i = 0; i < n; ++i)
         (e[i].window == 2 * slot ? body : reply).rkey = e[i].rkey;
@@ -209,35 +210,7 @@ bool rdma_link::end_access(std::uint32_t slot, access_end how) noexcept {
     // dma-buf keys die before its result goes out: nothing is bound to them.
     a.drop_dmabufs();
     switch (how) {
-    case access_end::fence: {
-        // A signaled invalidation on each rail the call is bound on; the
-        // result goes out once every one's completion is in (the call's
-        // binds ran before its request, which was answered). A rail whose
-        // fence cannot be posted has its windows deallocated at once.
-        if (a.windows == 0 || broken)
-            return false;
-        std::uint8_t fencing = 0;
-        for (std::uint32_t k = 0; k < max_link_rails; ++k) {
-            if ((a.windows & bit(k)) == 0)
-                continue;
-            if (wins_[k].fence(2 * slot, 2))
-                fencing |= bit(k);
-            else if (k != 0)
-                revoke_now(slot, bit(k));
-        }
-        if ((fencing & bit(0)) == 0) {
-            // Rail 0's was not posted: the caller ends the call now, which
-            // deallocates rail 0's windows (still bound) and whatever fences
-            // went on the other rails.
-            a.windows = static_cast<std::uint8_t>(fencing | bit(0));
-            return false;
-        }
-        a.windows = 0;
-        a.fencing = fencing;
-        a.fenced = true;
-        ++fencing_calls_;
-        return true;
-    }
+    case access_end::fence: return fence_call(slot, a);
     case access_end::lazy:
         if (a.windows == 0) {
             // Registrations' own keys (no windows): nothing to revoke; the
@@ -266,6 +239,36 @@ bool rdma_link::end_access(std::uint32_t slot, access_end how) noexcept {
         a.release();
         return true;
     }
+    return true;
+}
+
+bool rdma_link::fence_call(std::uint32_t slot, call_access& a) noexcept {
+    // A signaled invalidation on each rail the call is bound on; the
+    // result goes out once every one's completion is in (the call's
+    // binds ran before its request, which was answered). A rail whose
+    // fence cannot be posted has its windows deallocated at once.
+    if (a.windows == 0 || broken)
+        return false;
+    std::uint8_t fencing = 0;
+    for (std::uint32_t k = 0; k < max_link_rails; ++k) {
+        if ((a.windows & bit(k)) == 0)
+            continue;
+        if (wins_[k].fence(2 * slot, 2))
+            fencing |= bit(k);
+        else if (k != 0)
+            revoke_now(slot, bit(k));
+    }
+    if ((fencing & bit(0)) == 0) {
+        // Rail 0's was not posted: the caller ends the call now, which
+        // deallocates rail 0's windows (still bound) and whatever fences
+        // went on the other rails.
+        a.windows = static_cast<std::uint8_t>(fencing | bit(0));
+        return false;
+    }
+    a.windows = 0;
+    a.fencing = fencing;
+    a.fenced = true;
+    ++fencing_calls_;
     return true;
 }
 
@@ -326,8 +329,29 @@ int rdma_link::take_fenced(std::span<link_event> out) noexcept {
     return n;
 }
 
+bool rdma_link::binds_ran(std::uint32_t k) noexcept {
+    // Spinning on the rail's completions, bounded (a bind takes
+    // microseconds; a rail that keeps it longer is not keyed this time).
+    constexpr int polls_per_look = 64;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+    for (int i = 1; binds_seen_[k] != binds_asked_[k]; ++i) {
+        if (!rails_[k].sched || rails_[k].sched->failed())
+            return false;
+        (void)rails_[k].sched->poll(std::span<verbs::completion>{});
+        if (i % polls_per_look == 0 && std::chrono::steady_clock::now() >= until)
+            return false;
+    }
+    return true;
+}
+
 void rdma_link::on_window_completion(void* self, const verbs::completion& c) noexcept {
     rdma_link& l = *static_cast<rdma_link*>(self);
+    if (window_set::is_bind(c.wr_id)) {
+        const auto k = static_cast<std::uint32_t>((c.wr_id >> 32) & 0xffffU);
+        if (k < max_link_rails && c.ok())
+            l.binds_seen_[k] = static_cast<std::uint32_t>(c.wr_id & 0xffffffffU);
+        return;
+    }
     if (!window_set::is_fence(c.wr_id))
         return;
     const std::uint32_t k = window_set::fence_rail(c.wr_id);

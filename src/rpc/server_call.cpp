@@ -266,6 +266,7 @@ void server::accept_request(peer& l, std::uint32_t slot, bool epoch, std::uint32
     ss.method = request.header.method;
     ss.reply_buffer = request.reply_buffer;
     ss.rails = request.rails.value_or(rail_keys{});
+    ss.rail_epoch = l.wire->rail_epoch();
     ss.reply_in_buffer = (request.header.flags & flag_reply_in_buffer) != 0;
     ss.call_id = request.header.call_id;
     ss.idempotent = (request.header.flags & flag_idempotent) != 0;
@@ -312,7 +313,7 @@ void server::read_request_body(peer& l, std::uint32_t index, std::uint32_t slot,
     ++ep_.counters.external_bodies;
     switch (l.wire->move_body(detail::body_way::read, sched::priority{ss.prio},
                               blk.local(0, d.length), d, make_wr_id(tag_read, at, slot),
-                              ss.rail_rkeys(true))) {
+                              ss.rail_rkeys(true, l.wire->rail_epoch()))) {
     case detail::transfer::started: ++l.reads; break;
     case detail::transfer::done: // read already (by CMA): the handler runs now
         run_handler(l, index, slot, {blk.data(), d.length});
@@ -456,7 +457,8 @@ call_status server::write_reply_body(peer& l, std::uint32_t slot, std::span<cons
     }
     switch (l.wire->move_body(detail::body_way::write, sched::priority{ss.prio},
                               blk.local(0, body.size()), *ss.reply_buffer,
-                              make_wr_id(tag_external, at, slot), ss.rail_rkeys(false))) {
+                              make_wr_id(tag_external, at, slot),
+                              ss.rail_rkeys(false, l.wire->rail_epoch()))) {
     case detail::transfer::started:
         l.free_blocks.pop_back();
         ++l.writes;

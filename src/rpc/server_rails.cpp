@@ -1,5 +1,6 @@
 // rpc::server: its links' other rails (include/rdmax/detail/rpc/server_rails.hpp).
 
+#include <algorithm>
 #include <cerrno>
 
 #include <rdmax/detail/rpc/rdma_link.hpp>
@@ -60,11 +61,17 @@ void server_rails::accept(server& s) noexcept {
             while (std::optional<verbs::connection_request> req = r.listeners[k]->poll_request()) {
                 const std::optional<rail_join> j = req->peer_payload_as<rail_join>();
                 const char* bad = !j ? "no rail join" : check_join(*j);
-                std::optional<std::uint32_t> at;
-                if (bad == nullptr && !(at = link_of(s.ep_.peers, *j)))
+                const std::optional<std::uint32_t> at =
+                    bad == nullptr ? link_of(s.ep_.peers, *j) : std::nullopt;
+                if (bad == nullptr && !at)
                     bad = "a join for no link of this server";
                 if (bad == nullptr && r.pending.size() >= s.opts_.max_peers)
                     bad = "too many joins at once";
+                if (bad == nullptr &&
+                    std::any_of(r.pending.begin(), r.pending.end(), [&](const joining& p) {
+                        return p.peer == *at && p.rail == j->rail;
+                    }))
+                    bad = "that rail of the link is joining already";
                 if (bad != nullptr) {
                     s.ep_.counters.count_refusal_fmt(EPROTO, "rail {} connection request: {}", k,
                                                      bad);
@@ -106,11 +113,10 @@ void server_rails::progress(server& s) noexcept {
                 if (wire.join_rail(p.rail, std::move(*p.conn), ctx, s.opts_.scheduler)) {
                     ++s.ep_.counters.rail_joins;
                     done = true;
-                } else if (wire.rail_up(p.rail)) {
-                    // The client dials a rail again only once it lost it:
-                    // the old one goes (its pieces come back), then this joins.
-                    wire.rail_lost(p.rail);
                 }
+                // Else the link's old rail is still up here (its loss not
+                // yet seen: the client closed it, or its port went down) or
+                // its pieces are still out: tried again, until the deadline.
             } catch (...) {
                 s.refuse_current("rail join");
                 done = true;

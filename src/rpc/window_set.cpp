@@ -73,7 +73,7 @@ void window_set::release() noexcept {
     owed_ = 0;
 }
 
-bool window_set::expose(std::span<exposure> e) noexcept {
+bool window_set::expose(std::span<exposure> e, std::uint64_t signal) noexcept {
     if (windows_.empty() || qp_ == nullptr)
         return false;
     for (const exposure& x : e) {
@@ -90,8 +90,10 @@ bool window_set::expose(std::span<exposure> e) noexcept {
     for (exposure& x : e) {
         const window& win = windows_[x.window];
         x.rkey = ibv_inc_rkey(win.mw->rkey);
+        const bool signaled = signal != 0 && &x == &e.back();
         if (b.bind_mw(win.mw, x.rkey, static_cast<ibv_mr*>(x.mr), x.addr, x.len, x.r,
-                      op_tag | ops_++, verbs::send_flags{.signaled = false}) != status::ok)
+                      signaled ? signal : op_tag | ops_++,
+                      verbs::send_flags{.signaled = signaled}) != status::ok)
             return false; // nothing posted: the batch gives its slots back
     }
     if (b.post() != status::ok) {
@@ -185,6 +187,8 @@ bool window_set::fence(std::uint32_t first, std::uint32_t count) noexcept {
             last = w;
     if (last == UINT32_MAX)
         return false;
+    if (auto* refuse = rdmax::detail::rdma_link_test_hooks().refuse_invalidate; refuse && refuse())
+        return false; // as a full send queue would
     {
         // In order on the send queue: the last one's completion says every
         // one of them ran (an earlier one that failed completes in error).

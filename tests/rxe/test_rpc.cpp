@@ -2549,6 +2549,37 @@ TEST_CASE("an invalidation the send queue cannot take waits for room; the window
     CHECK(c.cli.connected(c.peer));
 }
 
+TEST_CASE("an answered call whose fence cannot be posted has its windows deallocated before its "
+          "result goes",
+          "[rpccall][fence][device]") {
+    verbs::context ctx = open_test_device();
+    verbs::protection_domain pd(ctx);
+    REQUIRE(ctx.limits().memory_windows);
+    rpc::server s = make_server(pd, test_addr(), 0, device_options());
+    handlers h;
+    h.install(s);
+    connected_client c(pd, s, device_options());
+    REQUIRE(c.cli.counters().windows_unavailable == 0);
+    std::vector<std::byte> req(16 * 1024), reply(16 * 1024);
+    fill_pattern(req, 5);
+    {
+        rdmax::detail::rdma_link_test_hooks().refuse_invalidate = [] { return true; };
+        struct restore {
+            ~restore() { rdmax::detail::rdma_link_test_hooks().refuse_invalidate = nullptr; }
+        } restore_hooks;
+        const answer a = call_once(s, c, m_echo, req, {.reply_into = reply});
+        CHECK(a.status == rpc::call_status::ok);
+        CHECK(a.reply == req);
+    }
+    // Its two windows (body, reply buffer) were replaced: the keys the
+    // server had are dead although no invalidation ran.
+    CHECK(c.cli.counters().window_reallocs == 2);
+    fill_pattern(req, 6);
+    const answer after = call_once(s, c, m_echo, req, {.reply_into = reply});
+    CHECK(after.status == rpc::call_status::ok);
+    CHECK(after.reply == req);
+}
+
 TEST_CASE("a superseded call's READ still queued at the server is withdrawn, not posted against "
           "its dead window",
           "[rpccall][cancel-read][device]") {

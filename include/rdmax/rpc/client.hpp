@@ -351,6 +351,8 @@ private:
     rpc_options opts_;
     /// Large bodies' registrations; before the endpoint, whose links hold its handles.
     std::unique_ptr<verbs_cache> cache_;
+    /// rpc_options::rails; before ep_: its caches outlive the links' handles.
+    std::unique_ptr<detail::client_rails> rails_;
     detail::endpoint<peer> ep_;
     /// What a server on this node reads by CMA to see that it may.
     std::uint64_t probe_ = 0;
@@ -382,7 +384,6 @@ private:
     std::vector<std::pair<peer_id, peer_state>> state_changes_;
     std::minstd_rand jitter_{static_cast<std::minstd_rand::result_type>(ep_.incarnation)};
     friend struct detail::client_rails;
-    std::unique_ptr<detail::client_rails> rails_; ///< rpc_options::rails
 };
 
 } // namespace rdmax::rpc

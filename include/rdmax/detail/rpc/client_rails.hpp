@@ -27,6 +27,8 @@ class client;
 
 namespace rdmax::rpc::detail {
 
+class rdma_link;
+
 struct client_rails {
     explicit client_rails(const verbs::rail_set& rails)
         : set(&rails) {}
@@ -37,6 +39,14 @@ struct client_rails {
     /// delay that doubles while they fail), joins the dials that ended, and
     /// tends the links' rails (a failed or closed one is taken out).
     static void tend(client& c, sched::coarse_clock::time_point now) noexcept;
+
+    struct rail_dial;
+    /// Session s's rail k dials the server's address on its subnet (on a thread).
+    void start_dial(client& c, const rdma_link& wire, std::uint32_t s, std::uint32_t k,
+                    sched::coarse_clock::time_point now) noexcept;
+    /// Rail k's dial, if it ended: joined to `wire`, else dialed again after a delay.
+    void finish_dial(client& c, rdma_link& wire, std::uint32_t k, rail_dial& d,
+                     sched::coarse_clock::time_point now) noexcept;
 
     /// Rail k's registration cache, made at its first use.
     verbs_cache& cache(std::size_t k);

@@ -214,6 +214,12 @@ public:
         if (rails_of_ != nullptr)
             rails_of_->tend(this);
     }
+    /// Counts the rails that joined (0 without): a request's rail keys name
+    /// the windows of the rails joined when it came, and a rail that joined
+    /// since is another queue pair, which they do not reach.
+    [[nodiscard]] std::uint32_t rail_epoch() const noexcept {
+        return rails_of_ != nullptr ? rails_of_->epoch(this) : 0;
+    }
 
     /// The connection failed, the peer left, or it broke the protocol: no
     /// more posts; the endpoint tears it down.
@@ -265,6 +271,7 @@ protected:
     struct rail_ops {
         bool (*keys)(const link*, std::uint32_t slot, rail_keys& out) noexcept;
         void (*tend)(link*) noexcept;
+        std::uint32_t (*epoch)(const link*) noexcept;
     };
     void set_rails_of(const rail_ops* of) noexcept { rails_of_ = of; }
 

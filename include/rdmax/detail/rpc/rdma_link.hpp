@@ -43,8 +43,8 @@ namespace rdmax::detail {
 struct rdma_link_hooks {
     /// Replaces ibv_alloc_mw (a device out of windows).
     ibv_mw* (*alloc_mw)(ibv_pd* pd, ibv_mw_type type) = nullptr;
-    /// Asked before an unsignaled invalidation is staged: true refuses it,
-    /// as a full send queue would.
+    /// Asked before an invalidation is staged (unsignaled, or a fence's):
+    /// true refuses it, as a full send queue would.
     bool (*refuse_invalidate)() = nullptr;
 };
 [[nodiscard]] rdma_link_hooks& rdma_link_test_hooks() noexcept;
@@ -237,15 +237,16 @@ private:
         bool busy = false;
         std::array<handle, max_link_rails - 1> keep;
     };
-    /// A reply whose header waits for the striped WRITEs started before it:
-    /// their pieces go on other queue pairs, which do not keep the order of
-    /// rail 0's send queue, and the header tells the peer its reply landed.
+    /// A reply whose header waits for its body's striped WRITE: the pieces
+    /// go on other queue pairs, which keep no order with rail 0's send
+    /// queue, and the header tells the peer its reply landed.
     struct held_reply {
         std::uint32_t slot = 0;
         std::uint32_t bytes = 0;
         sched::priority p{};
         bool epoch = false;
-        std::uint64_t after = 0; ///< the last striped WRITE started before it
+        std::uint32_t body = 0;      ///< its WRITE's striped_ entry
+        std::uint64_t write_seq = 0; ///< and that WRITE's number (the entry may be reused)
     };
     using striper = sched::basic_striper<sched::priority_scheduler<>>;
 
@@ -299,6 +300,13 @@ private:
     /// and gives their keys; false if the binds could not be posted.
     bool bind_call(std::uint32_t k, std::uint32_t slot, call_access& a, buffer_descriptor& body,
                    buffer_descriptor& reply) noexcept;
+    /// end_access(fence): a signaled invalidation of the call's windows on
+    /// each rail it is bound on (false: rail 0's could not be posted).
+    bool fence_call(std::uint32_t slot, call_access& a) noexcept;
+    /// Rail k's last binds ran (their signaled completion came): a rail's
+    /// queue pair keeps no order with rail 0's, whose request names their
+    /// keys, so the request waits for it (briefly: false if not in time).
+    [[nodiscard]] bool binds_ran(std::uint32_t k) noexcept;
     /// Deallocates windows 2s, 2s + 1 of every rail in `rails` now,
     /// counted; a link whose rail 0 has none left says so once.
     void revoke_now(std::uint32_t slot, std::uint8_t rails) noexcept;
@@ -315,6 +323,10 @@ private:
     // Rails (rdma_link.cpp).
     /// Rail k's pieces of striped bodies, polled through the striper.
     int poll_striped(std::span<verbs::completion> out) noexcept;
+    /// l's keys on rails 1.. for as many rails as rail_rkeys and this
+    /// side's caches key (registrations held in b): the rails keyed, 1 on.
+    std::uint32_t key_block(striped_body& b, rail_local<rights::local_write>& l,
+                            std::span<const std::uint32_t> rail_rkeys) noexcept;
     /// Posts the held replies whose WRITEs all completed.
     void release_replies() noexcept;
     /// send_slot on rail 0, now.
@@ -336,18 +348,25 @@ private:
     std::optional<verbs::connection> conn_;
     std::optional<sched::priority_scheduler<>> sched_;
     std::array<rail_link, max_link_rails> rails_;
-    std::optional<striper> striper_;              ///< a server's, once a rail joined
-    std::vector<striped_body> striped_;           ///< a server's, 2 per slot
-    std::uint64_t stripe_min_ = 256 * 1024;       ///< bodies cut across the rails from here
-    rpc_counters* rail_counters_ = nullptr;       ///< a server's (rail_context::counters)
-    std::uint64_t write_seq_ = 0;                 ///< striped WRITEs started
+    std::optional<striper> striper_;        ///< a server's, once a rail joined
+    std::vector<striped_body> striped_;     ///< a server's, 2 per slot
+    std::uint64_t stripe_min_ = 256 * 1024; ///< bodies cut across the rails from here
+    rpc_counters* rail_counters_ = nullptr; ///< a server's (rail_context::counters)
+    std::uint64_t write_seq_ = 0;           ///< striped WRITEs started
+    std::uint32_t joins_ = 0;               ///< rails joined (link::rail_epoch)
+    /// The striped WRITE move_body just started, whose reply header is the
+    /// next reply send_slot sends (the server posts them so: a call's
+    /// body, then its header); none: striped_.size().
+    std::size_t last_write_ = SIZE_MAX;
     std::vector<held_reply> held_replies_;        ///< a server's, one per slot at most
     std::uint64_t rail_bytes_seen_ = 0;           ///< the striper's rails 1.. bytes, counted
     std::array<window_set, max_link_rails> wins_; ///< per rail: 2 per slot, or none
     std::vector<std::uint32_t> ready_;            ///< slots whose fences all ended, not yet taken
     std::uint32_t fencing_calls_ = 0;             ///< calls_ fencing
     std::uint8_t windowed_ = 0; ///< rails whose windows were allocated (their loss is looked for)
-    const verbs::queue_pair<verbs::rc>* qp_ = nullptr; ///< conn_'s, once attached
+    std::array<std::uint32_t, max_link_rails> binds_asked_{}; ///< per rail: signaled binds posted
+    std::array<std::uint32_t, max_link_rails> binds_seen_{};  ///< and those whose completion came
+    const verbs::queue_pair<verbs::rc>* qp_ = nullptr;        ///< conn_'s, once attached
     bool held_ = false; ///< hold_doorbell: send_slot defers its requests
 };
 

@@ -25,10 +25,13 @@ struct server_slot {
     /// flag_rail_keys: the body's and reply buffer's keys on the link's
     /// other rails (rails 0: none).
     rail_keys rails{};
+    std::uint32_t rail_epoch = 0; ///< the link's link::rail_epoch() when it came
     /// The keys of the body (`body`) or of the reply buffer on rails 1..,
-    /// for link::move_body.
-    [[nodiscard]] std::span<const std::uint32_t> rail_rkeys(bool body) const noexcept {
-        if (rails.rails < 2)
+    /// for link::move_body; none once a rail joined since the request came
+    /// (`link_epoch`: the link's now): its keys name the rails of then.
+    [[nodiscard]] std::span<const std::uint32_t>
+    rail_rkeys(bool body, std::uint32_t link_epoch) const noexcept {
+        if (rails.rails < 2 || link_epoch != rail_epoch)
             return {};
         return {body ? rails.body : rails.reply, rails.rails - 1};
     }

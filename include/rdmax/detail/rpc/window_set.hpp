@@ -32,6 +32,12 @@ public:
     /// name the fence's rail (bits 32..47) and first window (0..31).
     static constexpr std::uint64_t op_tag = std::uint64_t{0x5257} << 48;
     static constexpr std::uint64_t fence_tag = std::uint64_t{0x5246} << 48;
+    /// A bind signaled so that its completion says it ran (expose()'s
+    /// `signal`): bits 32..47 its rail, 0..31 its number.
+    static constexpr std::uint64_t bind_tag = std::uint64_t{0x5242} << 48;
+    [[nodiscard]] static constexpr bool is_bind(std::uint64_t wr_id) noexcept {
+        return (wr_id & ~((std::uint64_t{1} << 48) - 1)) == bind_tag;
+    }
     [[nodiscard]] static constexpr bool is_fence(std::uint64_t wr_id) noexcept {
         return (wr_id & ~((std::uint64_t{1} << 48) - 1)) == fence_tag;
     }
@@ -80,8 +86,9 @@ public:
     }
 
     /// Binds each exposure's window (one doorbell) and fills in its key.
-    /// False if nothing could be posted (nothing exposed).
-    [[nodiscard]] bool expose(std::span<exposure> e) noexcept;
+    /// False if nothing could be posted (nothing exposed). `signal`: the
+    /// last bind is signaled with this wr_id (0: none is).
+    [[nodiscard]] bool expose(std::span<exposure> e, std::uint64_t signal = 0) noexcept;
     /// Invalidates the bound windows of [first, first + count), unsignaled;
     /// those the send queue has no room for are owed (settle()).
     void revoke(std::uint32_t first, std::uint32_t count) noexcept;

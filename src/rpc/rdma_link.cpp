@@ -175,8 +175,7 @@ int rdma_link::poll(std::span<link_event> out, bool thorough) noexcept {
     // Striped bodies out: everything through the striper, which polls rail
     // 0's scheduler too and passes its own completions on (a client's
     // rails: their schedulers carry only the windows' requests).
-    const int k =
-        striper_ && striper_->outstanding() != 0 ? poll_striped(room) : sched_->poll(room);
+    const int k = striper_ && striper_->pending() ? poll_striped(room) : sched_->poll(room);
     if (!striper_) // a client's rails: their windows' requests (a fence's completion)
         for (std::uint32_t r = 1; r < max_link_rails; ++r)
             if (rails_[r].sched)
@@ -198,7 +197,7 @@ bool rdma_link::sleep(bool going) noexcept {
         (void)ibv_req_notify_cq(conn_->qp().send_cq().get(), 0);
     // The rails' queues raise no event on this side's channel (another
     // device's): while a striped body or a rail's fence is out, no sleep.
-    if (going && striper_ && striper_->outstanding() != 0)
+    if (going && striper_ && striper_->pending())
         return false;
     for (std::uint32_t k = 1; k < max_link_rails; ++k)
         if (going && wins_[k].fences() != 0)
@@ -220,8 +219,11 @@ bool rdma_link::join_rail(std::uint32_t k, verbs::connection&& conn, const rail_
         throw_error("rpc rail join", EINVAL, fmt::format("rail {} of a link that takes none", k));
     rail_link& r = rails_[k];
     // Still joined, or the old queue pair's pieces not all back (the
-    // striper polls its scheduler until they are): not yet.
-    if (r.up || (striper_ && !striper_->rail_idle(k)))
+    // striper polls its scheduler until they are): not yet. Nor while a
+    // striped body is under way: its keys for rail k name the old queue
+    // pair's windows, which the new one would meet with its pieces.
+    if (r.up || (striper_ && !striper_->rail_idle(k)) ||
+        std::any_of(striped_.begin(), striped_.end(), [](const striped_body& b) { return b.busy; }))
         return false;
     const bool client = !calls_.empty();
     stripe_min_ = ctx.stripe.stripe_min;

@@ -338,8 +338,13 @@ bool rdma_link::binds_ran(std::uint32_t k) noexcept {
         if (!rails_[k].sched || rails_[k].sched->failed())
             return false;
         (void)rails_[k].sched->poll(std::span<verbs::completion>{});
-        if (i % polls_per_look == 0 && std::chrono::steady_clock::now() >= until)
+        if (i % polls_per_look == 0 && std::chrono::steady_clock::now() >= until) {
+            // A rail that does not run a bind in time is taken out: its
+            // windows (one with a bind perhaps still queued) go with its
+            // queue pair, and it is dialed again.
+            rail_lost(k);
             return false;
+        }
     }
     return true;
 }

@@ -69,7 +69,7 @@ void server_rails::accept(server& s) noexcept {
                     bad = "too many joins at once";
                 if (bad == nullptr &&
                     std::any_of(r.pending.begin(), r.pending.end(), [&](const joining& p) {
-                        return p.peer == *at && p.rail == j->rail;
+                        return p.peer == *at && p.link_key == j->link_key && p.rail == j->rail;
                     }))
                     bad = "that rail of the link is joining already";
                 if (bad != nullptr) {
@@ -113,10 +113,14 @@ void server_rails::progress(server& s) noexcept {
                 if (wire.join_rail(p.rail, std::move(*p.conn), ctx, s.opts_.scheduler)) {
                     ++s.ep_.counters.rail_joins;
                     done = true;
+                } else if (wire.rail_up(p.rail)) {
+                    // The client dials a rail only once it lost it (a join
+                    // with the link's key and client is its word): the old
+                    // one goes, half open here (its port went down there,
+                    // and no disconnect came), then this joins once its
+                    // pieces are back. Else tried again, until the deadline.
+                    wire.rail_lost(p.rail);
                 }
-                // Else the link's old rail is still up here (its loss not
-                // yet seen: the client closed it, or its port went down) or
-                // its pieces are still out: tried again, until the deadline.
             } catch (...) {
                 s.refuse_current("rail join");
                 done = true;

@@ -171,8 +171,11 @@ public:
 
     // ---- state ------------------------------------------------------------------------------
 
-    /// Transfers submitted and not yet handed back.
+    /// Transfers submitted and not yet finished.
     [[nodiscard]] std::size_t outstanding() const noexcept { return live_; }
+    /// Transfers submitted and not yet handed back by poll(): outstanding,
+    /// or finished and waiting for room in a poll's `out`.
+    [[nodiscard]] bool pending() const noexcept { return live_ != 0 || !done_.empty(); }
     [[nodiscard]] const striper_counters& counters() const noexcept { return counters_; }
     [[nodiscard]] const stripe_options& options() const noexcept { return opts_; }
 

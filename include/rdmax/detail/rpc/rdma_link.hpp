@@ -261,11 +261,10 @@ private:
 
     [[nodiscard]] bool needs_progress() const noexcept {
         return sched_->queued() || sched_->in_flight() * 2 >= sched_->options().budget_wqes ||
-               (striper_ && striper_->outstanding() != 0) || windows_busy();
+               (striper_ && striper_->pending()) || windows_busy();
     }
     [[nodiscard]] bool has_outstanding() const noexcept {
-        return sched_->outstanding() != 0 || (striper_ && striper_->outstanding() != 0) ||
-               windows_busy();
+        return sched_->outstanding() != 0 || (striper_ && striper_->pending()) || windows_busy();
     }
     /// A rail's windows' binds and invalidations (unsignaled, posted beside
     /// the scheduler) hold half its send queue, a fence is awaited, or an

@@ -17,13 +17,7 @@ void client_rails::name_rails(std::uint32_t s, std::span<const std::string> addr
 }
 
 verbs_cache& client_rails::cache(std::size_t k) {
-    // The cache cannot move: new builds it in place (as client::cache()).
-    if (!caches[k]) {
-        // NOLINTBEGIN(modernize-make-unique)
-        caches[k] = std::unique_ptr<verbs_cache>(new verbs_cache(make_verbs_cache(set->pd(k))));
-        // NOLINTEND(modernize-make-unique)
-    }
-    return *caches[k];
+    return rail_cache(caches[k], set->pd(k));
 }
 
 namespace {

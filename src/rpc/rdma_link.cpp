@@ -324,9 +324,7 @@ bool rdma_link::cancel(std::uint64_t wr_id) noexcept {
         // its held registrations go now.
         for (striped_body& b : striped_)
             if (b.busy && b.wr_id == wr_id) {
-                b.busy = false;
-                for (handle& h : b.keep)
-                    h.reset();
+                free_striped(b);
                 if (!held_replies_.empty())
                     release_replies();
                 break;
@@ -350,10 +348,7 @@ int rdma_link::poll_striped(std::span<verbs::completion> out) noexcept {
         for (striped_body& b : striped_) {
             if (!b.busy || b.wr_id != c.wr_id)
                 continue;
-            // Its pieces are all back: the block's registrations may go.
-            b.busy = false;
-            for (handle& h : b.keep)
-                h.reset();
+            free_striped(b); // its pieces are all back
             if (!c.ok() && b.write_seq != 0) {
                 // A reply body that did not land whole: its header must not
                 // say it did. The link ends (as a failed WRITE on rail 0
@@ -447,8 +442,7 @@ transfer rdma_link::move_striped(body_way way, sched::priority p,
         st = striper_->write(p, l, remote_on_rails<rights::remote_write>(remote, rail_rkeys, n), 0,
                              wr_id);
     if (st != status::ok) {
-        for (handle& h : b.keep)
-            h.reset();
+        free_striped(b);
         return transfer::failed;
     }
     b.busy = true;

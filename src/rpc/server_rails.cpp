@@ -15,14 +15,18 @@ server_rails::server_rails(const verbs::rail_set& rails, std::uint16_t port)
         listeners[k].emplace(rails[k].address, port);
 }
 
-verbs_cache& server_rails::cache(std::size_t k) {
+verbs_cache& rail_cache(std::unique_ptr<verbs_cache>& slot, const verbs::protection_domain& pd) {
     // The cache cannot move: new builds it in place (as client::cache()).
-    if (!caches[k]) {
+    if (!slot) {
         // NOLINTBEGIN(modernize-make-unique)
-        caches[k] = std::unique_ptr<verbs_cache>(new verbs_cache(make_verbs_cache(set->pd(k))));
+        slot = std::unique_ptr<verbs_cache>(new verbs_cache(make_verbs_cache(pd)));
         // NOLINTEND(modernize-make-unique)
     }
-    return *caches[k];
+    return *slot;
+}
+
+verbs_cache& server_rails::cache(std::size_t k) {
+    return rail_cache(caches[k], set->pd(k));
 }
 
 std::uint8_t ports_down(const verbs::rail_set& set) noexcept {

@@ -326,6 +326,13 @@ private:
     /// side's caches key (registrations held in b): the rails keyed, 1 on.
     std::uint32_t key_block(striped_body& b, rail_local<rights::local_write>& l,
                             std::span<const std::uint32_t> rail_rkeys) noexcept;
+    /// Striped body b is over (completed, withdrawn, or never started):
+    /// its registrations go and the entry is free.
+    static void free_striped(striped_body& b) noexcept {
+        b.busy = false;
+        for (handle& h : b.keep)
+            h.reset();
+    }
     /// Posts the held replies whose WRITEs all completed.
     void release_replies() noexcept;
     /// send_slot on rail 0, now.

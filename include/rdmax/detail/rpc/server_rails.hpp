@@ -28,6 +28,9 @@ namespace rdmax::rpc::detail {
 /// The rails of `set` (past rail 0) whose port is not ACTIVE now (bit k):
 /// a port query each (a system call each on soft-RoCE).
 [[nodiscard]] std::uint8_t ports_down(const verbs::rail_set& set) noexcept;
+/// The registration cache in `slot`, made on `pd` at its first use (a
+/// rail's, at either end).
+verbs_cache& rail_cache(std::unique_ptr<verbs_cache>& slot, const verbs::protection_domain& pd);
 
 struct server_rails {
     /// Listens on rails 1.. of `set` at `port` (watched by the server's inbox).
